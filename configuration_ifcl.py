@@ -1,0 +1,141 @@
+"""Configuration of IFCL (Identical and Fraternal Twins contrastive learning) sentence encoders.
+
+This file travels with every saved model as remote code, beside ``modeling_ifcl.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import AutoConfig, PretrainedConfig
+
+POOLER_TYPES = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
+
+
+def check_ifcl_settings(
+    fusion_rate: float,
+    queue_size: int,
+    forgetting_rate: float,
+    temperature: float,
+    twins_loss_weight: float = 1.0,
+    fraternal_loss_weight: float = 1.0,
+    pooler_type: str = "avg",
+    eval_pooler_type: str = "avg",
+) -> None:
+    """Raise ``ValueError`` naming the setting when IFCL settings are impossible.
+
+    Shared by :class:`IFCLConfig` and ``run_ifcl.py`` so that a bad command line stops before any model loads.
+    """
+    if not 0.0 <= fusion_rate <= 1.0:
+        raise ValueError(f"fusion_rate must lie in [0, 1] (Eq. 3 mixes ε·y + (1−ε)·y⁻), got {fusion_rate}.")
+    if queue_size < 0:
+        raise ValueError(f"queue_size (k, in mini-batches) must be ≥ 0, got {queue_size}.")
+    if forgetting_rate < 0:
+        raise ValueError(f"forgetting_rate (λ) must be ≥ 0, got {forgetting_rate}.")
+    if queue_size > 0 and forgetting_rate * queue_size >= 1.0:
+        raise ValueError(
+            f"forgetting_rate × queue_size = {forgetting_rate} × {queue_size} = {forgetting_rate * queue_size:g} ≥ 1: "
+            f"the oldest queue entries would get a forgetting coefficient p = 1 − λ·k ≤ 0 (Eq. 4). "
+            f"Choose forgetting_rate < {1.0 / queue_size:g} or a smaller queue_size."
+        )
+    if temperature <= 0:
+        raise ValueError(f"temperature (τ) must be > 0, got {temperature}.")
+    if twins_loss_weight < 0 or fraternal_loss_weight < 0:
+        raise ValueError(
+            f"loss weights must be ≥ 0, got twins_loss_weight={twins_loss_weight}, "
+            f"fraternal_loss_weight={fraternal_loss_weight}."
+        )
+    for name, value in (("pooler_type", pooler_type), ("eval_pooler_type", eval_pooler_type)):
+        if value not in POOLER_TYPES:
+            raise ValueError(f"{name} must be one of {', '.join(POOLER_TYPES)}; got {value!r}.")
+
+
+class IFCLConfig(PretrainedConfig):
+    """Every setting needed to rebuild an :class:`IFCLModel` from its folder alone.
+
+    Args:
+        encoder_config: the wrapped encoder's config as a dict (any model ``AutoModel`` builds: BERT, RoBERTa, ...).
+        encoder_name_or_path: where the encoder's weights came from (informational, for the model card).
+        fraternal_vocab_size: vocabulary size of the fraternal word-embedding table (BEL_F). ``None``: the encoder's.
+        fraternal_embedding_size: width of BEL_F. When it differs from the encoder's width, a learned linear map
+            brings fraternal embeddings to the encoder's width.
+        fraternal_pad_token_id: padding id of the fraternal tokenizer.
+        fraternal_model_name_or_path: where BEL_F was initialised from (informational; ``None``: copied from the
+            encoder's own word embeddings, and the fraternal text uses the encoder's tokenizer).
+        fusion_rate: ε of Eq. 3, fraternal twin input = ε·BEL_S(x) + (1−ε)·BEL_F(x⁻).
+        queue_size: k of the hippocampus queue, in mini-batches (0 disables it).
+        queue_batch_size: N, the anchors one optimizer step pushes (the global batch: per-device batch × processes ×
+            gradient accumulation). The queue holds k·N entries.
+        forgetting_rate: λ of Eq. 4, p_m = 1 − λ·⌈m/N⌉; λ·k < 1 is required.
+        contrastive_temperature: τ of Eq. 6–7 (``--temperature`` on the command line; the config cannot call it
+            ``temperature``, which transformers reserves for generation).
+        fraternal_loss_weight, twins_loss_weight: weights of ℓ^F and ℓ^T in Eq. 9 (both 0 skips the fraternal pass).
+        pooler_type: sentence representation used in training; ``cls`` adds SimCSE's MLP over [CLS].
+        eval_pooler_type: sentence representation used by ``encode`` and evaluation (what a saved model embeds with).
+        max_seq_length: default truncation length of ``encode``.
+    """
+
+    model_type = "ifcl"
+
+    def __init__(
+        self,
+        encoder_config: dict[str, Any] | None = None,
+        encoder_name_or_path: str | None = None,
+        fraternal_vocab_size: int | None = None,
+        fraternal_embedding_size: int | None = None,
+        fraternal_pad_token_id: int | None = None,
+        fraternal_model_name_or_path: str | None = None,
+        fusion_rate: float = 0.5,
+        queue_size: int = 4,
+        queue_batch_size: int = 64,
+        forgetting_rate: float = 0.1,
+        contrastive_temperature: float = 0.05,
+        fraternal_loss_weight: float = 1.0,
+        twins_loss_weight: float = 1.0,
+        pooler_type: str = "avg",
+        eval_pooler_type: str = "avg",
+        max_seq_length: int = 32,
+        **kwargs: Any,
+    ) -> None:
+        check_ifcl_settings(
+            fusion_rate,
+            queue_size,
+            forgetting_rate,
+            contrastive_temperature,
+            twins_loss_weight,
+            fraternal_loss_weight,
+            pooler_type,
+            eval_pooler_type,
+        )
+        if queue_batch_size < 1:
+            raise ValueError(f"queue_batch_size (N) must be ≥ 1, got {queue_batch_size}.")
+        self.encoder_config = encoder_config if encoder_config is not None else {}
+        self.encoder_name_or_path = encoder_name_or_path
+        self.fraternal_vocab_size = fraternal_vocab_size
+        self.fraternal_embedding_size = fraternal_embedding_size
+        self.fraternal_pad_token_id = fraternal_pad_token_id
+        self.fraternal_model_name_or_path = fraternal_model_name_or_path
+        self.fusion_rate = fusion_rate
+        self.queue_size = queue_size
+        self.queue_batch_size = queue_batch_size
+        self.forgetting_rate = forgetting_rate
+        self.contrastive_temperature = contrastive_temperature
+        self.fraternal_loss_weight = fraternal_loss_weight
+        self.twins_loss_weight = twins_loss_weight
+        self.pooler_type = pooler_type
+        self.eval_pooler_type = eval_pooler_type
+        self.max_seq_length = max_seq_length
+        super().__init__(**kwargs)
+
+    @property
+    def uses_fraternal_twins(self) -> bool:
+        """Whether training needs the fraternal view at all (ℓ^F or ℓ^T has a weight)."""
+        return self.fraternal_loss_weight > 0 or self.twins_loss_weight > 0
+
+    def build_encoder_config(self) -> PretrainedConfig:
+        """The wrapped encoder's own config object."""
+        if not self.encoder_config:
+            raise ValueError("IFCLConfig.encoder_config is empty: the config does not say which encoder to build.")
+        settings = dict(self.encoder_config)
+        model_type = settings.pop("model_type")
+        return AutoConfig.for_model(model_type, **settings)

@@ -1,0 +1,73 @@
+"""STS evaluation: cosine similarity of sentence embeddings against gold scores, Spearman × 100.
+
+The protocol shared by SimCSE, IFCL, ConIsI, PCL and miCSE: no regressor, one correlation over all pairs. The
+Trainer's evaluation during training and the standalone evaluation go through :class:`STSEvaluator`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+import torch
+from scipy.stats import pearsonr, spearmanr
+from torch.nn import functional as F
+
+
+class SentenceEncoder(Protocol):
+    """Anything with ``encode(sentences, batch_size=...) -> Tensor`` (an :class:`IFCLModel`, for one)."""
+
+    def encode(self, sentences: Sequence[str], batch_size: int = ...) -> torch.Tensor: ...
+
+
+class STSEvaluator:
+    """Spearman × 100 between cos(emb(sentence1), emb(sentence2)) and the gold scores of one STS set.
+
+    Each distinct sentence is encoded once. Returns ``{"spearman": ..., "pearson": ...}``.
+    """
+
+    def __init__(
+        self,
+        sentences1: Sequence[str],
+        sentences2: Sequence[str],
+        scores: Sequence[float],
+        name: str = "sts",
+        batch_size: int = 64,
+    ) -> None:
+        if not (len(sentences1) == len(sentences2) == len(scores)):
+            raise ValueError(
+                f"STS set {name!r}: {len(sentences1)} first sentences, {len(sentences2)} second sentences and "
+                f"{len(scores)} scores; they must be equal in number."
+            )
+        if len(scores) < 2:
+            raise ValueError(f"STS set {name!r} has {len(scores)} pairs; a correlation needs at least 2.")
+        self.sentences1 = list(sentences1)
+        self.sentences2 = list(sentences2)
+        self.scores = np.asarray(scores, dtype=np.float64)
+        self.name = name
+        self.batch_size = batch_size
+
+    @classmethod
+    def from_dataset(cls, dataset, name: str = "sts", batch_size: int = 64) -> STSEvaluator:
+        """From a ``datasets.Dataset`` with columns sentence1, sentence2, score."""
+        return cls(dataset["sentence1"], dataset["sentence2"], dataset["score"], name=name, batch_size=batch_size)
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    def similarities(self, model: SentenceEncoder, batch_size: int | None = None) -> np.ndarray:
+        """Cosine similarity of every pair under ``model``'s evaluation embeddings."""
+        unique = list(dict.fromkeys(self.sentences1 + self.sentences2))
+        index = {sentence: i for i, sentence in enumerate(unique)}
+        embeddings = model.encode(unique, batch_size=batch_size or self.batch_size)
+        first = embeddings[[index[s] for s in self.sentences1]]
+        second = embeddings[[index[s] for s in self.sentences2]]
+        return F.cosine_similarity(first.float(), second.float(), dim=-1).numpy().astype(np.float64)
+
+    def __call__(self, model: SentenceEncoder, batch_size: int | None = None) -> dict[str, float]:
+        predicted = self.similarities(model, batch_size)
+        return {
+            "spearman": float(spearmanr(predicted, self.scores).statistic * 100),
+            "pearson": float(pearsonr(predicted, self.scores).statistic * 100),
+        }

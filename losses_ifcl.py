@@ -1,0 +1,152 @@
+"""The IFCL training objective, one small module per term (Xiao et al., arXiv:2307.10932, Section 3.3).
+
+Every term is computed in float32 with autocast off, so bf16/fp16 training does not round the logits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def float32_region(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
+    """A region where autocast is off for ``tensor``'s device type."""
+    return torch.autocast(device_type=tensor.device.type, enabled=False)
+
+
+def cosine_matrix(rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """sim(rows_i, columns_j) for all i, j."""
+    return F.normalize(rows.float(), dim=-1) @ F.normalize(columns.float(), dim=-1).T
+
+
+def info_nce(
+    anchors: torch.Tensor,
+    positives: torch.Tensor,
+    temperature: float,
+    extra_negatives: torch.Tensor | None = None,
+    extra_log_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Mean InfoNCE of anchors against in-batch candidates ``positives`` (row i's positive is row i).
+
+    ``extra_negatives`` [K, D] join the denominator, each weighted by ``exp(extra_log_weights)``: adding the log
+    weight to the logit, then a cross-entropy, is the weighted sum of Eq. 6 in a numerically stable form. A log
+    weight of −inf removes an entry.
+    """
+    with float32_region(anchors):
+        logits = cosine_matrix(anchors, positives) / temperature
+        if extra_negatives is not None and extra_negatives.shape[0] > 0:
+            extra = cosine_matrix(anchors, extra_negatives) / temperature
+            if extra_log_weights is not None:
+                extra = extra + extra_log_weights.float().unsqueeze(0)
+            logits = torch.cat([logits, extra], dim=1)
+        labels = torch.arange(anchors.shape[0], device=anchors.device)
+        return F.cross_entropy(logits, labels)
+
+
+class IdenticalTwinsLoss(nn.Module):
+    """ℓ^I, Eq. 6: InfoNCE of anchors h_i against identical twins h_i⁺ (dropout twins, Eq. 1).
+
+    Negatives: the other identical twins of the batch and the hippocampus queue entries H_m, each weighted by its
+    forgetting coefficient p_m (Eq. 4):
+    ℓ^I_i = −log e^{sim(h_i,h_i⁺)/τ} / (Σ_j e^{sim(h_i,h_j⁺)/τ} + Σ_m p_m e^{sim(h_i,H_m)/τ}).
+    """
+
+    def __init__(self, temperature: float = 0.05) -> None:
+        super().__init__()
+        self.temperature = temperature
+
+    def forward(
+        self,
+        anchor: torch.Tensor,
+        identical: torch.Tensor,
+        queue_embeddings: torch.Tensor | None = None,
+        queue_log_coefficients: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return info_nce(anchor, identical, self.temperature, queue_embeddings, queue_log_coefficients)
+
+
+class FraternalTwinsLoss(nn.Module):
+    """ℓ^F, Eq. 7: in-batch InfoNCE of anchors h_i against fraternal twins h_i⁻ (embedding fusion, Eq. 2–3).
+
+    No queue: ℓ^F is an auxiliary objective that adds the fraternal language's features.
+    """
+
+    def __init__(self, temperature: float = 0.05) -> None:
+        super().__init__()
+        self.temperature = temperature
+
+    def forward(self, anchor: torch.Tensor, fraternal: torch.Tensor) -> torch.Tensor:
+        return info_nce(anchor, fraternal, self.temperature)
+
+
+class TwinsLoss(nn.Module):
+    """ℓ^T, the Twins loss of Eq. 8: keep the innate margin between identical and fraternal twins.
+
+    ℓ^T_i = | e^{sim(h_i,h_i⁺)} − e^{sim(h_i,h_i⁻)} − M_i |, M_i = e^{sim(emb_i,emb_i⁺)} − e^{sim(emb_i,emb_i⁻)},
+    with emb the embedding-layer outputs of the three views, mean-pooled. No temperature. Decision (SPEC.md): M is
+    a target and carries no gradient.
+    """
+
+    def forward(
+        self,
+        anchor: torch.Tensor,
+        identical: torch.Tensor,
+        fraternal: torch.Tensor,
+        anchor_embedding_output: torch.Tensor,
+        identical_embedding_output: torch.Tensor,
+        fraternal_embedding_output: torch.Tensor,
+    ) -> torch.Tensor:
+        with float32_region(anchor):
+            similarity = lambda a, b: F.cosine_similarity(a.float(), b.float(), dim=-1)  # noqa: E731
+            with torch.no_grad():
+                margin = similarity(anchor_embedding_output, identical_embedding_output).exp() - similarity(
+                    anchor_embedding_output, fraternal_embedding_output
+                ).exp()
+            gap = similarity(anchor, identical).exp() - similarity(anchor, fraternal).exp()
+            return (gap - margin).abs().mean()
+
+
+class IFCLLoss(nn.Module):
+    """Eq. 9: ℓ^I + w_F·ℓ^F + w_T·ℓ^T, each averaged over the batch.
+
+    With w_F = w_T = 0 and no queue this is unsupervised SimCSE. Returns the total and each term (detached) for
+    logging as ``loss_identical``, ``loss_fraternal``, ``loss_twins``.
+    """
+
+    def __init__(self, temperature: float = 0.05, fraternal_loss_weight: float = 1.0, twins_loss_weight: float = 1.0):
+        super().__init__()
+        self.identical_loss = IdenticalTwinsLoss(temperature)
+        self.fraternal_loss = FraternalTwinsLoss(temperature)
+        self.twins_loss = TwinsLoss()
+        self.fraternal_loss_weight = fraternal_loss_weight
+        self.twins_loss_weight = twins_loss_weight
+
+    def forward(
+        self,
+        twins,
+        queue_embeddings: torch.Tensor | None = None,
+        queue_log_coefficients: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``twins`` is the model's :class:`IFCLTwinsOutput`; the queue comes from ``HippocampusQueue.entries``."""
+        loss_identical = self.identical_loss(twins.anchor, twins.identical, queue_embeddings, queue_log_coefficients)
+        total = loss_identical
+        components = {"loss_identical": loss_identical.detach()}
+        if self.fraternal_loss_weight > 0:
+            loss_fraternal = self.fraternal_loss(twins.anchor, twins.fraternal)
+            total = total + self.fraternal_loss_weight * loss_fraternal
+            components["loss_fraternal"] = loss_fraternal.detach()
+        if self.twins_loss_weight > 0:
+            loss_twins = self.twins_loss(
+                twins.anchor,
+                twins.identical,
+                twins.fraternal,
+                twins.anchor_embedding_output,
+                twins.identical_embedding_output,
+                twins.fraternal_embedding_output,
+            )
+            total = total + self.twins_loss_weight * loss_twins
+            components["loss_twins"] = loss_twins.detach()
+        return total, components

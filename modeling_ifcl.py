@@ -1,0 +1,474 @@
+"""IFCL sentence encoder: any ``AutoModel`` encoder plus a fraternal word-embedding table and a hippocampus queue.
+
+Paper: Xiao et al., "Identical and Fraternal Twins: Fine-Grained Semantic Contrastive Learning of Sentence
+Representations" (ECAI 2023, arXiv:2307.10932). This file travels with every saved model as remote code, so it
+imports nothing from this project but ``configuration_ifcl.py`` (its neighbour).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import initialization as init
+from transformers.utils import ModelOutput
+
+try:  # loaded as remote code (a package made by transformers)
+    from .configuration_ifcl import IFCLConfig
+except ImportError:  # imported from a checkout of the project
+    from configuration_ifcl import IFCLConfig
+
+FRATERNAL_TOKENIZER_FOLDER = "fraternal_tokenizer"
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``hidden`` [B, L, D] over the real tokens of ``attention_mask`` [B, L]."""
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+
+
+def pad_to_length(tensor: torch.Tensor, length: int, value: int) -> torch.Tensor:
+    """Right-pad a [B, L] tensor along its last dimension to ``length``."""
+    missing = length - tensor.shape[-1]
+    return tensor if missing <= 0 else nn.functional.pad(tensor, (0, missing), value=value)
+
+
+class SimCSEMLP(nn.Module):
+    """SimCSE's MLP over [CLS] (dense + tanh), the ``cls`` pooler."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(features))
+
+
+class HippocampusQueue(nn.Module):
+    """Queue of the anchors of the last k optimizer steps, the extra negatives of ℓ^I (Section 3.2, Eq. 4).
+
+    Stored as k slots of N rows (N = anchors per step), a ring buffer: a push overwrites the oldest slot in place,
+    so no step copies the whole queue. Entry m (m = 1 the newest) lies in the slot of age a = ⌈m/N⌉ and has the
+    forgetting coefficient p_m = 1 − λ·a. Rows never written (the first k steps, or a short last batch) are marked
+    invalid and take no part. All state is in registered buffers, so checkpoints carry it.
+    """
+
+    def __init__(self, num_slots: int, slot_size: int, dim: int, forgetting_rate: float) -> None:
+        super().__init__()
+        self.num_slots = num_slots
+        self.slot_size = slot_size
+        self.forgetting_rate = forgetting_rate
+        self.register_buffer("embeddings", torch.zeros(num_slots, slot_size, dim))
+        self.register_buffer("valid", torch.zeros(num_slots, slot_size, dtype=torch.bool))
+        # Index of the newest slot; -1 before the first push.
+        self.register_buffer("head", torch.tensor(-1, dtype=torch.long))
+
+    def reset(self) -> None:
+        """Empty the queue."""
+        self.embeddings.zero_()
+        self.valid.zero_()
+        self.head.fill_(-1)
+
+    @torch.no_grad()
+    def push(self, anchors: torch.Tensor) -> None:
+        """Put the anchors of one optimizer step (at most N rows, already gathered from all processes) in front."""
+        count = anchors.shape[0]
+        if count > self.slot_size:
+            raise ValueError(
+                f"{count} anchors in one step, but the queue was built for N = {self.slot_size} per step "
+                f"(IFCLConfig.queue_batch_size). Set it to the global batch: per-device batch × processes × "
+                f"gradient accumulation steps."
+            )
+        slot = (self.head + 1) % self.num_slots
+        rows = torch.zeros_like(self.embeddings[0])
+        rows[:count] = anchors.detach().to(rows.dtype)
+        row_valid = torch.arange(self.slot_size, device=rows.device) < count
+        self.embeddings.index_copy_(0, slot.view(1), rows.unsqueeze(0))
+        self.valid.index_copy_(0, slot.view(1), row_valid.unsqueeze(0))
+        self.head.copy_(slot)
+
+    def slot_ages(self) -> torch.Tensor:
+        """Age in steps of every slot, 1 for the newest (``⌈m/N⌉`` of its entries)."""
+        slots = torch.arange(self.num_slots, device=self.head.device)
+        return (self.head - slots) % self.num_slots + 1
+
+    def entries(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All k·N rows and their log forgetting coefficients (−inf for empty rows), in storage order.
+
+        ℓ^I sums over queue entries, so storage order serves it as well as age order, without a copy.
+        """
+        coefficients = 1.0 - self.forgetting_rate * self.slot_ages().to(self.embeddings.dtype)
+        log_coefficients = coefficients.log().unsqueeze(1).expand(-1, self.slot_size)
+        log_coefficients = log_coefficients.masked_fill(~self.valid, float("-inf"))
+        return self.embeddings.flatten(0, 1), log_coefficients.flatten()
+
+    def ordered(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The filled entries newest first (m = 1, 2, ...) with their coefficients p_m. For inspection and tests."""
+        order = torch.argsort(self.slot_ages())
+        embeddings, valid = self.embeddings[order].flatten(0, 1), self.valid[order].flatten()
+        ages = self.slot_ages()[order].repeat_interleave(self.slot_size)
+        return embeddings[valid], (1.0 - self.forgetting_rate * ages.to(embeddings.dtype))[valid]
+
+    def __len__(self) -> int:
+        return int(self.valid.sum())
+
+
+@dataclass
+class IFCLTwinsOutput(ModelOutput):
+    """The three views of a batch (Section 3.1), pooled with the training pooler.
+
+    ``*_embedding_output`` are the embedding-layer outputs of the same views, mean-pooled over their real tokens:
+    the ``emb`` of the innate margin M in the Twins loss (Eq. 8).
+    """
+
+    anchor: torch.Tensor | None = None
+    identical: torch.Tensor | None = None
+    fraternal: torch.Tensor | None = None
+    anchor_embedding_output: torch.Tensor | None = None
+    identical_embedding_output: torch.Tensor | None = None
+    fraternal_embedding_output: torch.Tensor | None = None
+
+
+@dataclass
+class IFCLEncoderOutput(ModelOutput):
+    """Sentence embeddings (evaluation pooler) plus the encoder's token states."""
+
+    sentence_embedding: torch.Tensor | None = None
+    last_hidden_state: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
+def build_encoder(encoder_config) -> PreTrainedModel:
+    """The bare encoder for a config, without its own pooler head when the architecture has one to drop."""
+    try:
+        return AutoModel.from_config(encoder_config, add_pooling_layer=False)
+    except TypeError:
+        return AutoModel.from_config(encoder_config)
+
+
+class IFCLModel(PreTrainedModel):
+    """Sentence encoder trained with IFCL.
+
+    Holds the encoder, the fraternal word-embedding table BEL_F (with a learned linear map to the encoder's width
+    when the widths differ), SimCSE's MLP for the ``cls`` pooler, and the hippocampus queue. ``forward`` gives
+    evaluation embeddings; ``forward(..., return_twins=True)`` gives the training views; ``encode`` embeds text.
+    """
+
+    config_class = IFCLConfig
+    base_model_prefix = "ifcl"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+
+    def __init__(self, config: IFCLConfig) -> None:
+        super().__init__(config)
+        self.encoder = build_encoder(config.build_encoder_config())
+        word_embeddings = self.encoder.get_input_embeddings()
+        if not isinstance(word_embeddings, nn.Embedding):
+            raise ValueError(
+                f"The encoder {type(self.encoder).__name__} has no word-embedding layer "
+                f"(get_input_embeddings() gave {type(word_embeddings).__name__}); IFCL fuses word embeddings (Eq. 3)."
+            )
+        hidden_size = word_embeddings.embedding_dim
+        self.hidden_size = hidden_size
+
+        self.fraternal_embeddings: nn.Embedding | None = None
+        self.fraternal_projection: nn.Linear | None = None
+        if config.uses_fraternal_twins:
+            vocab_size = config.fraternal_vocab_size or word_embeddings.num_embeddings
+            width = config.fraternal_embedding_size or hidden_size
+            self.fraternal_embeddings = nn.Embedding(vocab_size, width, padding_idx=config.fraternal_pad_token_id)
+            if width != hidden_size:
+                self.fraternal_projection = nn.Linear(width, hidden_size)
+
+        needs_mlp = "cls" in (config.pooler_type, config.eval_pooler_type)
+        self.mlp = SimCSEMLP(hidden_size) if needs_mlp else None
+        self.queue = (
+            HippocampusQueue(config.queue_size, config.queue_batch_size, hidden_size, config.forgetting_rate)
+            if config.queue_size > 0
+            else None
+        )
+        self._tokenizer: PreTrainedTokenizerBase | None = None
+        self._fraternal_tokenizer: PreTrainedTokenizerBase | None = None
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, HippocampusQueue):
+            init.zeros_(module.embeddings)
+            init.zeros_(module.valid)
+            init.constant_(module.head, -1)
+
+    # ---------------------------------------------------------------- construction
+
+    @classmethod
+    def from_encoder(
+        cls,
+        encoder_name_or_path: str,
+        fraternal_model_name_or_path: str | None = None,
+        **settings,
+    ) -> IFCLModel:
+        """Start IFCL training from a pretrained encoder (a Hub id or a local folder).
+
+        BEL_F is initialised from the word embeddings of ``fraternal_model_name_or_path`` (whose tokenizer then
+        tokenizes the fraternal text), or, without one, copied from the encoder's own word embeddings. ``settings``
+        are :class:`IFCLConfig` fields (fusion_rate, queue_size, ...).
+        """
+        try:
+            encoder = AutoModel.from_pretrained(encoder_name_or_path, add_pooling_layer=False)
+        except TypeError:
+            encoder = AutoModel.from_pretrained(encoder_name_or_path)
+        encoder_table = encoder.get_input_embeddings()
+        if not isinstance(encoder_table, nn.Embedding):
+            raise ValueError(f"{encoder_name_or_path}: the encoder has no word-embedding layer (get_input_embeddings).")
+        tokenizer = AutoTokenizer.from_pretrained(encoder_name_or_path)
+
+        fraternal_tokenizer = None
+        fraternal_table = encoder_table.weight
+        fraternal_pad_token_id = tokenizer.pad_token_id
+        if fraternal_model_name_or_path is not None:
+            fraternal_model = AutoModel.from_pretrained(fraternal_model_name_or_path)
+            table = fraternal_model.get_input_embeddings()
+            if not isinstance(table, nn.Embedding):
+                raise ValueError(
+                    f"{fraternal_model_name_or_path}: the fraternal model has no word-embedding layer "
+                    f"(get_input_embeddings gave {type(table).__name__})."
+                )
+            fraternal_table = table.weight
+            fraternal_tokenizer = AutoTokenizer.from_pretrained(fraternal_model_name_or_path)
+            fraternal_pad_token_id = fraternal_tokenizer.pad_token_id
+
+        config = IFCLConfig(
+            encoder_config=encoder.config.to_dict(),
+            encoder_name_or_path=encoder_name_or_path,
+            fraternal_vocab_size=fraternal_table.shape[0],
+            fraternal_embedding_size=fraternal_table.shape[1],
+            fraternal_pad_token_id=fraternal_pad_token_id,
+            fraternal_model_name_or_path=fraternal_model_name_or_path,
+            **settings,
+        )
+        model = cls(config)
+        model.encoder.load_state_dict(encoder.state_dict())
+        if model.fraternal_embeddings is not None:
+            with torch.no_grad():
+                model.fraternal_embeddings.weight.copy_(fraternal_table)
+        model.set_tokenizers(tokenizer, fraternal_tokenizer)
+        return model
+
+    # ---------------------------------------------------------------- tokenizers
+
+    def set_tokenizers(
+        self, tokenizer: PreTrainedTokenizerBase, fraternal_tokenizer: PreTrainedTokenizerBase | None = None
+    ) -> None:
+        """Attach the tokenizers that ``encode`` uses and ``save_pretrained`` writes beside the weights."""
+        self._tokenizer = tokenizer
+        self._fraternal_tokenizer = fraternal_tokenizer
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The encoder's tokenizer, loaded from the model's folder or Hub repo when none was attached."""
+        if self._tokenizer is None:
+            # The encoder's own config tells AutoTokenizer what it needs; the folder's config.json is IFCL's.
+            self._tokenizer = AutoTokenizer.from_pretrained(
+                self.name_or_path, config=self.config.build_encoder_config()
+            )
+        return self._tokenizer
+
+    @property
+    def fraternal_tokenizer(self) -> PreTrainedTokenizerBase:
+        """The fraternal language's tokenizer (the encoder's own when no fraternal model was given)."""
+        if self.config.fraternal_model_name_or_path is None:
+            return self.tokenizer
+        if self._fraternal_tokenizer is None:
+            self._fraternal_tokenizer = AutoTokenizer.from_pretrained(
+                self.name_or_path, subfolder=FRATERNAL_TOKENIZER_FOLDER, config=self.config.build_encoder_config()
+            )
+        return self._fraternal_tokenizer
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
+        """Save weights, config and remote code, plus the attached tokenizers (fraternal one in a sub-folder)."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if not kwargs.get("is_main_process", True):
+            return
+        if self._tokenizer is not None:
+            self._tokenizer.save_pretrained(save_directory)
+        if self._fraternal_tokenizer is not None:
+            self._fraternal_tokenizer.save_pretrained(os.path.join(save_directory, FRATERNAL_TOKENIZER_FOLDER))
+
+    # ---------------------------------------------------------------- embeddings
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.encoder.get_input_embeddings()
+
+    def pool(
+        self,
+        pooler_type: str,
+        attention_mask: torch.Tensor,
+        hidden_states: Sequence[torch.Tensor],
+    ) -> torch.Tensor:
+        """Sentence representation from the encoder's hidden states (``hidden_states[0]`` is the embedding layer)."""
+        last = hidden_states[-1]
+        if pooler_type == "cls":
+            return self.mlp(last[:, 0])
+        if pooler_type == "cls_before_pooler":
+            return last[:, 0]
+        if pooler_type == "avg":
+            return mean_pool(last, attention_mask)
+        if pooler_type == "avg_first_last":
+            return mean_pool((hidden_states[1] + last) / 2.0, attention_mask)
+        if pooler_type == "avg_top2":
+            return mean_pool((hidden_states[-2] + last) / 2.0, attention_mask)
+        raise ValueError(f"Unknown pooler_type {pooler_type!r}.")
+
+    def fraternal_word_embeddings(self, fraternal_input_ids: torch.Tensor) -> torch.Tensor:
+        """BEL_F(x⁻) at the encoder's width."""
+        if self.fraternal_embeddings is None:
+            raise ValueError(
+                "This IFCL model has no fraternal embeddings: it was configured with fraternal_loss_weight = "
+                "twins_loss_weight = 0 (the SimCSE ablation)."
+            )
+        embeddings = self.fraternal_embeddings(fraternal_input_ids)
+        if self.fraternal_projection is not None:
+            embeddings = self.fraternal_projection(embeddings)
+        return embeddings
+
+    def fuse(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        fraternal_input_ids: torch.Tensor,
+        fraternal_attention_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Fraternal twin input of Eq. 3: ε·BEL_S(x) + (1−ε)·BEL_F(x⁻), at the word-embedding level.
+
+        The two token sequences differ in length. Decision (SPEC.md): both are right-padded with their own
+        tokenizer's pad id to one length L, and the fused sequence attends to the union of the two masks.
+        Returns (BEL_S(x) padded to L, fused embeddings, the anchor mask padded to L, the union mask).
+        """
+        length = max(input_ids.shape[1], fraternal_input_ids.shape[1])
+        pad_id = self.encoder.config.pad_token_id or 0
+        fraternal_pad_id = self.config.fraternal_pad_token_id or 0
+        input_ids = pad_to_length(input_ids, length, pad_id)
+        attention_mask = pad_to_length(attention_mask, length, 0)
+        fraternal_input_ids = pad_to_length(fraternal_input_ids, length, fraternal_pad_id)
+        fraternal_attention_mask = pad_to_length(fraternal_attention_mask, length, 0)
+        words = self.get_input_embeddings()(input_ids)
+        epsilon = self.config.fusion_rate
+        fused = epsilon * words + (1.0 - epsilon) * self.fraternal_word_embeddings(fraternal_input_ids)
+        union_mask = (attention_mask.bool() | fraternal_attention_mask.bool()).to(attention_mask.dtype)
+        return words, fused, attention_mask, union_mask
+
+    def _encode_tokens(self, token_type_ids: torch.Tensor | None = None, **inputs: torch.Tensor):
+        """The encoder with all hidden states; token type ids only when given (not every encoder takes them)."""
+        if token_type_ids is not None:
+            inputs["token_type_ids"] = token_type_ids
+        return self.encoder(**inputs, output_hidden_states=True, return_dict=True)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        fraternal_input_ids: torch.Tensor | None = None,
+        fraternal_attention_mask: torch.Tensor | None = None,
+        return_twins: bool = False,
+    ) -> IFCLEncoderOutput | IFCLTwinsOutput:
+        """Evaluation embeddings, or with ``return_twins=True`` the training views of the batch.
+
+        Training views come from one encoder call over the stacked batch [anchors; identical twins; fraternal
+        twins] (each row draws its own dropout mask); the fraternal rows are left out when no fraternal ids are given.
+        """
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if not return_twins:
+            outputs = self._encode_tokens(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            embedding = self.pool(self.config.eval_pooler_type, attention_mask, outputs.hidden_states)
+            return IFCLEncoderOutput(
+                sentence_embedding=embedding,
+                last_hidden_state=outputs.last_hidden_state,
+                hidden_states=outputs.hidden_states,
+            )
+
+        batch_size = input_ids.shape[0]
+        if fraternal_input_ids is not None:
+            if fraternal_attention_mask is None:
+                fraternal_attention_mask = torch.ones_like(fraternal_input_ids)
+            words, fused, attention_mask, union_mask = self.fuse(
+                input_ids, attention_mask, fraternal_input_ids, fraternal_attention_mask
+            )
+            inputs_embeds = torch.cat([words, words, fused])
+            masks = torch.cat([attention_mask, attention_mask, union_mask])
+            num_views = 3
+        else:
+            words = self.get_input_embeddings()(input_ids)
+            inputs_embeds = torch.cat([words, words])
+            masks = torch.cat([attention_mask, attention_mask])
+            num_views = 2
+        if token_type_ids is not None:
+            token_type_ids = pad_to_length(token_type_ids, inputs_embeds.shape[1], 0).repeat(num_views, 1)
+        outputs = self._encode_tokens(inputs_embeds=inputs_embeds, attention_mask=masks, token_type_ids=token_type_ids)
+        pooled = self.pool(self.config.pooler_type, masks, outputs.hidden_states).split(batch_size)
+        embedding_outputs = mean_pool(outputs.hidden_states[0], masks).split(batch_size)
+        return IFCLTwinsOutput(
+            anchor=pooled[0],
+            identical=pooled[1],
+            fraternal=pooled[2] if num_views == 3 else None,
+            anchor_embedding_output=embedding_outputs[0],
+            identical_embedding_output=embedding_outputs[1],
+            fraternal_embedding_output=embedding_outputs[2] if num_views == 3 else None,
+        )
+
+    @torch.no_grad()
+    def encode(
+        self,
+        sentences: str | Sequence[str],
+        batch_size: int = 64,
+        max_length: int | None = None,
+        device: str | torch.device | None = None,
+        show_progress_bar: bool = False,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+    ) -> torch.Tensor:
+        """Evaluation embeddings of ``sentences`` as a float32 CPU tensor, one row per sentence.
+
+        Sentences are batched by length (longest first) so padding stays short; the order of the result follows
+        the input. The model's training mode is restored afterwards.
+        """
+        if isinstance(sentences, str):
+            sentences = [sentences]
+        tokenizer = tokenizer or self.tokenizer
+        max_length = max_length or self.config.max_seq_length
+        device = torch.device(device) if device is not None else self.device
+        if device != self.device:
+            self.to(device)
+        order = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
+        embeddings = torch.empty(len(sentences), self.hidden_size)
+        was_training = self.training
+        self.eval()
+        starts = range(0, len(order), batch_size)
+        if show_progress_bar:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc="Encoding", unit="batch")
+        try:
+            for start in starts:
+                indices = order[start : start + batch_size]
+                batch = tokenizer(
+                    [sentences[i] for i in indices],
+                    padding=True,
+                    truncation=True,
+                    max_length=max_length,
+                    return_tensors="pt",
+                ).to(device)
+                output = self(**batch)
+                embeddings[indices] = output.sentence_embedding.float().cpu()
+        finally:
+            self.train(was_training)
+        return embeddings
+
+
+IFCLConfig.register_for_auto_class()
+IFCLModel.register_for_auto_class("AutoModel")

@@ -1,0 +1,102 @@
+"""Shared fixtures: tiny random-weight encoders and tokenizers built in the test session (no downloads)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ENGLISH = [
+    "A man is playing a guitar.",
+    "A woman is slicing an onion.",
+    "The cat sits on the mat.",
+    "Two dogs run across the green field.",
+    "A child is riding a horse on the beach.",
+    "The weather is cold and rainy today.",
+    "She reads a book in the quiet library.",
+    "He arrived yesterday by train from the city.",
+    "Say hello to your aunt for me.",
+    "It would never have occurred to me.",
+    "Of course, this requires patience.",
+    "There is nothing wrong with it.",
+]
+GERMAN = [
+    "Ein Mann spielt Gitarre.",
+    "Eine Frau schneidet eine Zwiebel.",
+    "Die Katze sitzt auf der Matte.",
+    "Zwei Hunde rennen über das grüne Feld.",
+    "Ein Kind reitet am Strand auf einem Pferd.",
+    "Das Wetter ist heute kalt und regnerisch.",
+    "Sie liest ein Buch in der ruhigen Bibliothek.",
+    "Er kam gestern mit dem Zug aus der Stadt an.",
+    "Grüß deine Tante von mir.",
+    "Darauf wäre ich nie gekommen.",
+    "Dazu gehört natürlich Geduld.",
+    "Daran ist nichts auszusetzen.",
+]
+
+
+def build_tokenizer(sentences: list[str], vocab_size: int = 200):
+    """A BERT-style WordPiece fast tokenizer trained on ``sentences``."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer.train_from_iterator(sentences, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special))
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+
+
+def build_tiny_bert(folder: Path, sentences: list[str], hidden_size: int = 32, seed: int = 0) -> Path:
+    """Save a random-weight 2-layer BERT and its tokenizer to ``folder``."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    tokenizer = build_tokenizer(sentences)
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden_size,
+        max_position_embeddings=128,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_dir(tmp_path_factory) -> Path:
+    """A tiny English BERT (width 32) with a tokenizer trained on English and German sentences."""
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny_encoder"), ENGLISH + GERMAN, hidden_size=32)
+
+
+@pytest.fixture(scope="session")
+def tiny_fraternal_dir(tmp_path_factory) -> Path:
+    """A tiny 'German' BERT of another width (24) and vocabulary, to exercise the fraternal projection."""
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny_fraternal"), GERMAN, hidden_size=24, seed=1)
