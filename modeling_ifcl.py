@@ -143,12 +143,20 @@ class IFCLEncoderOutput(ModelOutput):
     hidden_states: tuple[torch.Tensor, ...] | None = None
 
 
+def drop_pooler_head(encoder: PreTrainedModel) -> PreTrainedModel:
+    """Remove the encoder's own pooler head (BERT's dense+tanh over [CLS]), when it has one.
+
+    No IFCL pooler uses it (the ``cls`` pooler is SimCSE's separate MLP); left in place its weights would get no
+    gradient, which data-parallel training rejects.
+    """
+    if getattr(encoder, "pooler", None) is not None:
+        encoder.pooler = None
+    return encoder
+
+
 def build_encoder(encoder_config) -> PreTrainedModel:
-    """The bare encoder for a config, without its own pooler head when the architecture has one to drop."""
-    try:
-        return AutoModel.from_config(encoder_config, add_pooling_layer=False)
-    except TypeError:
-        return AutoModel.from_config(encoder_config)
+    """The bare encoder for a config (random weights until loaded), without its pooler head."""
+    return drop_pooler_head(AutoModel.from_config(encoder_config))
 
 
 class IFCLModel(PreTrainedModel):
@@ -218,10 +226,7 @@ class IFCLModel(PreTrainedModel):
         tokenizes the fraternal text), or, without one, copied from the encoder's own word embeddings. ``settings``
         are :class:`IFCLConfig` fields (fusion_rate, queue_size, ...).
         """
-        try:
-            encoder = AutoModel.from_pretrained(encoder_name_or_path, add_pooling_layer=False)
-        except TypeError:
-            encoder = AutoModel.from_pretrained(encoder_name_or_path)
+        encoder = drop_pooler_head(AutoModel.from_pretrained(encoder_name_or_path))
         encoder_table = encoder.get_input_embeddings()
         if not isinstance(encoder_table, nn.Embedding):
             raise ValueError(f"{encoder_name_or_path}: the encoder has no word-embedding layer (get_input_embeddings).")

