@@ -73,6 +73,8 @@ class IFCLConfig(PretrainedConfig):
         pooler_type: sentence representation used in training; ``cls`` adds SimCSE's MLP over [CLS].
         eval_pooler_type: sentence representation used by ``encode`` and evaluation (what a saved model embeds with).
         max_seq_length: default truncation length of ``encode``.
+        stack_views: encode the three training views in one encoder call (True), in two (False: anchors and
+            identical twins, then fraternal twins), or choose by device (None: one call on accelerators, two on CPU).
     """
 
     model_type = "ifcl"
@@ -95,6 +97,7 @@ class IFCLConfig(PretrainedConfig):
         pooler_type: str = "avg",
         eval_pooler_type: str = "avg",
         max_seq_length: int = 32,
+        stack_views: bool | None = None,
         **kwargs: Any,
     ) -> None:
         check_ifcl_settings(
@@ -125,6 +128,7 @@ class IFCLConfig(PretrainedConfig):
         self.pooler_type = pooler_type
         self.eval_pooler_type = eval_pooler_type
         self.max_seq_length = max_seq_length
+        self.stack_views = stack_views
         super().__init__(**kwargs)
 
     @property

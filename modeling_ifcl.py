@@ -384,8 +384,9 @@ class IFCLModel(PreTrainedModel):
     ) -> IFCLEncoderOutput | IFCLTwinsOutput:
         """Evaluation embeddings, or with ``return_twins=True`` the training views of the batch.
 
-        Training views come from one encoder call over the stacked batch [anchors; identical twins; fraternal
-        twins] (each row draws its own dropout mask); the fraternal rows are left out when no fraternal ids are given.
+        Training views: anchors and identical twins are the same input encoded twice in one call (each row draws
+        its own dropout mask, Eq. 1); the fraternal twins (Eq. 2–3) join that call or follow in a second one, see
+        :meth:`stacks_views`. Without fraternal ids the fraternal view is not computed at all.
         """
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
@@ -399,33 +400,46 @@ class IFCLModel(PreTrainedModel):
             )
 
         batch_size = input_ids.shape[0]
-        if fraternal_input_ids is not None:
+        words = self.get_input_embeddings()(input_ids)
+        if fraternal_input_ids is None:
+            views = [(torch.cat([words, words]), torch.cat([attention_mask, attention_mask]), 2)]
+        else:
             if fraternal_attention_mask is None:
                 fraternal_attention_mask = torch.ones_like(fraternal_input_ids)
-            words, fused, attention_mask, union_mask = self.fuse(
+            padded_words, fused, padded_mask, union_mask = self.fuse(
                 input_ids, attention_mask, fraternal_input_ids, fraternal_attention_mask
             )
-            inputs_embeds = torch.cat([words, words, fused])
-            masks = torch.cat([attention_mask, attention_mask, union_mask])
-            num_views = 3
-        else:
-            words = self.get_input_embeddings()(input_ids)
-            inputs_embeds = torch.cat([words, words])
-            masks = torch.cat([attention_mask, attention_mask])
-            num_views = 2
-        if token_type_ids is not None:
-            token_type_ids = pad_to_length(token_type_ids, inputs_embeds.shape[1], 0).repeat(num_views, 1)
-        outputs = self._encode_tokens(inputs_embeds=inputs_embeds, attention_mask=masks, token_type_ids=token_type_ids)
-        pooled = self.pool(self.config.pooler_type, masks, outputs.hidden_states).split(batch_size)
-        embedding_outputs = mean_pool(outputs.hidden_states[0], masks).split(batch_size)
+            if self.stacks_views(input_ids.device):
+                views = [(torch.cat([padded_words, padded_words, fused]), torch.cat([padded_mask] * 2 + [union_mask]), 3)]
+            else:
+                views = [(torch.cat([words, words]), torch.cat([attention_mask, attention_mask]), 2), (fused, union_mask, 1)]
+        pooled, embedding_outputs = [], []
+        for inputs_embeds, masks, num_views in views:
+            token_types = None
+            if token_type_ids is not None:
+                token_types = pad_to_length(token_type_ids, inputs_embeds.shape[1], 0).repeat(num_views, 1)
+            outputs = self._encode_tokens(inputs_embeds=inputs_embeds, attention_mask=masks, token_type_ids=token_types)
+            pooled += self.pool(self.config.pooler_type, masks, outputs.hidden_states).split(batch_size)
+            embedding_outputs += mean_pool(outputs.hidden_states[0], masks).split(batch_size)
+        has_fraternal = len(pooled) == 3
         return IFCLTwinsOutput(
             anchor=pooled[0],
             identical=pooled[1],
-            fraternal=pooled[2] if num_views == 3 else None,
+            fraternal=pooled[2] if has_fraternal else None,
             anchor_embedding_output=embedding_outputs[0],
             identical_embedding_output=embedding_outputs[1],
-            fraternal_embedding_output=embedding_outputs[2] if num_views == 3 else None,
+            fraternal_embedding_output=embedding_outputs[2] if has_fraternal else None,
         )
+
+    def stacks_views(self, device: torch.device) -> bool:
+        """Whether the three views go through the encoder in one call (``IFCLConfig.stack_views``).
+
+        One call fills a GPU better; on CPU the anchors would be padded to the (often longer) fraternal length,
+        so two calls ([anchor; identical] at their own length, then the fused view) are faster there.
+        """
+        if self.config.stack_views is None:
+            return device.type != "cpu"
+        return self.config.stack_views
 
     @torch.no_grad()
     def encode(

@@ -18,32 +18,31 @@ from losses_ifcl import IFCLLoss
 
 @dataclass
 class IFCLDataCollator:
-    """Pads sentence and fraternal token ids of a batch to one length (the longest of both).
+    """Pads the sentence fields and the fraternal fields of a batch, each to their own longest sequence.
 
-    Padding both to one length lets the model fuse them position by position (Eq. 3) and stack the three views
-    into one encoder call; padded positions are masked, so they do not change any sentence embedding.
+    The model pads the shorter of the two to the other's length when it fuses them (Eq. 3), so the anchors are
+    not padded to the (often longer) translations when the views are encoded separately.
     """
 
     pad_token_id: int
     fraternal_pad_token_id: int | None = None
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        keys = [k for k in ("input_ids", "fraternal_input_ids") if k in features[0]]
-        length = max(len(feature[key]) for feature in features for key in keys)
-        padding = {
-            "input_ids": self.pad_token_id,
-            "attention_mask": 0,
-            "token_type_ids": 0,
-            "fraternal_input_ids": self.fraternal_pad_token_id
-            if self.fraternal_pad_token_id is not None
-            else self.pad_token_id,
-            "fraternal_attention_mask": 0,
+        fraternal_pad = self.fraternal_pad_token_id if self.fraternal_pad_token_id is not None else self.pad_token_id
+        groups = {
+            "input_ids": {"input_ids": self.pad_token_id, "attention_mask": 0, "token_type_ids": 0},
+            "fraternal_input_ids": {"fraternal_input_ids": fraternal_pad, "fraternal_attention_mask": 0},
         }
-        return {
-            key: torch.tensor([list(f[key]) + [pad] * (length - len(f[key])) for f in features], dtype=torch.long)
-            for key, pad in padding.items()
-            if key in features[0]
-        }
+        batch = {}
+        for lead, fields in groups.items():
+            if lead not in features[0]:
+                continue
+            length = max(len(feature[lead]) for feature in features)
+            for key, pad in fields.items():
+                if key in features[0]:
+                    rows = [list(f[key]) + [pad] * (length - len(f[key])) for f in features]
+                    batch[key] = torch.tensor(rows, dtype=torch.long)
+        return batch
 
 
 class HippocampusQueueCallback(TrainerCallback):
