@@ -158,6 +158,37 @@ TRAINING_DEFAULTS = {
 }
 
 
+def check_hub_access(training_args: TrainingArguments) -> None:
+    """With ``--push_to_hub``, stop before any work when the Hub cannot be reached or no token is set."""
+    if not training_args.push_to_hub:
+        return
+    from huggingface_hub import constants, get_token
+
+    if constants.HF_HUB_OFFLINE:
+        raise SystemExit(
+            "--push_to_hub was given but HF_HUB_OFFLINE is set: train without --push_to_hub (the output folder "
+            "holds everything a push would send) and push it later with `hf upload`."
+        )
+    if (training_args.hub_token or get_token()) is None:
+        raise SystemExit("--push_to_hub needs a Hub token: run `hf auth login`, set HF_TOKEN, or pass --hub_token.")
+
+
+def use_all_cpu_cores(training_args: TrainingArguments) -> None:
+    """Train a single CPU process on every core the machine gives it.
+
+    ``accelerate launch`` without a config file, on a machine without GPUs, sets ``OMP_NUM_THREADS=1`` for its
+    one process, which halves the speed on two cores. Set ``IFCL_KEEP_CPU_THREADS=1`` to keep the launcher's number.
+    """
+    if training_args.world_size != 1 or training_args.device.type != "cpu" or os.environ.get("IFCL_KEEP_CPU_THREADS"):
+        return
+    import torch
+
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if torch.get_num_threads() < available:
+        logger.info(f"Training on {available} CPU threads (the launcher set {torch.get_num_threads()}).")
+        torch.set_num_threads(available)
+
+
 def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, IFCLArguments, TrainingArguments]:
     """Command line (or one .json file) → the four argument dataclasses, with the embedded defaults beneath."""
     parser = HfArgumentParser((ModelArguments, DataArguments, IFCLArguments, TrainingArguments))
@@ -207,8 +238,9 @@ def load_sts_sets(data_args: DataArguments) -> tuple[datasets.Dataset, datasets.
     return validation, test
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    model_args, data_args, ifcl_args, training_args = parse_arguments(sys.argv[1:] if argv is None else argv)
+def run(argv: list[str]):
+    """Parse ``argv``, train, evaluate, save. Returns the trainer and every metric written to all_results.json."""
+    model_args, data_args, ifcl_args, training_args = parse_arguments(argv)
 
     logging.basicConfig(
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
@@ -216,8 +248,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         handlers=[logging.StreamHandler(sys.stdout)],
     )
     log_level = training_args.get_process_log_level()
-    logger.setLevel(log_level)
-    logging.getLogger("data_ifcl").setLevel(log_level)
+    # The script's own progress messages show on the main process even at transformers' default verbosity.
+    script_log_level = min(log_level, logging.INFO) if training_args.should_log else log_level
+    logger.setLevel(script_log_level)
+    logging.getLogger("data_ifcl").setLevel(script_log_level)
     datasets.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.set_verbosity(log_level)
     logger.warning(
@@ -225,12 +259,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"n_gpu: {training_args.n_gpu}, distributed: {training_args.parallel_mode.value == 'distributed'}"
     )
     set_seed(training_args.seed)
+    use_all_cpu_cores(training_args)
     default_metric = TRAINING_DEFAULTS["metric_for_best_model"]
     task_metric = f"eval_{data_args.sts_task_name}_spearman"
     if training_args.metric_for_best_model == default_metric and task_metric != default_metric:
         training_args.metric_for_best_model = task_metric
 
     # Everything that can be wrong with the input is found before the model is loaded.
+    check_hub_access(training_args)
     with training_args.main_process_first(desc="reading training and STS data"):
         train_text = load_training_text(data_args, ifcl_args.uses_fraternal_twins)
         validation_sts, test_sts = load_sts_sets(data_args)
@@ -295,6 +331,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     # all_results.json is always a finished run.
     init_metrics = trainer.evaluate(metric_key_prefix="init_eval")
     init_metrics.update(trainer.evaluate(eval_dataset={task: test_sts}, metric_key_prefix="init_test"))
+    logger.info(
+        f"Before training: STS dev {init_metrics[f'init_eval_{task}_spearman']:.2f}, "
+        f"test {init_metrics[f'init_test_{task}_spearman']:.2f} (Spearman × 100)"
+    )
 
     train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model()
@@ -324,7 +364,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         value = all_metrics.get(f"{key}_{task}_spearman")
         if value is not None and not math.isnan(value):
             logger.info(f"{key}_{task}_spearman = {value:.2f}")
-    return all_metrics
+    return trainer, all_metrics
+
+
+def main() -> None:
+    run(sys.argv[1:])
 
 
 if __name__ == "__main__":

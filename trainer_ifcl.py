@@ -121,7 +121,7 @@ class IFCLTrainer(Trainer):
             names = sorted(self._loss_sums)
             means = torch.stack([self._loss_sums[name] for name in names]) / self._loss_count
             means = self.accelerator.reduce(means, reduction="mean")
-            logs.update({name: round(value, 4) for name, value in zip(names, means.tolist())})
+            logs.update(dict(zip(names, means.tolist())))
             self._loss_sums.clear()
             self._loss_count = 0
         super().log(logs, start_time)

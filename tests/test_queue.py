@@ -1,0 +1,105 @@
+"""The hippocampus queue against its specification (SPEC.md, Section 3.2, Eq. 4)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from configuration_ifcl import IFCLConfig
+from modeling_ifcl import HippocampusQueue
+
+N, K, DIM, LAMBDA = 3, 2, 4, 0.2
+
+
+def batch(value: float, rows: int = N) -> torch.Tensor:
+    """Rows that tell which push they came from: every entry of push v is v, v+0.1, v+0.2, ..."""
+    return torch.tensor([[value + 0.1 * r] * DIM for r in range(rows)])
+
+
+def test_newest_first_with_coefficient_by_age():
+    queue = HippocampusQueue(K, N, DIM, LAMBDA)
+    queue.push(batch(1.0))
+    queue.push(batch(2.0))
+    embeddings, coefficients = queue.ordered()
+    assert torch.equal(embeddings, torch.cat([batch(2.0), batch(1.0)]))
+    # p_m = 1 − λ·⌈m/N⌉ for m = 1..k·N, written out by hand.
+    expected = [1 - LAMBDA * math.ceil(m / N) for m in range(1, K * N + 1)]
+    assert coefficients.tolist() == pytest.approx(expected)
+    assert coefficients.tolist() == pytest.approx([0.8, 0.8, 0.8, 0.6, 0.6, 0.6])
+
+
+def test_oldest_batch_drops_out():
+    queue = HippocampusQueue(K, N, DIM, LAMBDA)
+    for value in (1.0, 2.0, 3.0):
+        queue.push(batch(value))
+    embeddings, _ = queue.ordered()
+    assert torch.equal(embeddings, torch.cat([batch(3.0), batch(2.0)]))
+    assert len(queue) == K * N
+
+
+def test_empty_slots_take_no_part():
+    queue = HippocampusQueue(3, N, DIM, LAMBDA)
+    assert len(queue) == 0
+    queue.push(batch(1.0))
+    embeddings, log_coefficients = queue.entries()
+    assert embeddings.shape == (3 * N, DIM)
+    finite = torch.isfinite(log_coefficients)
+    assert int(finite.sum()) == N
+    assert torch.equal(embeddings[finite], batch(1.0))
+    assert log_coefficients[finite].exp().tolist() == pytest.approx([1 - LAMBDA] * N)
+
+
+def test_short_batch_fills_only_its_rows():
+    queue = HippocampusQueue(K, N, DIM, LAMBDA)
+    queue.push(batch(1.0))
+    queue.push(batch(2.0, rows=1))
+    embeddings, coefficients = queue.ordered()
+    assert torch.equal(embeddings, torch.cat([batch(2.0, rows=1), batch(1.0)]))
+    assert coefficients.tolist() == pytest.approx([0.8, 0.6, 0.6, 0.6])
+    # The short batch's slot, overwritten later by a full one, is whole again.
+    queue.push(batch(3.0))
+    assert torch.equal(queue.ordered()[0], torch.cat([batch(3.0), batch(2.0, rows=1)]))
+
+
+def test_entries_match_ordered_view_as_sets():
+    queue = HippocampusQueue(K, N, DIM, LAMBDA)
+    for value in (1.0, 2.0, 3.0):
+        queue.push(batch(value))
+    embeddings, log_coefficients = queue.entries()
+    stored = sorted(zip(embeddings[:, 0].tolist(), log_coefficients.exp().tolist()))
+    ordered_embeddings, ordered_coefficients = queue.ordered()
+    assert stored == pytest.approx(sorted(zip(ordered_embeddings[:, 0].tolist(), ordered_coefficients.tolist())))
+
+
+def test_too_many_anchors_for_one_step_is_an_error():
+    queue = HippocampusQueue(K, N, DIM, LAMBDA)
+    with pytest.raises(ValueError, match="queue_batch_size"):
+        queue.push(batch(1.0, rows=N + 1))
+
+
+@pytest.mark.parametrize("k, lam", [(10, 0.1), (4, 0.25), (2, 0.6)])
+def test_settings_with_a_non_positive_weight_are_rejected(k, lam):
+    with pytest.raises(ValueError, match="forgetting_rate"):
+        IFCLConfig(queue_size=k, forgetting_rate=lam)
+
+
+def test_largest_valid_forgetting_rate_is_accepted():
+    config = IFCLConfig(queue_size=4, forgetting_rate=0.24)
+    assert 1 - config.forgetting_rate * config.queue_size > 0
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ({"fusion_rate": 1.5}, "fusion_rate"),
+        ({"fusion_rate": -0.1}, "fusion_rate"),
+        ({"queue_size": -1}, "queue_size"),
+        ({"contrastive_temperature": 0.0}, "temperature"),
+        ({"pooler_type": "max"}, "pooler_type"),
+    ],
+)
+def test_other_impossible_settings_are_rejected(setting, message):
+    with pytest.raises(ValueError, match=message):
+        IFCLConfig(**setting)

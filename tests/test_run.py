@@ -1,0 +1,179 @@
+"""run_ifcl.py end to end on a tiny random-weight BERT, one process and two, and its answers to bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ENGLISH, GERMAN, ROOT
+
+import run_ifcl
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("data")
+    with open(folder / "train.txt", "w", encoding="utf-8") as f:
+        for _ in range(4):
+            for english, german in zip(ENGLISH, GERMAN):
+                f.write(f"{english}\t{german}\n")
+            f.write("   \n")  # whitespace-only lines are skipped
+    with open(folder / "sts.tsv", "w", encoding="utf-8") as f:
+        f.write("sentence1\tsentence2\tscore\n")
+        for i, (first, second) in enumerate(zip(ENGLISH, ENGLISH[1:] + ENGLISH[:1])):
+            f.write(f"{first}\t{second}\t{(i * 7) % 6}\n")
+    return folder
+
+
+def tiny_args(encoder: Path, fraternal: Path, data: Path, output: Path, *extra: str) -> list[str]:
+    return [
+        "--model_name_or_path", str(encoder),
+        "--fraternal_model_name_or_path", str(fraternal),
+        "--train_file", str(data / "train.txt"),
+        "--validation_file", str(data / "sts.tsv"),
+        "--test_file", str(data / "sts.tsv"),
+        "--output_dir", str(output),
+        "--max_steps", "6",
+        "--per_device_train_batch_size", "4",
+        "--eval_steps", "3",
+        "--save_steps", "3",
+        "--logging_steps", "2",
+        "--queue_size", "2",
+        "--forgetting_rate", "0.2",
+        *extra,
+    ]  # fmt: skip
+
+
+def launch(args: list[str], processes: int = 1, script: str = "run_ifcl.py") -> subprocess.CompletedProcess:
+    """``accelerate launch`` on CPU. Several CPU processes go through torchrun (``--multi_gpu`` with
+    ``--use_cpu``): accelerate's own ``--cpu --num_processes 2`` starts one process unless mpirun is set up."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes)]
+    if processes > 1:
+        command += ["--multi_gpu"]
+        args = [*args, "--use_cpu"]
+    else:
+        command += ["--cpu"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [*command, str(ROOT / script), *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
+    )
+
+
+def test_one_process_end_to_end(tiny_encoder_dir, tiny_fraternal_dir, data_dir, tmp_path):
+    output = tmp_path / "out"
+    result = launch(tiny_args(tiny_encoder_dir, tiny_fraternal_dir, data_dir, output))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+
+    results = json.loads((output / "all_results.json").read_text())
+    for key in ("init_eval_stsb_spearman", "init_test_stsb_spearman", "eval_stsb_spearman", "test_stsb_spearman"):
+        assert -100.0 <= results[key] <= 100.0, key
+    assert results["train_steps"] == 6
+    assert results["train_samples"] == 4 * len(ENGLISH)  # the whitespace lines were skipped
+
+    config = json.loads((output / "config.json").read_text())
+    assert config["auto_map"]["AutoModel"] == "modeling_ifcl.IFCLModel"
+    assert config["fusion_rate"] == 0.5 and config["queue_size"] == 2 and config["queue_batch_size"] == 4
+    for name in ("modeling_ifcl.py", "configuration_ifcl.py", "model.safetensors", "tokenizer.json"):
+        assert (output / name).is_file(), name
+    assert (output / "fraternal_tokenizer" / "tokenizer.json").is_file()
+
+    card = (output / "README.md").read_text()
+    assert "trust_remote_code=True" in card and "| stsb | test |" in card
+    assert f"{results['test_stsb_spearman']:.2f}" in card
+
+    state = json.loads((output / "trainer_state.json").read_text())
+    logged = [entry for entry in state["log_history"] if "loss" in entry]
+    assert logged and all({"loss_identical", "loss_fraternal", "loss_twins"} <= set(entry) for entry in logged)
+    assert any("eval_stsb_spearman" in entry for entry in state["log_history"])
+    assert "skipped 4 empty" in (result.stdout + result.stderr)
+
+
+def test_two_processes_end_with_the_same_queue(tiny_encoder_dir, tiny_fraternal_dir, data_dir, tmp_path):
+    output = tmp_path / "ddp"
+    args = tiny_args(tiny_encoder_dir, tiny_fraternal_dir, data_dir, output, "--queue_size", "3")
+    args += ["--per_device_train_batch_size", "2", "--eval_strategy", "no", "--save_strategy", "no"]
+    args += ["--load_best_model_at_end", "false", "--max_steps", "4"]
+    result = launch(args, processes=2, script="tests/distributed_run.py")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    queues = [torch.load(output / f"queue_rank{rank}.pt") for rank in (0, 1)]
+    # N = 2 per process × 2 processes = 4 anchors per step, the config says so, and 3 of 4 steps stay.
+    assert json.loads((output / "config.json").read_text())["queue_batch_size"] == 4
+    assert queues[0]["valid"].sum().item() == 3 * 4
+    for name in ("embeddings", "valid", "head"):
+        assert torch.equal(queues[0][name], queues[1][name]), name
+    assert queues[0]["embeddings"].abs().sum() > 0
+
+
+# ---------------------------------------------------------------- bad input: stops before a model is loaded
+
+
+def run_in_process(*args: str, tmp_path: Path) -> None:
+    """Run with a model path that does not exist: any error must come before the model would be loaded."""
+    run_ifcl.run(["--model_name_or_path", str(tmp_path / "no-such-model"), "--output_dir", str(tmp_path / "out"), *args])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--queue_size", "10", "--forgetting_rate", "0.1"], "forgetting_rate"),
+        (["--fusion_rate", "1.2"], "fusion_rate"),
+        (["--queue_size", "-1"], "queue_size"),
+        (["--temperature", "0"], "temperature"),
+        (["--pooler_type", "max"], "pooler_type"),
+    ],
+)
+def test_impossible_settings_stop_before_anything_is_loaded(args, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        run_in_process(*args, tmp_path=tmp_path)
+    assert not (tmp_path / "out").exists()
+
+
+def test_txt_line_without_tab_names_file_and_line(tmp_path, data_dir):
+    train = tmp_path / "bad.txt"
+    train.write_text("A sentence.\tEin Satz.\n\nNo tab on this line.\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad\.txt.*line 3"):
+        run_in_process("--train_file", str(train), "--validation_file", str(data_dir / "sts.tsv"), tmp_path=tmp_path)
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_column_names_file_and_found_columns(tmp_path, data_dir):
+    train = tmp_path / "bad.csv"
+    train.write_text("text,translation\nA sentence.,Ein Satz.\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad\.csv.*sentence.*text"):
+        run_in_process("--train_file", str(train), "--validation_file", str(data_dir / "sts.tsv"), tmp_path=tmp_path)
+
+
+def test_sts_score_that_is_not_a_number_names_file_and_line(tmp_path, data_dir):
+    sts = tmp_path / "bad_sts.tsv"
+    sts.write_text("sentence1\tsentence2\tscore\nA.\tB.\t3.0\nC.\tD.\thigh\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad_sts\.tsv.*line 3"):
+        run_in_process("--train_file", str(data_dir / "train.txt"), "--validation_file", str(sts), tmp_path=tmp_path)
+
+
+def test_missing_train_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nothing.txt"):
+        run_in_process("--train_file", str(tmp_path / "nothing.txt"), tmp_path=tmp_path)
+
+
+def test_single_json_file_gives_all_arguments_over_the_embedded_defaults(tmp_path):
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps({"max_steps": 7, "fusion_rate": 0.3, "output_dir": str(tmp_path / "o")}))
+    _, data_args, ifcl_args, training_args = run_ifcl.parse_arguments([str(path)])
+    assert training_args.max_steps == 7 and ifcl_args.fusion_rate == 0.3
+    assert training_args.eval_steps == run_ifcl.TRAINING_DEFAULTS["eval_steps"]
+    assert data_args.max_seq_length == 32
+
+
+def test_push_to_hub_offline_stops_before_anything_is_loaded(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(SystemExit, match="HF_HUB_OFFLINE"):
+        run_in_process("--push_to_hub", tmp_path=tmp_path)
+    assert not (tmp_path / "out").exists()

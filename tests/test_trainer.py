@@ -1,0 +1,98 @@
+"""IFCLTrainer: the queue takes each optimizer step's anchors once, and every loss term is logged."""
+
+from __future__ import annotations
+
+import datasets
+import pytest
+import torch
+from torch import nn
+from transformers import TrainingArguments
+
+from conftest import ENGLISH, GERMAN
+from modeling_ifcl import IFCLModel
+from trainer_ifcl import IFCLDataCollator, IFCLTrainer
+
+
+def tokenized(model: IFCLModel, with_fraternal: bool) -> datasets.Dataset:
+    features = dict(model.tokenizer(ENGLISH))
+    if with_fraternal:
+        fraternal = model.fraternal_tokenizer(GERMAN)
+        features["fraternal_input_ids"] = fraternal["input_ids"]
+        features["fraternal_attention_mask"] = fraternal["attention_mask"]
+    return datasets.Dataset.from_dict(features)
+
+
+def make_trainer(model, dataset, tmp_path, **overrides) -> IFCLTrainer:
+    settings = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        max_steps=3,
+        learning_rate=0.0,
+        logging_steps=1,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+    )
+    settings.update(overrides)
+    collator = IFCLDataCollator(model.tokenizer.pad_token_id, model.fraternal_tokenizer.pad_token_id)
+    return IFCLTrainer(model=model, args=TrainingArguments(**settings), train_dataset=dataset, data_collator=collator)
+
+
+def test_queue_takes_all_anchors_of_each_optimizer_step_once(tiny_encoder_dir, tmp_path):
+    # N = 2 per micro-batch × 2 accumulation steps = 4 anchors per optimizer step; 3 steps cover the 12 sentences.
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=4, queue_batch_size=4, forgetting_rate=0.1)
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0  # with no dropout and lr 0 every anchor can be recomputed exactly
+    dataset = tokenized(model, with_fraternal=True)
+    make_trainer(model, dataset, tmp_path).train()
+
+    # One push per optimizer step, each of N = 4 rows (per micro-batch pushes would give 2-row slots).
+    assert sorted(model.queue.valid.sum(dim=1).tolist()) == [0, 4, 4, 4]
+    entries, coefficients = model.queue.ordered()
+    assert coefficients.tolist() == pytest.approx([0.9] * 4 + [0.8] * 4 + [0.7] * 4)
+
+    model.eval()
+    with torch.no_grad():
+        batch = IFCLDataCollator(model.tokenizer.pad_token_id)([dict(model.tokenizer(s)) for s in ENGLISH])
+        reference = model(**batch, return_twins=True).anchor
+    distances = torch.cdist(entries, reference)
+    nearest = distances.argmin(dim=1)
+    assert distances.min(dim=1).values.max() < 1e-4
+    assert sorted(nearest.tolist()) == list(range(12))  # each training sentence once
+
+
+def test_loss_terms_are_logged(tiny_encoder_dir, tmp_path):
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=2, queue_batch_size=4)
+    trainer = make_trainer(model, tokenized(model, with_fraternal=True), tmp_path, learning_rate=1e-4)
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logged) == 3
+    for entry in logged:
+        assert {"loss_identical", "loss_fraternal", "loss_twins"} <= set(entry)
+        total = entry["loss_identical"] + entry["loss_fraternal"] + entry["loss_twins"]
+        assert entry["loss"] == pytest.approx(total, rel=2e-3, abs=2e-3)
+
+
+def test_simcse_ablation_skips_the_fraternal_pass(tiny_encoder_dir, tmp_path):
+    model = IFCLModel.from_encoder(
+        str(tiny_encoder_dir), queue_size=0, fraternal_loss_weight=0.0, twins_loss_weight=0.0
+    )
+    assert model.fraternal_embeddings is None and model.queue is None
+    calls = []
+    model.encoder.register_forward_hook(lambda module, args, kwargs_out: calls.append(1))
+    trainer = make_trainer(model, tokenized(model, with_fraternal=True), tmp_path, gradient_accumulation_steps=1)
+    trainer.train()
+    assert len(calls) == 3  # one encoder call per step: [anchors; identical twins], no fraternal call
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert all("loss_fraternal" not in entry and "loss_twins" not in entry for entry in logged)
+
+
+def test_fraternal_weights_without_fraternal_data_is_a_clear_error(tiny_encoder_dir, tmp_path):
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
+    trainer = make_trainer(model, tokenized(model, with_fraternal=False), tmp_path)
+    with pytest.raises(ValueError, match="fraternal"):
+        trainer.train()
