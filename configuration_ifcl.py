@@ -72,7 +72,7 @@ class IFCLConfig(PretrainedConfig):
         fraternal_loss_weight, twins_loss_weight: weights of ℓ^F and ℓ^T in Eq. 9 (both 0 skips the fraternal pass).
         pooler_type: sentence representation used in training; ``cls`` adds SimCSE's MLP over [CLS].
         eval_pooler_type: sentence representation used by ``encode`` and evaluation (what a saved model embeds with).
-        max_seq_length: default truncation length of ``encode``.
+        max_seq_length: truncation length of the training sentences (``encode`` truncates only at the encoder's limit).
         stack_views: encode the three training views in one encoder call (True), in two (False: anchors and
             identical twins, then fraternal twins), or choose by device (None: one call on accelerators, two on CPU).
     """

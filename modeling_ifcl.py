@@ -441,6 +441,13 @@ class IFCLModel(PreTrainedModel):
             return device.type != "cpu"
         return self.config.stack_views
 
+    def max_input_length(self, tokenizer: PreTrainedTokenizerBase) -> int:
+        """The longest input the encoder takes: the tokenizer's limit, else the position embeddings'."""
+        limit = getattr(self.encoder.config, "max_position_embeddings", None) or 512
+        if tokenizer.model_max_length and tokenizer.model_max_length < 100_000:
+            limit = min(limit, tokenizer.model_max_length)
+        return limit
+
     @torch.no_grad()
     def encode(
         self,
@@ -454,12 +461,14 @@ class IFCLModel(PreTrainedModel):
         """Evaluation embeddings of ``sentences`` as a float32 CPU tensor, one row per sentence.
 
         Sentences are batched by length (longest first) so padding stays short; the order of the result follows
-        the input. The model's training mode is restored afterwards.
+        the input. They are truncated only at the encoder's own limit (``max_length`` to change it): the training
+        length ``max_seq_length`` does not apply, as STS evaluation uses whole sentences. The model's training mode
+        is restored afterwards.
         """
         if isinstance(sentences, str):
             sentences = [sentences]
         tokenizer = tokenizer or self.tokenizer
-        max_length = max_length or self.config.max_seq_length
+        max_length = max_length or self.max_input_length(tokenizer)
         device = torch.device(device) if device is not None else self.device
         if device != self.device:
             self.to(device)

