@@ -73,6 +73,8 @@ class IFCLConfig(PretrainedConfig):
         pooler_type: sentence representation used in training; ``cls`` adds SimCSE's MLP over [CLS].
         eval_pooler_type: sentence representation used by ``encode`` and evaluation (what a saved model embeds with).
         max_seq_length: truncation length of the training sentences (``encode`` truncates only at the encoder's limit).
+        export_sentence_transformers: ``save_pretrained`` also writes the sentence-transformers modules (a copy of
+            the encoder in ``0_Transformer/`` and the pooler), so the folder loads with ``SentenceTransformer``.
         stack_views: encode the three training views in one encoder call (True), in two (False: anchors and
             identical twins, then fraternal twins), or choose by device (None: one call on accelerators, two on CPU).
     """
@@ -98,6 +100,7 @@ class IFCLConfig(PretrainedConfig):
         eval_pooler_type: str = "avg",
         max_seq_length: int = 32,
         stack_views: bool | None = None,
+        export_sentence_transformers: bool = True,
         **kwargs: Any,
     ) -> None:
         check_ifcl_settings(
@@ -129,6 +132,7 @@ class IFCLConfig(PretrainedConfig):
         self.eval_pooler_type = eval_pooler_type
         self.max_seq_length = max_seq_length
         self.stack_views = stack_views
+        self.export_sentence_transformers = export_sentence_transformers
         super().__init__(**kwargs)
 
     @property

@@ -87,7 +87,7 @@ def write_model_card(
         model_name=model_name,
         library_name="transformers",
         pipeline_tag="sentence-similarity",
-        tags=["ifcl", "sentence-embeddings", "sentence-similarity", "feature-extraction", "contrastive-learning"],
+        tags=["ifcl", "sentence-transformers", "sentence-embeddings", "sentence-similarity", "feature-extraction"],
         base_model=base_model if looks_like_hub_id(base_model) else None,
         datasets=[d for d in (datasets or []) if looks_like_hub_id(d)] or None,
         eval_results=eval_results or None,
@@ -105,6 +105,19 @@ def write_model_card(
         else "IFCL"
     )
     repo = model_name if "/" in model_name else f"<user>/{model_name}"
+    sentence_transformers_usage = ""
+    if os.path.isfile(os.path.join(output_dir, "modules.json")):
+        sentence_transformers_usage = f"""
+With [sentence-transformers](https://www.sbert.net) (no remote code: the folder also holds the plain encoder in
+`0_Transformer/` and the pooler), the embeddings are the same:
+
+```python
+from sentence_transformers import SentenceTransformer
+
+model = SentenceTransformer("{repo}")
+embeddings = model.encode(["A man is playing a guitar.", "Someone plays the guitar."])
+```
+"""
     body = f"""
 # {model_name}
 
@@ -136,7 +149,7 @@ similarity = embeddings[0] @ embeddings[1] / (embeddings[0].norm() * embeddings[
 
 `encode` returns one float32 row per sentence; the tokenizer is loaded from the same folder (the fraternal
 language's tokenizer, when there is one, lies in `fraternal_tokenizer/`).
-
+{sentence_transformers_usage}
 ## Citation
 
 ```bibtex

@@ -23,6 +23,10 @@ except ImportError:  # imported from a checkout of the project
     from configuration_ifcl import IFCLConfig
 
 FRATERNAL_TOKENIZER_FOLDER = "fraternal_tokenizer"
+SENTENCE_TRANSFORMERS_ENCODER_FOLDER = "0_Transformer"
+# How each evaluation pooler is written for sentence-transformers: its Pooling mode, and whether SimCSE's MLP
+# follows as a Dense layer. avg_first_last and avg_top2 have no sentence-transformers module.
+SENTENCE_TRANSFORMERS_POOLING = {"avg": ("mean", False), "cls_before_pooler": ("cls", False), "cls": ("cls", True)}
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -303,6 +307,72 @@ class IFCLModel(PreTrainedModel):
             self._tokenizer.save_pretrained(save_directory)
         if self._fraternal_tokenizer is not None:
             self._fraternal_tokenizer.save_pretrained(os.path.join(save_directory, FRATERNAL_TOKENIZER_FOLDER))
+        if self.config.export_sentence_transformers:
+            self.save_sentence_transformers_modules(save_directory)
+
+    def save_sentence_transformers_modules(self, save_directory: str | os.PathLike) -> bool:
+        """Write the files that let ``SentenceTransformer(save_directory)`` embed like ``encode``, without remote code.
+
+        The plain encoder (a copy of its weights) and its tokenizer go to ``0_Transformer/``, the evaluation pooler
+        to ``1_Pooling/`` and, for ``cls``, SimCSE's MLP to ``2_Dense/``. Returns False (writing nothing) for
+        poolers sentence-transformers has no module for (avg_first_last, avg_top2) or when no tokenizer is known.
+        """
+        import json
+
+        from safetensors.torch import save_file
+
+        pooler = SENTENCE_TRANSFORMERS_POOLING.get(self.config.eval_pooler_type)
+        if pooler is None or (self._tokenizer is None and not self.name_or_path):
+            return False
+        pooling_mode, with_mlp = pooler
+        tokenizer = self.tokenizer
+        encoder_folder = os.path.join(save_directory, SENTENCE_TRANSFORMERS_ENCODER_FOLDER)
+        self.encoder.save_pretrained(encoder_folder)
+        tokenizer.save_pretrained(encoder_folder)
+
+        def write_json(path: str, content) -> None:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(content, f, indent=2)
+
+        write_json(
+            os.path.join(encoder_folder, "sentence_bert_config.json"),
+            {"max_seq_length": self.max_input_length(tokenizer), "do_lower_case": False},
+        )
+        write_json(
+            os.path.join(save_directory, "1_Pooling", "config.json"),
+            {
+                "word_embedding_dimension": self.hidden_size,
+                "pooling_mode_cls_token": pooling_mode == "cls",
+                "pooling_mode_mean_tokens": pooling_mode == "mean",
+                "pooling_mode_max_tokens": False,
+                "pooling_mode_mean_sqrt_len_tokens": False,
+            },
+        )
+        modules = [
+            {"idx": 0, "name": "0", "path": SENTENCE_TRANSFORMERS_ENCODER_FOLDER, "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        ]
+        if with_mlp:
+            dense_folder = os.path.join(save_directory, "2_Dense")
+            write_json(
+                os.path.join(dense_folder, "config.json"),
+                {
+                    "in_features": self.hidden_size,
+                    "out_features": self.hidden_size,
+                    "bias": True,
+                    "activation_function": "torch.nn.modules.activation.Tanh",
+                },
+            )
+            weights = {"linear.weight": self.mlp.dense.weight, "linear.bias": self.mlp.dense.bias}
+            save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, os.path.join(dense_folder, "model.safetensors"))
+            modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+        write_json(os.path.join(save_directory, "modules.json"), modules)
+        write_json(
+            os.path.join(save_directory, "config_sentence_transformers.json"),
+            {"model_type": "SentenceTransformer", "similarity_fn_name": "cosine", "prompts": {}, "default_prompt_name": None},
+        )
+        return True
 
     # ---------------------------------------------------------------- embeddings
 

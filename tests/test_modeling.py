@@ -189,3 +189,23 @@ def _clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["HF_HUB_OFFLINE"] = "1"
     return env
+
+
+@pytest.mark.parametrize("pooler", ["avg", "cls", "cls_before_pooler"])
+def test_saved_folder_loads_with_sentence_transformers_and_embeds_the_same(tiny_encoder_dir, tmp_path, pooler):
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0, pooler_type=pooler, eval_pooler_type=pooler)
+    if model.mlp is not None:
+        torch.nn.init.normal_(model.mlp.dense.weight)  # make the MLP matter
+    model.save_pretrained(tmp_path / pooler)
+    loaded = sentence_transformers.SentenceTransformer(str(tmp_path / pooler), device="cpu")
+    ours = model.encode(ENGLISH)
+    theirs = torch.as_tensor(loaded.encode(ENGLISH, batch_size=5))
+    assert (ours - theirs).abs().max().item() <= 1e-5
+
+
+def test_poolers_without_a_sentence_transformers_module_write_none(tiny_encoder_dir, tmp_path):
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0, eval_pooler_type="avg_top2")
+    model.save_pretrained(tmp_path / "top2")
+    assert not (tmp_path / "top2" / "modules.json").exists()
+    assert (tmp_path / "top2" / "modeling_ifcl.py").exists()
