@@ -337,6 +337,7 @@ def run(argv: list[str]):
     )
 
     train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    training_log = list(trainer.state.log_history)  # before the final evaluations of the best checkpoint
     trainer.save_model()
     trainer.save_metrics("init", init_metrics)
     all_metrics: dict[str, float] = dict(init_metrics)
@@ -354,6 +355,17 @@ def run(argv: list[str]):
     trainer.log_metrics("eval", metrics)
     trainer.save_metrics("eval", metrics)
     all_metrics.update(metrics)
+
+    if trainer.is_world_process_zero():
+        from plots_ifcl import plot_training_curves
+
+        # The step-0 evaluation joins the curve, so the plot shows where training started from.
+        history = [{"step": 0, f"eval_{task}_spearman": init_metrics[f"init_eval_{task}_spearman"]}]
+        plot_training_curves(
+            history + training_log,
+            os.path.join(training_args.output_dir, "training_curves.png"),
+            sts_metric=f"eval_{task}_spearman",
+        )
 
     dataset_tags = data_args.dataset_name or ("trans-de-en" if data_args.train_file is None else None)
     if training_args.push_to_hub:

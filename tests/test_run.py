@@ -83,6 +83,8 @@ def test_one_process_end_to_end(tiny_encoder_dir, tiny_fraternal_dir, data_dir, 
         assert (output / name).is_file(), name
     assert (output / "fraternal_tokenizer" / "tokenizer.json").is_file()
 
+    assert (output / "training_curves.png").stat().st_size > 10_000
+    assert (output / "modules.json").is_file()  # loads with sentence-transformers too
     card = (output / "README.md").read_text()
     assert "trust_remote_code=True" in card and "| stsb | test |" in card
     assert f"{results['test_stsb_spearman']:.2f}" in card

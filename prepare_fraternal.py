@@ -1,0 +1,462 @@
+#!/usr/bin/env python
+"""Translate a file of sentences into IFCL training pairs (``sentence<TAB>translation``, one per line).
+
+    python prepare_fraternal.py --input_file wiki1m_for_simcse.txt --output_file wiki1m_en_de.txt \\
+        --model_name_or_path Helsinki-NLP/opus-mt-en-de
+    python prepare_fraternal.py ... --model_name_or_path google-t5/t5-base --source_lang English --target_lang German
+    python prepare_fraternal.py ... --model_name_or_path facebook/nllb-200-distilled-600M \\
+        --source_lang eng_Latn --target_lang deu_Latn --batch_size 128 --dtype bfloat16
+
+Any Hugging Face sequence-to-sequence translation model works: T5 gets its task prefix ("translate English to
+German: "), M2M100/NLLB/mBART get the source language on the tokenizer and the target language as the forced first
+token, multilingual Marian models get their ">>deu<< " token. The output is appended to in batches and flushed;
+running the same command again after an interruption checks what is there and translates only what is missing.
+``run_ifcl.py --train_file OUTPUT`` reads the result directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from data_ifcl import DataFormatError, _iter_lines
+
+logger = logging.getLogger(__name__)
+
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+
+# Characters that would break a `sentence<TAB>translation` line: the tab, and everything str.splitlines splits on.
+_FIELD_BREAKERS = "\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_FIELD_CLEANUP = str.maketrans({character: " " for character in _FIELD_BREAKERS})
+
+
+class SettingsError(ValueError):
+    """Impossible settings, or settings that do not fit the chosen model."""
+
+
+@dataclass
+class PrepareFraternalArguments:
+    """Which sentences to translate, with which model, into which file."""
+
+    input_file: str = field(
+        metadata={"help": "UTF-8 text, one sentence per line (e.g. wiki1m_for_simcse.txt); empty lines are skipped."}
+    )
+    output_file: str = field(
+        metadata={"help": "The .txt training file to write (or to continue): one 'sentence<TAB>translation' a line."}
+    )
+    model_name_or_path: str = field(
+        metadata={"help": "Translation model (Hub id or folder), e.g. Helsinki-NLP/opus-mt-en-de."}
+    )
+    source_lang: str | None = field(
+        default=None,
+        metadata={"help": "Source language: a name for T5 (English), a code for NLLB (eng_Latn), M2M100 (en), "
+                  "mBART-50 (en_XX)."},
+    )  # fmt: skip
+    target_lang: str | None = field(
+        default=None,
+        metadata={"help": "Target language: German for T5, deu_Latn for NLLB, de for M2M100, de_DE for mBART, deu for "
+                  "a multilingual Marian model."},
+    )  # fmt: skip
+    prefix: str | None = field(
+        default=None,
+        metadata={"help": "Text put before every sentence. Default: 'translate <source> to <target>: ' for T5, "
+                  "'>><target><< ' for multilingual Marian models, else none. --prefix '' for none."},
+    )  # fmt: skip
+    batch_size: int = field(default=32, metadata={"help": "Sentences per generate call."})
+    batches_per_chunk: int = field(
+        default=16,
+        metadata={"help": "Sentences are sorted by length within chunks of this many batches (less padding); "
+                  "output stays in input order."},
+    )  # fmt: skip
+    max_length: int = field(
+        default=128, metadata={"help": "Longer sentences are truncated to this many tokens; translations stop there."}
+    )
+    num_beams: int | None = field(
+        default=None, metadata={"help": "Beam width. Default: the model's generation config."}
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
+        default="auto",
+        metadata={"help": "Type of the model's weights. auto: bfloat16 on a GPU that supports it, else float32."},
+    )
+    device: str | None = field(default=None, metadata={"help": "cuda, cuda:1, mps, cpu... Default: a GPU if present."})
+    max_sentences: int | None = field(
+        default=None,
+        metadata={"help": "Stop after the first N sentences of the input (counting those already in the output)."},
+    )
+    overwrite_output_file: bool = field(
+        default=False, metadata={"help": "Start the output over instead of continuing it."}
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "batches_per_chunk", "max_length", "num_beams", "max_sentences"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise SettingsError(f"--{name} must be ≥ 1, got {value}.")
+        if os.path.splitext(self.output_file)[1].lower() != ".txt":
+            raise SettingsError(
+                f"--output_file {self.output_file}: must end in .txt, the extension run_ifcl.py reads as "
+                "'sentence<TAB>translation' lines."
+            )
+        if os.path.exists(self.input_file) and os.path.realpath(self.input_file) == os.path.realpath(self.output_file):
+            raise SettingsError(f"--input_file and --output_file are the same file: {self.input_file}")
+
+
+@dataclass(frozen=True, slots=True)
+class InputSentence:
+    """A sentence of the input file, cleaned for the output, with its 1-based line number."""
+
+    line_number: int
+    text: str
+
+
+@dataclass
+class PrepareSummary:
+    """What a run found and did."""
+
+    output_file: str
+    input_sentences: int
+    empty_input_lines: int
+    already_translated: int = 0
+    translated: int = 0
+    empty_translations: int = 0
+
+    @property
+    def output_lines(self) -> int:
+        return self.already_translated + self.translated
+
+
+def clean_field(text: str) -> str:
+    """``text`` as one field of a ``sentence<TAB>translation`` line: tabs and line breaks become spaces, stripped."""
+    return text.translate(_FIELD_CLEANUP).strip()
+
+
+def read_input_sentences(input_file: str) -> tuple[list[InputSentence], int]:
+    """The input's non-empty lines as cleaned sentences, and the number of empty or whitespace-only lines."""
+    if not os.path.isfile(input_file):
+        raise FileNotFoundError(f"input file not found: {input_file}")
+    sentences: list[InputSentence] = []
+    empty_lines = 0
+    for line_number, line in _iter_lines(input_file):
+        text = clean_field(line)
+        if text:
+            sentences.append(InputSentence(line_number, text))
+        else:
+            empty_lines += 1
+    if not sentences:
+        raise DataFormatError(f"{input_file}: no sentences (the file is empty or has only empty lines)")
+    return sentences, empty_lines
+
+
+def count_finished_lines(output_file: str, sentences: Sequence[InputSentence], input_file: str) -> int:
+    """Check an existing output against the input and return how many sentences it already holds.
+
+    Line k of the output must be ``sentence<TAB>translation`` with sentence k of the input; anything else means the
+    output belongs to another input (DataFormatError naming both files and the line). A last line without its
+    line break was cut by an interruption: it is removed from the file.
+    """
+    if not os.path.exists(output_file):
+        return 0
+    finished = 0
+    finished_bytes = 0
+    with open(output_file, "rb") as handle:
+        for raw_line in handle:
+            if not raw_line.endswith(b"\n"):
+                break  # the partial last line
+            line_number = finished + 1
+            where = f"{output_file}: line {line_number}"
+            try:
+                line = raw_line[:-1].decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataFormatError(f"{where}: not valid UTF-8 ({error.reason})") from error
+            if finished >= len(sentences):
+                raise DataFormatError(
+                    f"{where}: the output has more lines than {input_file} has sentences ({len(sentences)}); "
+                    "it was made from another input. Choose another --output_file or pass --overwrite_output_file."
+                )
+            fields = line.split("\t")
+            if len(fields) != 2 or not fields[1].strip():
+                raise DataFormatError(
+                    f"{where}: expected 'sentence<TAB>translation' with a non-empty translation; "
+                    "the file was not written by prepare_fraternal.py. Choose another --output_file or pass "
+                    "--overwrite_output_file."
+                )
+            expected = sentences[finished]
+            if fields[0] != expected.text:
+                raise DataFormatError(
+                    f"{where}: sentence {fields[0]!r} differs from sentence {line_number} of {input_file} "
+                    f"(line {expected.line_number}: {expected.text!r}); the output was made from another input. "
+                    "Choose another --output_file or pass --overwrite_output_file."
+                )
+            finished += 1
+            finished_bytes += len(raw_line)
+    if os.path.getsize(output_file) > finished_bytes:
+        logger.warning(f"{output_file}: removing an unfinished last line (cut by an interruption)")
+        os.truncate(output_file, finished_bytes)
+    return finished
+
+
+def language_token_id(tokenizer: Any, code: str) -> int | None:
+    """Id of the token that stands for language ``code`` (NLLB ``deu_Latn``, M2M100 ``de``, mBART ``de_DE``)."""
+    if hasattr(tokenizer, "get_lang_id"):  # M2M100: "de" is the token "__de__"
+        try:
+            return tokenizer.get_lang_id(code)
+        except KeyError:
+            return None
+    vocabulary = tokenizer.get_vocab()
+    for token in (code, f"__{code}__"):
+        if token in vocabulary:
+            return vocabulary[token]
+    return None
+
+
+def uses_language_codes(tokenizer: Any) -> bool:
+    """Whether the tokenizer marks the source language itself (M2M100, NLLB, mBART: they have ``src_lang``)."""
+    return hasattr(tokenizer, "src_lang")
+
+
+def set_up_languages(tokenizer: Any, args: PrepareFraternalArguments) -> int | None:
+    """For models with language codes: set ``tokenizer.src_lang``, return the target's forced first token id."""
+    if not uses_language_codes(tokenizer):
+        return None
+    if args.source_lang is None or args.target_lang is None:
+        raise SettingsError(
+            f"{args.model_name_or_path} translates between language codes: pass --source_lang and --target_lang "
+            "(NLLB: eng_Latn, deu_Latn; M2M100: en, de; mBART-50: en_XX, de_DE)."
+        )
+    for option, code in (("--source_lang", args.source_lang), ("--target_lang", args.target_lang)):
+        if language_token_id(tokenizer, code) is None:
+            raise SettingsError(
+                f"{option} {code}: not a language code of the tokenizer of {args.model_name_or_path} "
+                "(NLLB: eng_Latn, deu_Latn; M2M100: en, de; mBART-50: en_XX, de_DE)."
+            )
+    tokenizer.src_lang = args.source_lang
+    return language_token_id(tokenizer, args.target_lang)
+
+
+def resolve_prefix(config: Any, tokenizer: Any, args: PrepareFraternalArguments) -> str:
+    """The text put before each sentence: ``--prefix`` if given, else what the model's kind expects."""
+    if args.prefix is not None:
+        return args.prefix
+    model_type = getattr(config, "model_type", None)
+    source, target = args.source_lang, args.target_lang
+    if model_type == "t5":
+        if source is None or target is None:
+            logger.warning(
+                "T5 needs a task prefix: pass --source_lang English --target_lang German (or --prefix); "
+                "translating without one."
+            )
+            return ""
+        task = (getattr(config, "task_specific_params", None) or {}).get(f"translation_{source}_to_{target}", {})
+        return task.get("prefix") or f"translate {source} to {target}: "
+    if model_type == "marian" and target is not None and f">>{target}<<" in tokenizer.get_vocab():
+        return f">>{target}<< "
+    return ""
+
+
+def resolve_device_and_dtype(device_name: str | None, dtype_name: str) -> tuple[Any, Any]:
+    """The torch device (a GPU when present unless told) and weights' dtype (auto: bfloat16 on capable GPUs)."""
+    import torch
+
+    if device_name is not None:
+        device = torch.device(device_name)
+    elif torch.cuda.is_available():
+        device = torch.device("cuda")
+    elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        device = torch.device("mps")
+    else:
+        device = torch.device("cpu")
+    if dtype_name != "auto":
+        return device, getattr(torch, dtype_name)
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return device, torch.bfloat16
+    return device, torch.float32
+
+
+class Translator:
+    """A sequence-to-sequence model and its tokenizer, set up for one translation direction."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        prefix: str = "",
+        max_length: int = 128,
+        num_beams: int | None = None,
+        forced_bos_token_id: int | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.prefix = prefix
+        self.max_length = max_length
+        self.generation_kwargs: dict[str, int] = {"max_new_tokens": max_length}
+        if num_beams is not None:
+            self.generation_kwargs["num_beams"] = num_beams
+        if forced_bos_token_id is not None:
+            self.generation_kwargs["forced_bos_token_id"] = forced_bos_token_id
+
+    @classmethod
+    def from_arguments(cls, args: PrepareFraternalArguments) -> Translator:
+        """Load tokenizer and model, check the language settings, put the model on its device."""
+        from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+
+        config = AutoConfig.from_pretrained(args.model_name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+        forced_bos_token_id = set_up_languages(tokenizer, args)
+        prefix = resolve_prefix(config, tokenizer, args)
+        if forced_bos_token_id is None and not prefix and (args.source_lang or args.target_lang):
+            logger.info(f"{args.model_name_or_path} translates one direction: --source_lang/--target_lang unused")
+        device, dtype = resolve_device_and_dtype(args.device, args.dtype)
+        model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, config=config, dtype=dtype)
+        model.to(device).eval()
+        logger.info(
+            f"Translating with {args.model_name_or_path} on {device} ({dtype}); prefix {prefix!r}"
+            + (f", target language token {args.target_lang}" if forced_bos_token_id is not None else "")
+        )
+        return cls(model, tokenizer, prefix, args.max_length, args.num_beams, forced_bos_token_id)
+
+    def translate_batch(self, sentences: list[str]) -> list[str]:
+        """Translations of ``sentences``, in their order (one generate call)."""
+        import torch
+
+        encoded = self.tokenizer(
+            [self.prefix + sentence for sentence in sentences],
+            padding=True,
+            truncation=True,
+            max_length=self.max_length,
+            return_tensors="pt",
+        )
+        inputs = {name: encoded[name].to(self.model.device) for name in ("input_ids", "attention_mask")}
+        with torch.inference_mode():
+            output_ids = self.model.generate(**inputs, **self.generation_kwargs)
+        return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)
+
+
+def length_sorted_batches(count: int, lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Positions 0..count-1 in batches of ``batch_size``, longest first (similar lengths share a batch)."""
+    order = sorted(range(count), key=lambda position: lengths[position], reverse=True)
+    return [order[start : start + batch_size] for start in range(0, count, batch_size)]
+
+
+def append_translations(
+    sentences: Sequence[InputSentence],
+    output_file: str,
+    translator: Translator,
+    batch_size: int,
+    batches_per_chunk: int,
+    progress: Any = None,
+) -> tuple[int, int]:
+    """Translate ``sentences`` and append their lines to ``output_file`` in input order.
+
+    Each chunk of ``batch_size * batches_per_chunk`` sentences is translated in length-sorted batches; after every
+    batch, the lines that are ready in input order are written and flushed, so an interruption loses at most the
+    unwritten part of one chunk. Returns (sentences translated, translations that came out empty: for those the
+    sentence itself is written as its translation, so that the file stays loadable and aligned with the input).
+    """
+    chunk_size = batch_size * batches_per_chunk
+    translated = empty_translations = 0
+    with open(output_file, "a", encoding="utf-8", newline="\n") as handle:
+        for chunk_start in range(0, len(sentences), chunk_size):
+            chunk = [sentence.text for sentence in sentences[chunk_start : chunk_start + chunk_size]]
+            translations: list[str | None] = [None] * len(chunk)
+            next_to_write = 0
+            for batch in length_sorted_batches(len(chunk), [len(text) for text in chunk], batch_size):
+                outputs = translator.translate_batch([chunk[position] for position in batch])
+                if len(outputs) != len(batch):
+                    raise RuntimeError(f"{len(batch)} sentences gave {len(outputs)} translations")
+                for position, output in zip(batch, outputs):
+                    translations[position] = clean_field(output)
+                lines = []
+                while next_to_write < len(chunk) and translations[next_to_write] is not None:
+                    sentence, translation = chunk[next_to_write], translations[next_to_write]
+                    if not translation:
+                        empty_translations += 1
+                        translation = sentence
+                    lines.append(f"{sentence}\t{translation}\n")
+                    next_to_write += 1
+                handle.write("".join(lines))
+                handle.flush()
+                translated += len(batch)
+                if progress is not None:
+                    progress.update(len(batch))
+    return translated, empty_translations
+
+
+def parse_arguments(argv: list[str]) -> PrepareFraternalArguments:
+    """Command line (or one .json file of arguments) → the argument dataclass."""
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(PrepareFraternalArguments)
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        (args,) = parser.parse_json_file(argv[0])
+    else:
+        (args,) = parser.parse_args_into_dataclasses(args=argv)
+    return args
+
+
+def run(argv: list[str]) -> PrepareSummary:
+    """Parse ``argv``, check the input and any existing output, translate what is missing."""
+    args = parse_arguments(argv)
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        datefmt="%m/%d/%Y %H:%M:%S",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+    logger.setLevel(logging.INFO)
+
+    # Everything that can be wrong with the files is found before the model is loaded.
+    sentences, empty_lines = read_input_sentences(args.input_file)
+    if empty_lines:
+        logger.warning(f"{args.input_file}: skipped {empty_lines} empty line(s)")
+    summary = PrepareSummary(args.output_file, len(sentences), empty_lines)
+    if args.overwrite_output_file and os.path.exists(args.output_file):
+        os.truncate(args.output_file, 0)
+    summary.already_translated = count_finished_lines(args.output_file, sentences, args.input_file)
+    wanted = len(sentences) if args.max_sentences is None else min(args.max_sentences, len(sentences))
+    remaining = sentences[summary.already_translated : wanted]
+    logger.info(
+        f"{args.input_file}: {len(sentences)} sentences; {args.output_file} holds {summary.already_translated}, "
+        f"{len(remaining)} to translate"
+    )
+    if not remaining:
+        return summary
+
+    from tqdm.auto import tqdm
+
+    translator = Translator.from_arguments(args)
+    os.makedirs(os.path.dirname(os.path.abspath(args.output_file)), exist_ok=True)
+    started = time.perf_counter()
+    with tqdm(total=wanted, initial=summary.already_translated, unit="sentence", desc="Translating") as progress:
+        try:
+            summary.translated, summary.empty_translations = append_translations(
+                remaining, args.output_file, translator, args.batch_size, args.batches_per_chunk, progress
+            )
+        except KeyboardInterrupt:
+            logger.warning(f"Interrupted: {args.output_file} is kept; run the same command again to continue it.")
+            raise
+    seconds = time.perf_counter() - started
+    if summary.empty_translations:
+        logger.warning(
+            f"{summary.empty_translations} translation(s) came out empty; their sentence was written as translation"
+        )
+    logger.info(
+        f"Translated {summary.translated} sentences in {seconds:.1f} s ({summary.translated / seconds:.1f}/s); "
+        f"{args.output_file} holds {summary.output_lines} of {len(sentences)}"
+    )
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry: problems with files or settings end with a one-line message."""
+    try:
+        run(sys.argv[1:] if argv is None else argv)
+    except (DataFormatError, SettingsError, FileNotFoundError) as error:
+        raise SystemExit(f"prepare_fraternal.py: error: {error}") from None
+
+
+if __name__ == "__main__":
+    main()
