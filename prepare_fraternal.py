@@ -9,9 +9,11 @@
 
 Any Hugging Face sequence-to-sequence translation model works: T5 gets its task prefix ("translate English to
 German: "), M2M100/NLLB/mBART get the source language on the tokenizer and the target language as the forced first
-token, multilingual Marian models get their ">>deu<< " token. The output is appended to in batches and flushed;
-running the same command again after an interruption checks what is there and translates only what is missing.
-``run_ifcl.py --train_file OUTPUT`` reads the result directly.
+token, multilingual Marian models get their ">>deu<< " token. Sentences are translated in length-sorted batches
+and written in input order; the output is appended to and flushed after every batch, translations that are ahead
+of the order wait in ``OUTPUT.pending``. Running the same command again after an interruption checks the output
+against the input and translates only what is in neither file. ``run_ifcl.py --train_file OUTPUT`` reads the
+result directly.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from data_ifcl import DataFormatError, _iter_lines
 
 logger = logging.getLogger(__name__)
 
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+PENDING_SUFFIX = ".pending"
 
 # Characters that would break a `sentence<TAB>translation` line: the tab, and everything str.splitlines splits on.
 _FIELD_BREAKERS = "\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
@@ -121,13 +123,10 @@ class PrepareSummary:
     output_file: str
     input_sentences: int
     empty_input_lines: int
-    already_translated: int = 0
-    translated: int = 0
-    empty_translations: int = 0
-
-    @property
-    def output_lines(self) -> int:
-        return self.already_translated + self.translated
+    already_translated: int = 0  # lines the output held when the run started
+    translated: int = 0  # sentences this run sent to the model
+    empty_translations: int = 0  # lines written by this run whose translation came out empty
+    output_lines: int = 0  # lines the output holds at the end
 
 
 def clean_field(text: str) -> str:
@@ -336,54 +335,141 @@ class Translator:
         return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)
 
 
-def length_sorted_batches(count: int, lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Positions 0..count-1 in batches of ``batch_size``, longest first (similar lengths share a batch)."""
-    order = sorted(range(count), key=lambda position: lengths[position], reverse=True)
-    return [order[start : start + batch_size] for start in range(0, count, batch_size)]
+def pending_file_of(output_file: str) -> str:
+    """The side file where translations that are ahead of the output's order wait for their turn."""
+    return output_file + PENDING_SUFFIX
 
 
-def append_translations(
-    sentences: Sequence[InputSentence],
-    output_file: str,
+def read_pending_translations(
+    pending_file: str, sentences: Sequence[InputSentence], first_unwritten: int
+) -> dict[int, str]:
+    """Translations an interrupted run made but had not written yet: {sentence index: translation}.
+
+    Lines read ``index<TAB>sentence<TAB>translation``. Entries already in the output are skipped; entries whose
+    sentence is not the input's sentence at that index, and an unfinished last line, are ignored (translated again).
+    """
+    pending: dict[int, str] = {}
+    if not os.path.exists(pending_file):
+        return pending
+    ignored = 0
+    with open(pending_file, "rb") as handle:
+        for raw_line in handle:
+            if not raw_line.endswith(b"\n"):
+                break
+            fields = raw_line[:-1].decode("utf-8", errors="replace").split("\t")
+            if len(fields) != 3 or not fields[0].isdigit():
+                ignored += 1
+                continue
+            index = int(fields[0])
+            if index < first_unwritten:
+                continue
+            if index >= len(sentences) or sentences[index].text != fields[1]:
+                ignored += 1
+                continue
+            pending[index] = fields[2]
+    if ignored:
+        logger.warning(f"{pending_file}: ignored {ignored} entries that do not match the input")
+    return pending
+
+
+class OrderedOutput:
+    """The output file, written strictly in input order, and its side file of translations that are ahead.
+
+    Batches are sorted by length, so a batch can finish sentences whose predecessors are not translated yet. Their
+    translations wait in ``<output>.pending`` (appended and flushed with every batch) until all sentences before
+    them are done; a restart reads them back instead of translating them again. The side file is emptied whenever
+    nothing waits, and removed when the run ends with nothing waiting.
+    """
+
+    def __init__(
+        self, output_file: str, sentences: Sequence[InputSentence], first_unwritten: int, waiting: dict[int, str]
+    ) -> None:
+        self.output_file = output_file
+        self.pending_file = pending_file_of(output_file)
+        self.sentences = sentences
+        self.next_index = first_unwritten
+        self.waiting = dict(waiting)
+        self.empty_translations = 0
+        self._pending_has_entries = bool(waiting)
+
+    def __enter__(self) -> OrderedOutput:
+        os.makedirs(os.path.dirname(os.path.abspath(self.output_file)), exist_ok=True)
+        self._output = open(self.output_file, "a", encoding="utf-8", newline="\n")
+        self._pending = open(self.pending_file, "a", encoding="utf-8", newline="\n")
+        self._write_ready_lines()
+        return self
+
+    def __exit__(self, *exception: object) -> None:
+        self._output.close()
+        self._pending.close()
+        if not self.waiting:
+            os.remove(self.pending_file)
+
+    def missing(self, end: int) -> list[int]:
+        """Indices below ``end`` that are neither written nor waiting: what is left to translate."""
+        return [index for index in range(self.next_index, end) if index not in self.waiting]
+
+    def add(self, translations: dict[int, str]) -> None:
+        """Keep a batch's translations (by sentence index), then write every line whose turn has come."""
+        self._pending.write(
+            "".join(f"{index}\t{self.sentences[index].text}\t{text}\n" for index, text in translations.items())
+        )
+        self._pending.flush()
+        self._pending_has_entries = True
+        self.waiting.update(translations)
+        self._write_ready_lines()
+
+    def _write_ready_lines(self) -> None:
+        lines = []
+        while self.next_index in self.waiting:
+            sentence = self.sentences[self.next_index].text
+            translation = self.waiting.pop(self.next_index)
+            if not translation:
+                self.empty_translations += 1
+                translation = sentence
+            lines.append(f"{sentence}\t{translation}\n")
+            self.next_index += 1
+        if lines:
+            self._output.write("".join(lines))
+            self._output.flush()
+        if not self.waiting and self._pending_has_entries:
+            self._pending.truncate(0)  # everything it held is in the output now
+            self._pending_has_entries = False
+
+
+def length_sorted_batches(
+    indices: Sequence[int], sentences: Sequence[InputSentence], batch_size: int
+) -> list[list[int]]:
+    """``indices`` in batches of ``batch_size``, longest sentences first, so that similar lengths share a batch."""
+    order = sorted(indices, key=lambda index: len(sentences[index].text), reverse=True)
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def translate_missing(
+    output: OrderedOutput,
+    end: int,
     translator: Translator,
     batch_size: int,
     batches_per_chunk: int,
     progress: Any = None,
-) -> tuple[int, int]:
-    """Translate ``sentences`` and append their lines to ``output_file`` in input order.
+) -> int:
+    """Translate the sentences before index ``end`` that are not in ``output`` yet; return how many.
 
-    Each chunk of ``batch_size * batches_per_chunk`` sentences is translated in length-sorted batches; after every
-    batch, the lines that are ready in input order are written and flushed, so an interruption loses at most the
-    unwritten part of one chunk. Returns (sentences translated, translations that came out empty: for those the
-    sentence itself is written as its translation, so that the file stays loadable and aligned with the input).
+    They go in chunks of ``batch_size * batches_per_chunk`` consecutive sentences, each translated in length-sorted
+    batches, so that lines can be written in input order soon after they are translated.
     """
+    todo = output.missing(end)
     chunk_size = batch_size * batches_per_chunk
-    translated = empty_translations = 0
-    with open(output_file, "a", encoding="utf-8", newline="\n") as handle:
-        for chunk_start in range(0, len(sentences), chunk_size):
-            chunk = [sentence.text for sentence in sentences[chunk_start : chunk_start + chunk_size]]
-            translations: list[str | None] = [None] * len(chunk)
-            next_to_write = 0
-            for batch in length_sorted_batches(len(chunk), [len(text) for text in chunk], batch_size):
-                outputs = translator.translate_batch([chunk[position] for position in batch])
-                if len(outputs) != len(batch):
-                    raise RuntimeError(f"{len(batch)} sentences gave {len(outputs)} translations")
-                for position, output in zip(batch, outputs):
-                    translations[position] = clean_field(output)
-                lines = []
-                while next_to_write < len(chunk) and translations[next_to_write] is not None:
-                    sentence, translation = chunk[next_to_write], translations[next_to_write]
-                    if not translation:
-                        empty_translations += 1
-                        translation = sentence
-                    lines.append(f"{sentence}\t{translation}\n")
-                    next_to_write += 1
-                handle.write("".join(lines))
-                handle.flush()
-                translated += len(batch)
-                if progress is not None:
-                    progress.update(len(batch))
-    return translated, empty_translations
+    for chunk_start in range(0, len(todo), chunk_size):
+        chunk = todo[chunk_start : chunk_start + chunk_size]
+        for batch in length_sorted_batches(chunk, output.sentences, batch_size):
+            outputs = translator.translate_batch([output.sentences[index].text for index in batch])
+            if len(outputs) != len(batch):
+                raise RuntimeError(f"{len(batch)} sentences gave {len(outputs)} translations")
+            output.add({index: clean_field(text) for index, text in zip(batch, outputs)})
+            if progress is not None:
+                progress.update(len(batch))
+    return len(todo)
 
 
 def parse_arguments(argv: list[str]) -> PrepareFraternalArguments:
@@ -413,40 +499,45 @@ def run(argv: list[str]) -> PrepareSummary:
     if empty_lines:
         logger.warning(f"{args.input_file}: skipped {empty_lines} empty line(s)")
     summary = PrepareSummary(args.output_file, len(sentences), empty_lines)
-    if args.overwrite_output_file and os.path.exists(args.output_file):
-        os.truncate(args.output_file, 0)
+    pending_file = pending_file_of(args.output_file)
+    if args.overwrite_output_file or not os.path.exists(args.output_file):
+        # A side file without its output belongs to an output that was deleted: start over.
+        for path in (args.output_file, pending_file):
+            if os.path.exists(path):
+                os.remove(path)
     summary.already_translated = count_finished_lines(args.output_file, sentences, args.input_file)
-    wanted = len(sentences) if args.max_sentences is None else min(args.max_sentences, len(sentences))
-    remaining = sentences[summary.already_translated : wanted]
-    logger.info(
-        f"{args.input_file}: {len(sentences)} sentences; {args.output_file} holds {summary.already_translated}, "
-        f"{len(remaining)} to translate"
-    )
-    if not remaining:
-        return summary
+    waiting = read_pending_translations(pending_file, sentences, summary.already_translated)
+    end = len(sentences) if args.max_sentences is None else min(args.max_sentences, len(sentences))
 
-    from tqdm.auto import tqdm
+    with OrderedOutput(args.output_file, sentences, summary.already_translated, waiting) as output:
+        todo = output.missing(end)
+        logger.info(
+            f"{args.input_file}: {len(sentences)} sentences; {args.output_file} holds {summary.already_translated}"
+            + (f" (+{len(waiting)} waiting in {pending_file})" if waiting else "")
+            + f"; {len(todo)} to translate"
+        )
+        if todo:
+            from tqdm.auto import tqdm
 
-    translator = Translator.from_arguments(args)
-    os.makedirs(os.path.dirname(os.path.abspath(args.output_file)), exist_ok=True)
-    started = time.perf_counter()
-    with tqdm(total=wanted, initial=summary.already_translated, unit="sentence", desc="Translating") as progress:
-        try:
-            summary.translated, summary.empty_translations = append_translations(
-                remaining, args.output_file, translator, args.batch_size, args.batches_per_chunk, progress
-            )
-        except KeyboardInterrupt:
-            logger.warning(f"Interrupted: {args.output_file} is kept; run the same command again to continue it.")
-            raise
-    seconds = time.perf_counter() - started
+            translator = Translator.from_arguments(args)
+            started = time.perf_counter()
+            with tqdm(total=end, initial=end - len(todo), unit="sentence", desc="Translating") as progress:
+                try:
+                    summary.translated = translate_missing(
+                        output, end, translator, args.batch_size, args.batches_per_chunk, progress
+                    )
+                except KeyboardInterrupt:
+                    logger.warning(f"Interrupted: run the same command again to continue {args.output_file}.")
+                    raise
+            seconds = time.perf_counter() - started
+            logger.info(f"Translated {summary.translated} sentences in {seconds:.1f} s")
+        summary.output_lines = output.next_index
+        summary.empty_translations = output.empty_translations
     if summary.empty_translations:
         logger.warning(
-            f"{summary.empty_translations} translation(s) came out empty; their sentence was written as translation"
+            f"{summary.empty_translations} translation(s) came out empty: the sentence itself was written instead"
         )
-    logger.info(
-        f"Translated {summary.translated} sentences in {seconds:.1f} s ({summary.translated / seconds:.1f}/s); "
-        f"{args.output_file} holds {summary.output_lines} of {len(sentences)}"
-    )
+    logger.info(f"{args.output_file}: {summary.output_lines} of {len(sentences)} sentences with their translation")
     return summary
 
 

@@ -158,19 +158,51 @@ TRAINING_DEFAULTS = {
 }
 
 
-def check_hub_access(training_args: TrainingArguments) -> None:
-    """With ``--push_to_hub``, stop before any work when the Hub cannot be reached or no token is set."""
-    if not training_args.push_to_hub:
-        return
-    from huggingface_hub import constants, get_token
+# What a push sends: the finished model folder, not the intermediate checkpoints or the Trainer's own state.
+PUSH_IGNORE_PATTERNS = ["checkpoint-*", "checkpoint-*/**", "training_args.bin", "runs/**"]
 
-    if constants.HF_HUB_OFFLINE:
-        raise SystemExit(
-            "--push_to_hub was given but HF_HUB_OFFLINE is set: train without --push_to_hub (the output folder "
-            "holds everything a push would send) and push it later with `hf upload`."
+
+def take_over_push(training_args: TrainingArguments) -> bool:
+    """Whether to push at the end; the Trainer itself is kept from pushing (it would create the repo at start).
+
+    The push happens once training, evaluation, model card and plots are saved, so a failed push loses nothing.
+    """
+    wanted = training_args.push_to_hub
+    if wanted:
+        from huggingface_hub import constants, get_token
+
+        training_args.push_to_hub = False
+        if constants.HF_HUB_OFFLINE or (training_args.hub_token or get_token()) is None:
+            logger.warning(
+                "--push_to_hub: the Hub is unreachable from here (HF_HUB_OFFLINE) or no token is set; training "
+                "goes on and the push will be tried at the end."
+            )
+    return wanted
+
+
+def push_output_folder(training_args: TrainingArguments) -> str | None:
+    """Upload the output folder to ``--hub_model_id`` (default: the folder's name); a clear message if it fails."""
+    from huggingface_hub import HfApi
+
+    folder = training_args.output_dir
+    repo_id = training_args.hub_model_id or os.path.basename(os.path.abspath(folder))
+    api = HfApi(token=training_args.hub_token)
+    try:
+        repo_id = api.create_repo(repo_id, private=training_args.hub_private_repo, exist_ok=True).repo_id
+        commit = api.upload_folder(
+            repo_id=repo_id,
+            folder_path=folder,
+            commit_message="Upload IFCL model",
+            ignore_patterns=PUSH_IGNORE_PATTERNS,
         )
-    if (training_args.hub_token or get_token()) is None:
-        raise SystemExit("--push_to_hub needs a Hub token: run `hf auth login`, set HF_TOKEN, or pass --hub_token.")
+    except Exception as error:  # offline, no token, no rights: everything is saved; say how to push later
+        logger.error(
+            f"Could not push to the Hub ({type(error).__name__}: {error}). Everything is saved in {folder}; "
+            f"push it later with: hf upload {repo_id} {folder} . --exclude 'checkpoint-*' --exclude training_args.bin"
+        )
+        return None
+    logger.info(f"Pushed {folder} to https://huggingface.co/{repo_id}")
+    return getattr(commit, "commit_url", repo_id)
 
 
 def use_all_cpu_cores(training_args: TrainingArguments) -> None:
@@ -266,7 +298,7 @@ def run(argv: list[str]):
         training_args.metric_for_best_model = task_metric
 
     # Everything that can be wrong with the input is found before the model is loaded.
-    check_hub_access(training_args)
+    push_at_end = take_over_push(training_args)
     with training_args.main_process_first(desc="reading training and STS data"):
         train_text = load_training_text(data_args, ifcl_args.uses_fraternal_twins)
         validation_sts, test_sts = load_sts_sets(data_args)
@@ -368,10 +400,9 @@ def run(argv: list[str]):
         )
 
     dataset_tags = data_args.dataset_name or ("trans-de-en" if data_args.train_file is None else None)
-    if training_args.push_to_hub:
-        trainer.push_to_hub(dataset=dataset_tags)
-    else:
-        trainer.create_model_card(dataset=dataset_tags)
+    trainer.create_model_card(dataset=dataset_tags, model_name=training_args.hub_model_id)
+    if push_at_end and trainer.is_world_process_zero():
+        push_output_folder(training_args)
     for key in ("init_eval", "eval", "init_test", "test"):
         value = all_metrics.get(f"{key}_{task}_spearman")
         if value is not None and not math.isnan(value):

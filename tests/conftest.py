@@ -42,6 +42,36 @@ GERMAN = [
     "Daran ist nichts auszusetzen.",
 ]
 
+# Mandarin sentences and their Cantonese translations (the paper's Chinese setting).
+MANDARIN = [
+    "我今天很高兴。",
+    "你在做什么？",
+    "他们明天去北京。",
+    "这本书很有意思。",
+    "我不知道他在哪里。",
+    "天气越来越冷了。",
+    "我们一起吃饭吧。",
+    "这个多少钱？",
+    "他说的话我听不懂。",
+    "你要不要喝茶？",
+    "我住在香港。",
+    "她每天早上跑步。",
+]
+CANTONESE = [
+    "我今日好開心。",
+    "你喺度做緊乜嘢？",
+    "佢哋聽日去北京。",
+    "呢本書好有意思。",
+    "我唔知佢喺邊度。",
+    "天氣越嚟越凍喇。",
+    "我哋一齊食飯啦。",
+    "呢個幾多錢？",
+    "佢講嘅嘢我聽唔明。",
+    "你要唔要飲茶？",
+    "我住喺香港。",
+    "佢每日朝早跑步。",
+]
+
 
 def build_tokenizer(sentences: list[str], vocab_size: int = 200):
     """A BERT-style WordPiece fast tokenizer trained on ``sentences``."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ENGLISH, GERMAN, ROOT
+from conftest import CANTONESE, ENGLISH, GERMAN, MANDARIN, ROOT, build_tiny_bert
 
 import run_ifcl
 
@@ -112,6 +112,45 @@ def test_two_processes_end_with_the_same_queue(tiny_encoder_dir, tiny_fraternal_
     assert queues[0]["embeddings"].abs().sum() > 0
 
 
+def test_chinese_mandarin_with_cantonese_twins_end_to_end(tmp_path):
+    """The paper's Chinese setting in miniature: Mandarin anchors, Cantonese fraternal twins with their own
+    tokenizer, a C-STS-B-like dev file and a SimCLUE-like test file with binary labels."""
+    encoder = build_tiny_bert(tmp_path / "mandarin", MANDARIN + CANTONESE)
+    fraternal = build_tiny_bert(tmp_path / "cantonese", CANTONESE, hidden_size=24, seed=1)
+    with open(tmp_path / "train.txt", "w", encoding="utf-8") as f:
+        for _ in range(3):
+            f.writelines(f"{mandarin}\t{cantonese}\n" for mandarin, cantonese in zip(MANDARIN, CANTONESE))
+    with open(tmp_path / "cstsb.tsv", "w", encoding="utf-8") as f:
+        f.write("sentence1\tsentence2\tscore\n")
+        f.writelines(f"{a}\t{b}\t{i % 5 + 1}\n" for i, (a, b) in enumerate(zip(MANDARIN, MANDARIN[3:] + MANDARIN[:3])))
+    with open(tmp_path / "simclue.jsonl", "w", encoding="utf-8") as f:
+        for i, (a, b) in enumerate(zip(MANDARIN, CANTONESE)):
+            f.write(json.dumps({"sentence1": a, "sentence2": b if i % 2 else MANDARIN[i - 1], "score": i % 2}) + "\n")
+    output = tmp_path / "out"
+    args = [
+        "--model_name_or_path", str(encoder), "--fraternal_model_name_or_path", str(fraternal),
+        "--train_file", str(tmp_path / "train.txt"), "--validation_file", str(tmp_path / "cstsb.tsv"),
+        "--test_file", str(tmp_path / "simclue.jsonl"), "--sts_task_name", "cstsb",
+        "--output_dir", str(output), "--max_steps", "4", "--per_device_train_batch_size", "4",
+        "--eval_steps", "2", "--save_steps", "2", "--queue_size", "2",
+    ]  # fmt: skip
+    result = launch(args)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    results = json.loads((output / "all_results.json").read_text())
+    for key in ("init_eval_cstsb_spearman", "eval_cstsb_spearman", "init_test_cstsb_spearman", "test_cstsb_spearman"):
+        assert -100.0 <= results[key] <= 100.0, key
+
+    from modeling_ifcl import IFCLModel
+
+    model = IFCLModel.from_pretrained(output)
+    ids = model.tokenizer(MANDARIN[0])["input_ids"]
+    assert model.tokenizer.unk_token_id not in ids and len(ids) == len(MANDARIN[0]) + 2  # one token per character
+    cantonese_ids = model.fraternal_tokenizer(CANTONESE[1])["input_ids"]
+    assert model.fraternal_tokenizer.unk_token_id not in cantonese_ids
+    embeddings = model.encode(MANDARIN)
+    assert embeddings.shape == (len(MANDARIN), 32) and torch.isfinite(embeddings).all()
+
+
 # ---------------------------------------------------------------- bad input: stops before a model is loaded
 
 
@@ -172,10 +211,52 @@ def test_single_json_file_gives_all_arguments_over_the_embedded_defaults(tmp_pat
     assert data_args.max_seq_length == 32
 
 
-def test_push_to_hub_offline_stops_before_anything_is_loaded(tmp_path, monkeypatch):
-    import huggingface_hub.constants
+def test_push_to_hub_sends_the_finished_folder(tiny_encoder_dir, tiny_fraternal_dir, data_dir, tmp_path, monkeypatch):
+    """The push uploads the output folder once everything is saved, without checkpoints; the Hub is mocked."""
+    import huggingface_hub
+
+    sent = {}
+
+    def create_repo(self, repo_id, **kwargs):
+        sent["repo_id"] = repo_id
+        return huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def upload_folder(self, repo_id, folder_path, ignore_patterns=None, **kwargs):
+        import fnmatch
+
+        files = []
+        for path in Path(folder_path).rglob("*"):
+            relative = path.relative_to(folder_path).as_posix()
+            if path.is_file() and not any(fnmatch.fnmatch(relative, p) for p in ignore_patterns or []):
+                files.append(relative)
+        sent["files"] = sorted(files)
+        return None
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    output = tmp_path / "out"
+    args = tiny_args(tiny_encoder_dir, tiny_fraternal_dir, data_dir, output, "--max_steps", "3", "--eval_steps", "3")
+    run_ifcl.run([*args, "--save_steps", "3", "--push_to_hub", "--hub_model_id", "someone/ifcl-tiny", "--hub_token", "x"])
+    assert sent["repo_id"] == "someone/ifcl-tiny"
+    files = sent["files"]
+    for name in ("README.md", "config.json", "model.safetensors", "modeling_ifcl.py", "configuration_ifcl.py",
+                 "tokenizer.json", "fraternal_tokenizer/tokenizer.json", "modules.json", "all_results.json",
+                 "training_curves.png"):  # fmt: skip
+        assert name in files, name
+    assert not any(name.startswith("checkpoint-") or name == "training_args.bin" for name in files)
+    assert json.loads((output / "config.json").read_text())["auto_map"]["AutoModel"] == "modeling_ifcl.IFCLModel"
+    assert "someone/ifcl-tiny" in (output / "README.md").read_text()
+
+
+def test_push_to_hub_offline_keeps_everything_and_says_how_to_push_later(
+    tiny_encoder_dir, tiny_fraternal_dir, data_dir, tmp_path, monkeypatch, caplog
+):
+    import huggingface_hub
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(SystemExit, match="HF_HUB_OFFLINE"):
-        run_in_process("--push_to_hub", tmp_path=tmp_path)
-    assert not (tmp_path / "out").exists()
+    output = tmp_path / "out"
+    args = tiny_args(tiny_encoder_dir, tiny_fraternal_dir, data_dir, output, "--max_steps", "2", "--eval_strategy", "no")
+    run_ifcl.run([*args, "--load_best_model_at_end", "false", "--push_to_hub", "--hub_model_id", "someone/x"])
+    assert (output / "all_results.json").is_file() and (output / "model.safetensors").is_file()
+    assert "hf upload someone/x" in caplog.text
