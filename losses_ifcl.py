@@ -28,12 +28,14 @@ def info_nce(
     temperature: float,
     extra_negatives: torch.Tensor | None = None,
     extra_log_weights: torch.Tensor | None = None,
+    label_offset: int = 0,
 ) -> torch.Tensor:
-    """Mean InfoNCE of anchors against in-batch candidates ``positives`` (row i's positive is row i).
+    """Mean InfoNCE of anchors against in-batch candidates ``positives``.
 
-    ``extra_negatives`` [K, D] join the denominator, each weighted by ``exp(extra_log_weights)``: adding the log
-    weight to the logit, then a cross-entropy, is the weighted sum of Eq. 6 in a numerically stable form. A log
-    weight of −inf removes an entry.
+    Anchor i's positive is candidate ``label_offset + i``: with several processes, ``positives`` holds the
+    candidates of all of them and the offset points at this process's own rows. ``extra_negatives`` [K, D] join the
+    denominator, each weighted by ``exp(extra_log_weights)``: adding the log weight to the logit, then a
+    cross-entropy, is the weighted sum of Eq. 6 in a numerically stable form. A log weight of −inf removes an entry.
     """
     with float32_region(anchors):
         logits = cosine_matrix(anchors, positives) / temperature
@@ -42,7 +44,7 @@ def info_nce(
             if extra_log_weights is not None:
                 extra = extra + extra_log_weights.float().unsqueeze(0)
             logits = torch.cat([logits, extra], dim=1)
-        labels = torch.arange(anchors.shape[0], device=anchors.device)
+        labels = torch.arange(anchors.shape[0], device=anchors.device) + label_offset
         return F.cross_entropy(logits, labels)
 
 
@@ -64,8 +66,9 @@ class IdenticalTwinsLoss(nn.Module):
         identical: torch.Tensor,
         queue_embeddings: torch.Tensor | None = None,
         queue_log_coefficients: torch.Tensor | None = None,
+        label_offset: int = 0,
     ) -> torch.Tensor:
-        return info_nce(anchor, identical, self.temperature, queue_embeddings, queue_log_coefficients)
+        return info_nce(anchor, identical, self.temperature, queue_embeddings, queue_log_coefficients, label_offset)
 
 
 class FraternalTwinsLoss(nn.Module):
@@ -78,8 +81,8 @@ class FraternalTwinsLoss(nn.Module):
         super().__init__()
         self.temperature = temperature
 
-    def forward(self, anchor: torch.Tensor, fraternal: torch.Tensor) -> torch.Tensor:
-        return info_nce(anchor, fraternal, self.temperature)
+    def forward(self, anchor: torch.Tensor, fraternal: torch.Tensor, label_offset: int = 0) -> torch.Tensor:
+        return info_nce(anchor, fraternal, self.temperature, label_offset=label_offset)
 
 
 class TwinsLoss(nn.Module):
@@ -129,13 +132,24 @@ class IFCLLoss(nn.Module):
         twins,
         queue_embeddings: torch.Tensor | None = None,
         queue_log_coefficients: torch.Tensor | None = None,
+        identical_candidates: torch.Tensor | None = None,
+        fraternal_candidates: torch.Tensor | None = None,
+        label_offset: int = 0,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``twins`` is the model's :class:`IFCLTwinsOutput`; the queue comes from ``HippocampusQueue.entries``."""
-        loss_identical = self.identical_loss(twins.anchor, twins.identical, queue_embeddings, queue_log_coefficients)
+        """``twins`` is the model's :class:`IFCLTwinsOutput`; the queue comes from ``HippocampusQueue.entries``.
+
+        ``identical_candidates`` / ``fraternal_candidates``: the twins of all processes (default: this batch's), in
+        which this process's rows start at ``label_offset``.
+        """
+        identical = twins.identical if identical_candidates is None else identical_candidates
+        fraternal = twins.fraternal if fraternal_candidates is None else fraternal_candidates
+        loss_identical = self.identical_loss(
+            twins.anchor, identical, queue_embeddings, queue_log_coefficients, label_offset
+        )
         total = loss_identical
         components = {"loss_identical": loss_identical.detach()}
         if self.fraternal_loss_weight > 0:
-            loss_fraternal = self.fraternal_loss(twins.anchor, twins.fraternal)
+            loss_fraternal = self.fraternal_loss(twins.anchor, fraternal, label_offset)
             total = total + self.fraternal_loss_weight * loss_fraternal
             components["loss_fraternal"] = loss_fraternal.detach()
         if self.twins_loss_weight > 0:

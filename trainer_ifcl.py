@@ -90,7 +90,11 @@ class IFCLTrainer(Trainer):
         twins = model(**inputs, return_twins=True)
         queue = ifcl_model.queue
         queue_embeddings, queue_log_coefficients = queue.entries() if queue is not None else (None, None)
-        loss, components = self.ifcl_loss(twins, queue_embeddings, queue_log_coefficients)
+        identical_candidates, label_offset = self.gather_candidates(twins.identical)
+        fraternal_candidates, _ = self.gather_candidates(twins.fraternal)
+        loss, components = self.ifcl_loss(
+            twins, queue_embeddings, queue_log_coefficients, identical_candidates, fraternal_candidates, label_offset
+        )
         if model.training:
             if queue is not None:
                 self._pending_anchors.append(twins.anchor.detach().float())
@@ -98,6 +102,20 @@ class IFCLTrainer(Trainer):
                 self._loss_sums[name] = self._loss_sums.get(name, 0.0) + value
             self._loss_count += 1
         return (loss, twins) if return_outputs else loss
+
+    def gather_candidates(self, local: torch.Tensor | None) -> tuple[torch.Tensor | None, int]:
+        """The in-batch candidates of all processes, and where this process's rows start among them.
+
+        The gather keeps the autograd graph (``torch.distributed.nn.functional.all_gather``): each process's loss
+        sends gradient back to every process's candidates, so P processes of batch N train exactly like one
+        process of batch P·N. Each column (identical, fraternal) is gathered on its own, in rank order; batches are
+        equal in size across processes (accelerate's ``even_batches``).
+        """
+        if local is None or self.accelerator.num_processes == 1:
+            return local, 0
+        from torch.distributed.nn.functional import all_gather
+
+        return torch.cat(all_gather(local.contiguous())), self.accelerator.process_index * local.shape[0]
 
     @torch.no_grad()
     def update_queue(self) -> None:

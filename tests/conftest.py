@@ -99,7 +99,9 @@ def build_tokenizer(sentences: list[str], vocab_size: int = 200):
     )
 
 
-def build_tiny_bert(folder: Path, sentences: list[str], hidden_size: int = 32, seed: int = 0) -> Path:
+def build_tiny_bert(
+    folder: Path, sentences: list[str], hidden_size: int = 32, seed: int = 0, dropout: float = 0.1
+) -> Path:
     """Save a random-weight 2-layer BERT and its tokenizer to ``folder``."""
     import torch
     from transformers import BertConfig, BertModel
@@ -114,6 +116,8 @@ def build_tiny_bert(folder: Path, sentences: list[str], hidden_size: int = 32, s
         intermediate_size=2 * hidden_size,
         max_position_embeddings=128,
         pad_token_id=tokenizer.pad_token_id,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
     )
     BertModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -112,6 +112,30 @@ def test_two_processes_end_with_the_same_queue(tiny_encoder_dir, tiny_fraternal_
     assert queues[0]["embeddings"].abs().sum() > 0
 
 
+def test_two_processes_train_exactly_like_one_process_with_the_global_batch(data_dir, tmp_path):
+    """Batch 2 on each of 2 processes = batch 4 on one: same losses at every step (dropout off, so the only
+    randomness is the data order), which needs the in-batch candidates of both processes, in rank order, with
+    gradients flowing back to both."""
+    encoder = build_tiny_bert(tmp_path / "encoder", ENGLISH + GERMAN, dropout=0.0)
+    fraternal = build_tiny_bert(tmp_path / "fraternal", GERMAN, hidden_size=24, seed=1, dropout=0.0)
+    histories = {}
+    for processes, batch in ((1, 4), (2, 2)):
+        output = tmp_path / f"p{processes}"
+        args = tiny_args(encoder, fraternal, data_dir, output, "--per_device_train_batch_size", str(batch))
+        args += ["--max_steps", "4", "--logging_steps", "1", "--learning_rate", "5e-3", "--eval_strategy", "no"]
+        args += ["--save_strategy", "no", "--load_best_model_at_end", "false", "--queue_size", "2"]
+        result = launch(args, processes=processes)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+        state = json.loads((output / "trainer_state.json").read_text())
+        histories[processes] = [entry for entry in state["log_history"] if "loss" in entry]
+    assert len(histories[1]) == len(histories[2]) == 4
+    for one, two in zip(histories[1], histories[2]):
+        for term in ("loss", "loss_identical", "loss_fraternal", "loss_twins"):
+            assert two[term] == pytest.approx(one[term], abs=1e-5), (one["step"], term)
+    # The learning rate is large enough that training moves: equal losses at later steps mean equal gradients.
+    assert abs(histories[1][-1]["loss"] - histories[1][0]["loss"]) > 1e-3
+
+
 def test_chinese_mandarin_with_cantonese_twins_end_to_end(tmp_path):
     """The paper's Chinese setting in miniature: Mandarin anchors, Cantonese fraternal twins with their own
     tokenizer, a C-STS-B-like dev file and a SimCLUE-like test file with binary labels."""
