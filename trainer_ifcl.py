@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from typing import Any
 
 import torch
 from transformers import Trainer, TrainerCallback
-from transformers.trainer_utils import speed_metrics
+from transformers.trainer_utils import get_last_checkpoint, speed_metrics
 
 from evaluation_ifcl import STSEvaluator
 from losses_ifcl import IFCLLoss
@@ -45,14 +46,21 @@ class IFCLDataCollator:
         return batch
 
 
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite."""
+
+
 class HippocampusQueueCallback(TrainerCallback):
-    """Pushes the anchors of each optimizer step into the queue once the step is done (not per micro-batch)."""
+    """After each optimizer step: pushes the step's anchors into the queue (once per step, not per micro-batch),
+    and before a checkpoint is written, makes sure no loss term went NaN or infinite since the last check."""
 
     def __init__(self, trainer: IFCLTrainer) -> None:
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):
         self.trainer.update_queue()
+        if control.should_save:
+            self.trainer.check_finite_loss(state.global_step)
 
 
 class IFCLTrainer(Trainer):
@@ -74,6 +82,7 @@ class IFCLTrainer(Trainer):
         self._pending_anchors: list[torch.Tensor] = []
         self._loss_sums: dict[str, torch.Tensor] = {}
         self._loss_count = 0
+        self._last_checked_step = 0
         self.add_callback(HippocampusQueueCallback(self))
 
     # ---------------------------------------------------------------- training
@@ -133,9 +142,30 @@ class IFCLTrainer(Trainer):
             anchors = gathered[keep]
         self.accelerator.unwrap_model(self.model).queue.push(anchors)
 
+    def check_finite_loss(self, step: int) -> None:
+        """Stop with a message naming the step and the loss term when a term went NaN or infinite.
+
+        Called at logging and before checkpoints (one host sync there, none per step), so the newest checkpoint
+        on disk is always one trained on finite losses.
+        """
+        if not self._loss_count:
+            return
+        first_unchecked, self._last_checked_step = self._last_checked_step + 1, step
+        names = sorted(self._loss_sums)
+        sums = self.accelerator.reduce(torch.stack([self._loss_sums[name] for name in names]), reduction="sum")
+        bad = [f"{name} = {value}" for name, value in zip(names, sums.tolist()) if not math.isfinite(value)]
+        if bad:
+            checkpoint = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+            kept = f"the last good checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written yet"
+            raise NonFiniteLossError(
+                f"Training stopped: the loss became NaN or infinite between step {first_unchecked} and step {step} "
+                f"({', '.join(bad)}); {kept}. Lower the learning rate, or use bf16 rather than fp16."
+            )
+
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Adds the mean of each loss term since the last training log, averaged over processes."""
         if "loss" in logs and self._loss_count:
+            self.check_finite_loss(self.state.global_step)
             names = sorted(self._loss_sums)
             means = torch.stack([self._loss_sums[name] for name in names]) / self._loss_count
             means = self.accelerator.reduce(means, reduction="mean")

@@ -96,3 +96,52 @@ def test_fraternal_weights_without_fraternal_data_is_a_clear_error(tiny_encoder_
     trainer = make_trainer(model, tokenized(model, with_fraternal=False), tmp_path)
     with pytest.raises(ValueError, match="fraternal"):
         trainer.train()
+
+
+def test_resumed_run_repeats_the_uninterrupted_losses_exactly(tiny_encoder_dir, tmp_path):
+    """Stop after 3 steps, resume from the checkpoint: queue, data order and random state (dropout is on) come
+    back, so steps 4-6 give the losses of the uninterrupted run."""
+    settings = dict(
+        gradient_accumulation_steps=1, max_steps=6, learning_rate=1e-3, save_strategy="steps", save_steps=3
+    )
+
+    def fresh_trainer(output: str) -> IFCLTrainer:
+        model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=3, queue_batch_size=2)
+        return make_trainer(model, tokenized(model, with_fraternal=True), tmp_path, output_dir=output, **settings)
+
+    uninterrupted = fresh_trainer(str(tmp_path / "a"))
+    uninterrupted.train()
+    expected = {entry["step"]: entry["loss"] for entry in uninterrupted.state.log_history if "loss" in entry}
+
+    resumed = fresh_trainer(str(tmp_path / "b"))
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-3"))
+    got = {entry["step"]: entry["loss"] for entry in resumed.state.log_history if "loss" in entry}
+    assert sorted(got) == [1, 2, 3, 4, 5, 6]  # 1-3 come with the checkpoint's state, 4-6 are trained again
+    for step in (4, 5, 6):
+        assert got[step] == pytest.approx(expected[step], abs=1e-6), step
+    final_a = uninterrupted.model.queue.ordered()[0]
+    final_b = resumed.model.queue.ordered()[0]
+    assert final_a.shape == (6, 32) and torch.allclose(final_a, final_b, atol=1e-6)
+
+
+def test_non_finite_loss_stops_naming_step_and_term_and_keeps_the_last_good_checkpoint(tiny_encoder_dir, tmp_path):
+    from trainer_ifcl import NonFiniteLossError
+
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
+    trainer = make_trainer(
+        model, tokenized(model, with_fraternal=True), tmp_path,
+        gradient_accumulation_steps=1, max_steps=8, save_strategy="steps", save_steps=2, logging_steps=4,
+    )  # fmt: skip
+    twins_loss = trainer.ifcl_loss.twins_loss
+    original, calls = twins_loss.forward, []
+
+    def poisoned(*args):
+        calls.append(1)
+        value = original(*args)
+        return value * float("nan") if len(calls) == 3 else value  # step 3 goes NaN
+
+    twins_loss.forward = poisoned
+    with pytest.raises(NonFiniteLossError, match=r"between step 3 and step 4.*loss_twins = nan.*checkpoint-2"):
+        trainer.train()
+    out = tmp_path / "out"
+    assert (out / "checkpoint-2").is_dir() and not (out / "checkpoint-4").exists()
