@@ -509,28 +509,23 @@ def run(argv: list[str]) -> PrepareSummary:
     waiting = read_pending_translations(pending_file, sentences, summary.already_translated)
     end = len(sentences) if args.max_sentences is None else min(args.max_sentences, len(sentences))
 
+    todo = [index for index in range(summary.already_translated, end) if index not in waiting]
+    logger.info(
+        f"{args.input_file}: {len(sentences)} sentences; {args.output_file} holds {summary.already_translated}"
+        + (f" (+{len(waiting)} waiting in {pending_file})" if waiting else "")
+        + f"; {len(todo)} to translate"
+    )
+    translator = Translator.from_arguments(args) if todo else None
     with OrderedOutput(args.output_file, sentences, summary.already_translated, waiting) as output:
-        todo = output.missing(end)
-        logger.info(
-            f"{args.input_file}: {len(sentences)} sentences; {args.output_file} holds {summary.already_translated}"
-            + (f" (+{len(waiting)} waiting in {pending_file})" if waiting else "")
-            + f"; {len(todo)} to translate"
-        )
-        if todo:
+        if translator is not None:
             from tqdm.auto import tqdm
 
-            translator = Translator.from_arguments(args)
             started = time.perf_counter()
             with tqdm(total=end, initial=end - len(todo), unit="sentence", desc="Translating") as progress:
-                try:
-                    summary.translated = translate_missing(
-                        output, end, translator, args.batch_size, args.batches_per_chunk, progress
-                    )
-                except KeyboardInterrupt:
-                    logger.warning(f"Interrupted: run the same command again to continue {args.output_file}.")
-                    raise
-            seconds = time.perf_counter() - started
-            logger.info(f"Translated {summary.translated} sentences in {seconds:.1f} s")
+                summary.translated = translate_missing(
+                    output, end, translator, args.batch_size, args.batches_per_chunk, progress
+                )
+            logger.info(f"Translated {summary.translated} sentences in {time.perf_counter() - started:.1f} s")
         summary.output_lines = output.next_index
         summary.empty_translations = output.empty_translations
     if summary.empty_translations:
@@ -542,11 +537,14 @@ def run(argv: list[str]) -> PrepareSummary:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command-line entry: problems with files or settings end with a one-line message."""
+    """Command-line entry: problems with files or settings, and Ctrl-C, end with a one-line message."""
     try:
         run(sys.argv[1:] if argv is None else argv)
     except (DataFormatError, SettingsError, FileNotFoundError) as error:
         raise SystemExit(f"prepare_fraternal.py: error: {error}") from None
+    except KeyboardInterrupt:
+        print("\nprepare_fraternal.py: interrupted; run the same command again to continue.", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":
