@@ -41,7 +41,9 @@ CHINESE_COLUMNS = ("cstsb", "simclue")
 class ModelArguments:
     """Which encoder, and how it embeds."""
 
-    model_name_or_path: str = field(metadata={"help": "Folder or Hub id of an IFCL, transformers or sentence-transformers model."})
+    model_name_or_path: str = field(
+        metadata={"help": "Folder or Hub id of an IFCL, transformers or sentence-transformers model."}
+    )
     model_type: str = field(
         default="auto",
         metadata={"help": f"One of {MODEL_TYPES}. auto: 'ifcl' if config.json says so, 'sentence-transformers' "
@@ -54,11 +56,12 @@ class ModelArguments:
     )
     max_seq_length: int | None = field(
         default=None,
-        metadata={"help": "Truncation length. Default: the model's own (IFCL: config.max_seq_length, what the "
-                  "Trainer evaluates with; plain: the tokenizer's limit; sentence-transformers: max_seq_length)."},
+        metadata={"help": "Truncation length. Default: the model's own (IFCL and plain encoders: the encoder's "
+                  "limit, as IFCLModel.encode and the Trainer; sentence-transformers: its max_seq_length)."},
     )
     trust_remote_code: bool = field(
-        default=False, metadata={"help": "For plain / sentence-transformers models with remote code (IFCL models always use theirs)."}
+        default=False,
+        metadata={"help": "For plain / sentence-transformers models with remote code (IFCL models always use theirs)."},
     )
 
     def __post_init__(self) -> None:
@@ -77,14 +80,17 @@ class EvaluationArguments:
     tasks: list[str] = field(
         default_factory=lambda: list(ENGLISH_TASKS),
         metadata={"help": "Tasks: sts12 sts13 sts14 sts15 sts16 stsb sickr cstsb simclue, the groups 'english' "
-                  "(default) and 'chinese', your STS files (PATH or NAME=PATH; sentence1, sentence2, score), or 'none'."},
+                  "(default) and 'chinese', your STS files (PATH or NAME=PATH; sentence1, sentence2, score), "
+                  "or 'none'."},
     )
     data_dir: str = field(
         default="data/sts",
-        metadata={"help": "Folder with the task files (SentEval's data/downstream works as is; see docs/evaluation.md)."},
+        metadata={"help": "Folder with the task files (SentEval's data/downstream works as is; see "
+                  "docs/evaluation.md)."},
     )
     use_hub: bool = field(
-        default=True, metadata={"help": "Read a task's Hub copy when its local files are missing and the Hub can be reached."}
+        default=True,
+        metadata={"help": "Read a task's Hub copy when its local files are missing and the Hub can be reached."},
     )
     batch_size: int = field(default=64, metadata={"help": "Sentences per encoder call."})
     device: str | None = field(default=None, metadata={"help": "cpu, cuda, cuda:1, ... Default: cuda if available."})
@@ -287,7 +293,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if dtype is not None and encoder.device.type == "cpu":
         logger.warning(f"--{'bf16' if eval_args.bf16 else 'fp16'} on the CPU: half precision is meant for GPUs.")
     label = model_label(model_args.model_name_or_path, loaded.pooler_type)
-    output_dir = eval_args.output_dir or os.path.join("outputs", "sts", safe_file_name(label.split(" ")[0]))
+    output_dir = eval_args.output_dir or os.path.join(
+        "outputs", "sts", safe_file_name(model_label(model_args.model_name_or_path, None))
+    )
     os.makedirs(output_dir, exist_ok=True)
     logger.info(f"Evaluating {label} ({loaded.model_type}) on {encoder.device}; results go to {output_dir}")
 
@@ -347,7 +355,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "mutual_information": mi_results,
     }
     with open(os.path.join(output_dir, RESULTS_JSON), "w", encoding="utf-8") as handle:
-        json.dump(summary, handle, indent=2, ensure_ascii=False)
+        json.dump(without_nan(summary), handle, indent=2, ensure_ascii=False)
     if table:
         with open(os.path.join(output_dir, RESULTS_MARKDOWN), "w", encoding="utf-8") as handle:
             handle.write(table)
@@ -356,6 +364,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(format_mutual_information(mi_results))
     print(f"Results written to {output_dir}")
     return summary
+
+
+def without_nan(value: Any) -> Any:
+    """NaN (e.g. the correlation of constant predictions) as null, so that the file is strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {key: without_nan(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [without_nan(item) for item in value]
+    return value
 
 
 def format_mutual_information(mi_results: dict[str, Any]) -> str:

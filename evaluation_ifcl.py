@@ -227,12 +227,14 @@ class TransformersEncoder:
         dtype: torch.dtype | None = None,
         show_progress_bar: bool = False,
         trust_remote_code: bool = False,
+        subfolder: str = "",
     ) -> TransformersEncoder:
         """Load ``AutoModel`` and ``AutoTokenizer`` from a folder or Hub id, in eval mode on ``device``."""
         from transformers import AutoModel, AutoTokenizer
 
-        model = AutoModel.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+        options = {"trust_remote_code": trust_remote_code, "subfolder": subfolder}
+        model = AutoModel.from_pretrained(name_or_path, **options)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **options)
         model.to(device=device or default_device(), dtype=dtype).eval()
         return cls(model, tokenizer, pooler_type, max_length, show_progress_bar)
 
@@ -256,31 +258,56 @@ class TransformersEncoder:
         outputs = self.model(**batch, output_hidden_states=self.needs_hidden_states, return_dict=True)
         return pool_encoder_outputs(self.pooler_type, batch["attention_mask"], outputs)
 
+    def pad_batch(self, encoded: dict[str, list[list[int]]], indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        """Rows ``indices`` of an unpadded tokenization, padded to their longest, on the model's device."""
+        length = max(len(encoded["input_ids"][i]) for i in indices)
+        pad_values = {
+            "input_ids": self.tokenizer.pad_token_id or 0,
+            "token_type_ids": getattr(self.tokenizer, "pad_token_type_id", 0),
+            "attention_mask": 0,
+        }
+        left = getattr(self.tokenizer, "padding_side", "right") == "left"
+        batch = {}
+        for name, rows in encoded.items():
+            pad = pad_values.get(name, 0)
+            padded = [
+                [pad] * (length - len(rows[i])) + rows[i] if left else rows[i] + [pad] * (length - len(rows[i]))
+                for i in indices
+            ]
+            batch[name] = torch.tensor(padded, dtype=torch.long, device=self.device)
+        return batch
+
     @torch.inference_mode()
     def encode(self, sentences: str | Sequence[str], batch_size: int = 64) -> torch.Tensor:
-        """Evaluation embeddings, one float32 CPU row per sentence, in input order."""
+        """Evaluation embeddings, one float32 CPU row per sentence, in input order.
+
+        All sentences are tokenized in one call of the fast (Rust, batched) tokenizer; batches are then formed
+        longest first by token count and padded to their own longest row.
+        """
         if isinstance(sentences, str):
             sentences = [sentences]
         sentences = list(sentences)
-        # Token counts from one fast (Rust, batched) tokenizer call; the batches are tokenized again with padding.
-        token_counts = [
-            len(ids)
-            for ids in self.tokenizer(sentences, truncation=True, max_length=self.max_length)["input_ids"]
-        ]
-        order = length_order(token_counts)
+        if not sentences:
+            return torch.empty(0, 0)
+        tokenized = self.tokenizer(sentences, truncation=True, max_length=self.max_length)
+        wanted = set(getattr(self.tokenizer, "model_input_names", ())) | {"input_ids", "attention_mask"}
+        encoded = {name: rows for name, rows in tokenized.items() if name in wanted}
+        if "attention_mask" not in encoded:
+            encoded["attention_mask"] = [[1] * len(ids) for ids in encoded["input_ids"]]
+        order = length_order([len(ids) for ids in encoded["input_ids"]])
         embeddings: torch.Tensor | None = None
         was_training = self.model.training
         self.model.eval()
         try:
             for start in batch_starts(len(order), batch_size, self.show_progress_bar):
                 indices = order[start : start + batch_size]
-                pooled = self.embed_batch(self.tokenize([sentences[i] for i in indices])).cpu()
+                pooled = self.embed_batch(self.pad_batch(encoded, indices)).cpu()
                 if embeddings is None:
                     embeddings = torch.empty(len(sentences), pooled.shape[-1])
                 embeddings[indices] = pooled
         finally:
             self.model.train(was_training)
-        return embeddings if embeddings is not None else torch.empty(0, 0)
+        return embeddings
 
     @torch.no_grad()
     def twins(
@@ -406,9 +433,10 @@ class IFCLEncoder:
     def twins(
         self, sentences: Sequence[str], fraternals: Sequence[str] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Anchors, identical twins and (with ``fraternals`` and a fraternal table) fraternal twins, dropout on."""
+        """Anchors, identical twins and (with ``fraternals`` and a fraternal table) fraternal twins, dropout on,
+        each side truncated to the training length ``config.max_seq_length`` as in training."""
         model = self.model
-        max_length = self.max_length or model.config.max_seq_length
+        max_length = model.config.max_seq_length
         batch = model.tokenizer(
             list(sentences), padding=True, truncation=True, max_length=max_length, return_tensors="pt"
         ).to(self.device)
@@ -473,6 +501,35 @@ def detect_model_type(name_or_path: str) -> str:
     return "transformers"
 
 
+def sentence_transformers_modules(name_or_path: str) -> list[dict[str, Any]]:
+    """The entries of a sentence-transformers model's ``modules.json`` (empty when it has none)."""
+    modules_path = model_file(name_or_path, "modules.json")
+    if modules_path is None:
+        return []
+    with open(modules_path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def sentence_transformers_pooler(name_or_path: str) -> str | None:
+    """The pooler of a sentence-transformers model's Pooling module in this project's names (avg or
+    cls_before_pooler), or None when it is another kind or cannot be read."""
+    modules = sentence_transformers_modules(name_or_path)
+    pooling = next((m for m in modules if str(m.get("type", "")).endswith("Pooling")), None)
+    config_path = pooling and model_file(name_or_path, f"{pooling['path']}/config.json")
+    if not config_path:
+        return None
+    with open(config_path, encoding="utf-8") as handle:
+        config = json.load(handle)
+    modes = config.get("pooling_mode")
+    modes = {modes} if isinstance(modes, str) else set(modes or ())
+    modes |= {key.removeprefix("pooling_mode_") for key, on in config.items() if key.startswith("pooling_mode_") and on}
+    if modes == {"mean"} or modes == {"mean_tokens"}:
+        return "avg"
+    if modes == {"cls"} or modes == {"cls_token"}:
+        return "cls_before_pooler"
+    return None
+
+
 def sentence_transformers_available() -> bool:
     try:
         import sentence_transformers  # noqa: F401
@@ -505,8 +562,9 @@ def load_encoder(
 
     ``pooler_type``: for a plain encoder the pooler (default ``avg``, the paper's evaluation pooler); for an IFCL
     model it overrides the evaluation pooler saved in its config; a sentence-transformers model keeps its own
-    Pooling module. A sentence-transformers folder is read as a plain encoder (with ``pooler_type``) when the
-    package cannot be imported.
+    Pooling module. A sentence-transformers folder read as a plain encoder (``model_type="transformers"``, or when
+    the package cannot be imported) uses the weights of its Transformer module and, unless ``pooler_type`` is
+    given, the mode of its Pooling module (mean → avg, cls → cls_before_pooler).
     """
     if model_type not in MODEL_TYPES:
         raise ValueError(f"Unknown model_type {model_type!r}; expected one of {MODEL_TYPES}.")
@@ -517,8 +575,9 @@ def load_encoder(
         if model_type == "sentence-transformers" and not sentence_transformers_available():
             logger.warning(
                 f"{name_or_path} is a sentence-transformers model, but the package cannot be imported: reading it "
-                f"as a plain transformers encoder with pooler {pooler_type or 'avg'!r} (extra modules such as "
-                "Dense layers are left out)."
+                f"as a plain transformers encoder with pooler "
+                f"{pooler_type or sentence_transformers_pooler(name_or_path) or 'avg'!r} (extra modules such as Dense "
+                "layers are left out; normalisation does not change cosines)."
             )
             model_type = "transformers"
     if model_type == "ifcl":
@@ -531,8 +590,20 @@ def load_encoder(
             name_or_path, max_length, device, dtype, show_progress_bar, trust_remote_code
         )
         return LoadedEncoder(encoder, model_type, None)
+    # A sentence-transformers folder read as a plain encoder: the weights are those of its Transformer module.
+    transformer = next(
+        (m for m in sentence_transformers_modules(name_or_path) if str(m.get("type", "")).endswith("Transformer")),
+        {},
+    )
     encoder = TransformersEncoder.from_pretrained(
-        name_or_path, pooler_type or "avg", max_length, device, dtype, show_progress_bar, trust_remote_code
+        name_or_path,
+        pooler_type or sentence_transformers_pooler(name_or_path) or "avg",
+        max_length,
+        device,
+        dtype,
+        show_progress_bar,
+        trust_remote_code,
+        subfolder=transformer.get("path", ""),
     )
     return LoadedEncoder(encoder, model_type, encoder.pooler_type)
 

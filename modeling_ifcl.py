@@ -437,11 +437,17 @@ class IFCLModel(PreTrainedModel):
         union_mask = (attention_mask.bool() | fraternal_attention_mask.bool()).to(attention_mask.dtype)
         return words, fused, attention_mask, union_mask
 
-    def _encode_tokens(self, token_type_ids: torch.Tensor | None = None, **inputs: torch.Tensor):
-        """The encoder with all hidden states; token type ids only when given (not every encoder takes them)."""
+    def _encode_tokens(
+        self, token_type_ids: torch.Tensor | None = None, all_hidden_states: bool = True, **inputs: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """The encoder's hidden states (index 0 the embedding layer), or only the last layer's as a 1-tuple.
+
+        Token type ids are passed only when given (not every encoder takes them).
+        """
         if token_type_ids is not None:
             inputs["token_type_ids"] = token_type_ids
-        return self.encoder(**inputs, output_hidden_states=True, return_dict=True)
+        outputs = self.encoder(**inputs, output_hidden_states=all_hidden_states, return_dict=True)
+        return outputs.hidden_states if all_hidden_states else (outputs.last_hidden_state,)
 
     def forward(
         self,
@@ -461,12 +467,18 @@ class IFCLModel(PreTrainedModel):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         if not return_twins:
-            outputs = self._encode_tokens(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-            embedding = self.pool(self.config.eval_pooler_type, attention_mask, outputs.hidden_states)
+            all_hidden_states = self.config.eval_pooler_type in ("avg_first_last", "avg_top2")
+            hidden_states = self._encode_tokens(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                token_type_ids=token_type_ids,
+                all_hidden_states=all_hidden_states,
+            )
+            embedding = self.pool(self.config.eval_pooler_type, attention_mask, hidden_states)
             return IFCLEncoderOutput(
                 sentence_embedding=embedding,
-                last_hidden_state=outputs.last_hidden_state,
-                hidden_states=outputs.hidden_states,
+                last_hidden_state=hidden_states[-1],
+                hidden_states=hidden_states if all_hidden_states else None,
             )
 
         batch_size = input_ids.shape[0]
@@ -488,9 +500,9 @@ class IFCLModel(PreTrainedModel):
             token_types = None
             if token_type_ids is not None:
                 token_types = pad_to_length(token_type_ids, inputs_embeds.shape[1], 0).repeat(num_views, 1)
-            outputs = self._encode_tokens(inputs_embeds=inputs_embeds, attention_mask=masks, token_type_ids=token_types)
-            pooled += self.pool(self.config.pooler_type, masks, outputs.hidden_states).split(batch_size)
-            embedding_outputs += mean_pool(outputs.hidden_states[0], masks).split(batch_size)
+            hidden_states = self._encode_tokens(inputs_embeds=inputs_embeds, attention_mask=masks, token_type_ids=token_types)
+            pooled += self.pool(self.config.pooler_type, masks, hidden_states).split(batch_size)
+            embedding_outputs += mean_pool(hidden_states[0], masks).split(batch_size)
         has_fraternal = len(pooled) == 3
         return IFCLTwinsOutput(
             anchor=pooled[0],
@@ -542,7 +554,10 @@ class IFCLModel(PreTrainedModel):
         device = torch.device(device) if device is not None else self.device
         if device != self.device:
             self.to(device)
-        order = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
+        # Tokenized once; batches of similar token counts, so padding stays short.
+        encoded = tokenizer(list(sentences), truncation=True, max_length=max_length)
+        order = sorted(range(len(sentences)), key=lambda i: -len(encoded["input_ids"][i]))
+        padding = {"input_ids": tokenizer.pad_token_id or 0, "attention_mask": 0, "token_type_ids": 0}
         embeddings = torch.empty(len(sentences), self.hidden_size)
         was_training = self.training
         self.eval()
@@ -554,15 +569,15 @@ class IFCLModel(PreTrainedModel):
         try:
             for start in starts:
                 indices = order[start : start + batch_size]
-                batch = tokenizer(
-                    [sentences[i] for i in indices],
-                    padding=True,
-                    truncation=True,
-                    max_length=max_length,
-                    return_tensors="pt",
-                ).to(device)
-                output = self(**batch)
-                embeddings[indices] = output.sentence_embedding.float().cpu()
+                length = len(encoded["input_ids"][indices[0]])
+                batch = {
+                    key: torch.tensor(
+                        [encoded[key][i] + [pad] * (length - len(encoded[key][i])) for i in indices], device=device
+                    )
+                    for key, pad in padding.items()
+                    if key in encoded
+                }
+                embeddings[indices] = self(**batch).sentence_embedding.float().cpu()
         finally:
             self.train(was_training)
         return embeddings

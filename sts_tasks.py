@@ -287,6 +287,8 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 
     if constants.HF_HUB_OFFLINE:
         return False
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True  # behind a proxy a direct connection says nothing; the download itself will tell
     endpoint = urlparse(constants.ENDPOINT)
     port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
     try:
@@ -363,13 +365,19 @@ def load_task(name: str, data_dir: str, use_hub: bool = True) -> STSData:
     hub_copy = HUB_COPIES.get(name)
     if hub_copy is not None and use_hub:
         if hub_reachable():
-            return load_hub_copy(name)
-        looked_at.append(f"the Hub copy {hub_copy.dataset_id} (the Hub cannot be reached from this machine)")
+            try:
+                return load_hub_copy(name)
+            except (OSError, ConnectionError, ValueError) as error:  # datasets' errors derive from these
+                if isinstance(error, DataFormatError):
+                    raise
+                looked_at.append(f"the Hub copy {hub_copy.dataset_id} ({type(error).__name__}: {error})")
+        else:
+            looked_at.append(f"the Hub copy {hub_copy.dataset_id} (the Hub cannot be reached from this machine)")
     raise TaskDataNotFoundError(
         f"Task {name} ({TASK_TITLES[name]}): no data found under --data_dir {data_dir}. Looked for: "
         + "; ".join(looked_at)
-        + f". Where to get it: {WHERE_TO_GET[name].replace('DATA_DIR', data_dir)}. Put it in one of the layouts "
-        "above (see docs/evaluation.md)."
+        + f". Where to get it: {WHERE_TO_GET[name].replace('DATA_DIR', data_dir)}. Put the files at one of "
+        "the paths looked for (the layouts: docs/evaluation.md)."
     )
 
 

