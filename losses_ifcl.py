@@ -17,9 +17,14 @@ def float32_region(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
     return torch.autocast(device_type=tensor.device.type, enabled=False)
 
 
-def cosine_matrix(rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-    """sim(rows_i, columns_j) for all i, j."""
-    return F.normalize(rows.float(), dim=-1) @ F.normalize(columns.float(), dim=-1).T
+def cosine_to_stored_rows(unit_rows: torch.Tensor, stored: torch.Tensor) -> torch.Tensor:
+    """sim(rows_i, stored_j) for already normalized ``unit_rows``, without a normalized copy of ``stored``.
+
+    The queue can be large: dividing the [rows, stored] logits by the stored rows' norms costs a vector of norms,
+    where normalizing the queue first would copy all of it every step. All-zero rows (never written) give 0.
+    """
+    norms = torch.linalg.vector_norm(stored, dim=-1).float().clamp_min(1e-12)
+    return (unit_rows @ stored.to(unit_rows.dtype).T) / norms
 
 
 def info_nce(
@@ -38,9 +43,10 @@ def info_nce(
     cross-entropy, is the weighted sum of Eq. 6 in a numerically stable form. A log weight of −inf removes an entry.
     """
     with float32_region(anchors):
-        logits = cosine_matrix(anchors, positives) / temperature
+        unit_anchors = F.normalize(anchors.float(), dim=-1)
+        logits = unit_anchors @ F.normalize(positives.float(), dim=-1).T / temperature
         if extra_negatives is not None and extra_negatives.shape[0] > 0:
-            extra = cosine_matrix(anchors, extra_negatives) / temperature
+            extra = cosine_to_stored_rows(unit_anchors, extra_negatives) / temperature
             if extra_log_weights is not None:
                 extra = extra + extra_log_weights.float().unsqueeze(0)
             logits = torch.cat([logits, extra], dim=1)

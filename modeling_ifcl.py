@@ -482,8 +482,8 @@ class IFCLModel(PreTrainedModel):
             )
 
         batch_size = input_ids.shape[0]
-        words = self.get_input_embeddings()(input_ids)
         if fraternal_input_ids is None:
+            words = self.get_input_embeddings()(input_ids)
             views = [(torch.cat([words, words]), torch.cat([attention_mask, attention_mask]), 2)]
         else:
             if fraternal_attention_mask is None:
@@ -494,6 +494,9 @@ class IFCLModel(PreTrainedModel):
             if self.stacks_views(input_ids.device):
                 views = [(torch.cat([padded_words, padded_words, fused]), torch.cat([padded_mask] * 2 + [union_mask]), 3)]
             else:
+                # Right padding: the first columns of BEL_S(x) padded are BEL_S(x). One lookup of the word table,
+                # so its backward builds one dense gradient of the table, not two.
+                words = padded_words[:, : input_ids.shape[1]]
                 views = [(torch.cat([words, words]), torch.cat([attention_mask, attention_mask]), 2), (fused, union_mask, 1)]
         pooled, embedding_outputs = [], []
         for inputs_embeds, masks, num_views in views:

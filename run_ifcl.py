@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass, field
 
 import datasets
+import torch
 import transformers
 from transformers import HfArgumentParser, TrainingArguments, set_seed
 
@@ -155,6 +156,8 @@ TRAINING_DEFAULTS = {
     "seed": 42,
     "ddp_broadcast_buffers": False,
     "ddp_find_unused_parameters": False,
+    # Pinned memory only helps copies to a GPU (and warns on every run without one).
+    "dataloader_pin_memory": torch.cuda.is_available(),
 }
 
 
