@@ -20,7 +20,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import datasets
@@ -375,12 +375,12 @@ def _field(fields: Sequence[str], index: int) -> str | None:
     return fields[index] if index < len(fields) else None
 
 
-def _read_sts_tsv(path: str, rows: _StsRows) -> None:
+def _read_sts_table(path: str, rows: _StsRows, numbered_fields: Iterable[tuple[int, list[str]]]) -> None:
+    """A header naming the STS columns, then one row per line; blank rows are skipped."""
     indices: dict[str, int] | None = None
-    for line_number, line in _iter_lines(path):
-        if not line.strip():
+    for line_number, fields in numbered_fields:
+        if not any(field.strip() for field in fields):
             continue
-        fields = line.split("\t")
         if indices is None:
             indices = _sts_header_indices(path, fields)
             continue
@@ -389,21 +389,20 @@ def _read_sts_tsv(path: str, rows: _StsRows) -> None:
         raise _format_error(path, f"empty file; expected a header with {list(STS_COLUMNS)}")
 
 
+def _read_sts_tsv(path: str, rows: _StsRows) -> None:
+    _read_sts_table(path, rows, ((number, line.split("\t")) for number, line in _iter_lines(path)))
+
+
 def _read_sts_csv(path: str, rows: _StsRows) -> None:
-    with open(path, encoding="utf-8-sig", newline="") as handle:
+    def numbered_rows() -> Iterator[tuple[int, list[str]]]:
         reader = csv.reader(handle)
-        indices: dict[str, int] | None = None
         row_start = 1
-        for fields in reader:
+        for fields in reader:  # a quoted field may span lines: a row is named by the line it starts on
             line_number, row_start = row_start, reader.line_num + 1
-            if not any(field.strip() for field in fields):
-                continue
-            if indices is None:
-                indices = _sts_header_indices(path, fields)
-                continue
-            rows.add(*(_field(fields, indices[column]) for column in STS_COLUMNS), line=line_number)
-    if indices is None:
-        raise _format_error(path, f"empty file; expected a header with {list(STS_COLUMNS)}")
+            yield line_number, fields
+
+    with open(path, encoding="utf-8-sig", newline="") as handle:
+        _read_sts_table(path, rows, numbered_rows())
 
 
 def _read_sts_jsonl(path: str, rows: _StsRows) -> None:

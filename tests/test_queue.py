@@ -70,7 +70,11 @@ def test_entries_match_ordered_view_as_sets():
     embeddings, log_coefficients = queue.entries()
     stored = sorted(zip(embeddings[:, 0].tolist(), log_coefficients.exp().tolist()))
     ordered_embeddings, ordered_coefficients = queue.ordered()
-    assert stored == pytest.approx(sorted(zip(ordered_embeddings[:, 0].tolist(), ordered_coefficients.tolist())))
+    expected = sorted(zip(ordered_embeddings[:, 0].tolist(), ordered_coefficients.tolist()))
+    assert len(stored) == len(expected)
+    for (value, coefficient), (expected_value, expected_coefficient) in zip(stored, expected):
+        assert value == expected_value
+        assert coefficient == pytest.approx(expected_coefficient)
 
 
 def test_too_many_anchors_for_one_step_is_an_error():
