@@ -393,16 +393,17 @@ def _read_sts_tsv(path: str, rows: _StsRows) -> None:
     _read_sts_table(path, rows, ((number, line.split("\t")) for number, line in _iter_lines(path)))
 
 
-def _read_sts_csv(path: str, rows: _StsRows) -> None:
-    def numbered_rows() -> Iterator[tuple[int, list[str]]]:
-        reader = csv.reader(handle)
-        row_start = 1
-        for fields in reader:  # a quoted field may span lines: a row is named by the line it starts on
-            line_number, row_start = row_start, reader.line_num + 1
-            yield line_number, fields
+def _numbered_csv_rows(reader: Any) -> Iterator[tuple[int, list[str]]]:
+    """Each csv row with the line it starts on (a quoted field may span lines)."""
+    row_start = 1
+    for fields in reader:
+        line_number, row_start = row_start, reader.line_num + 1
+        yield line_number, fields
 
+
+def _read_sts_csv(path: str, rows: _StsRows) -> None:
     with open(path, encoding="utf-8-sig", newline="") as handle:
-        _read_sts_table(path, rows, numbered_rows())
+        _read_sts_table(path, rows, _numbered_csv_rows(csv.reader(handle)))
 
 
 def _read_sts_jsonl(path: str, rows: _StsRows) -> None:

@@ -133,6 +133,11 @@ class IFCLLoss(nn.Module):
         self.fraternal_loss_weight = fraternal_loss_weight
         self.twins_loss_weight = twins_loss_weight
 
+    @classmethod
+    def from_config(cls, config) -> IFCLLoss:
+        """The loss an :class:`IFCLConfig` sets: τ and the weights of ℓ^F and ℓ^T."""
+        return cls(config.contrastive_temperature, config.fraternal_loss_weight, config.twins_loss_weight)
+
     def forward(
         self,
         twins,

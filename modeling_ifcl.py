@@ -462,7 +462,8 @@ class IFCLModel(PreTrainedModel):
 
         Training views: anchors and identical twins are the same input encoded twice in one call (each row draws
         its own dropout mask, Eq. 1); the fraternal twins (Eq. 2–3) join that call or follow in a second one, see
-        :meth:`stacks_views`. Without fraternal ids the fraternal view is not computed at all.
+        :meth:`stacks_views`. Without fraternal ids, or in a model built without fraternal twins (the SimCSE
+        ablation), the fraternal view is not computed at all and fraternal ids are ignored.
         """
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
@@ -482,7 +483,7 @@ class IFCLModel(PreTrainedModel):
             )
 
         batch_size = input_ids.shape[0]
-        if fraternal_input_ids is None:
+        if fraternal_input_ids is None or self.fraternal_embeddings is None:
             words = self.get_input_embeddings()(input_ids)
             views = [(torch.cat([words, words]), torch.cat([attention_mask, attention_mask]), 2)]
         else:

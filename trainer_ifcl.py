@@ -76,7 +76,7 @@ class IFCLTrainer(Trainer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         config = self.model.config
-        self.ifcl_loss = IFCLLoss(config.contrastive_temperature, config.fraternal_loss_weight, config.twins_loss_weight)
+        self.ifcl_loss = IFCLLoss.from_config(config)
         # compute_loss returns a per-micro-batch mean: the Trainer divides it by the accumulation steps.
         self.loss_is_scaled_for_ga = False
         self._pending_anchors: list[torch.Tensor] = []
@@ -89,9 +89,7 @@ class IFCLTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         ifcl_model = self.accelerator.unwrap_model(model)
-        if not ifcl_model.config.uses_fraternal_twins:
-            inputs = {k: v for k, v in inputs.items() if not k.startswith("fraternal_")}
-        elif "fraternal_input_ids" not in inputs:
+        if ifcl_model.config.uses_fraternal_twins and "fraternal_input_ids" not in inputs:
             raise ValueError(
                 "The batch has no fraternal_input_ids, but fraternal_loss_weight or twins_loss_weight is > 0: "
                 "give a fraternal (translation) column, or set both weights to 0."

