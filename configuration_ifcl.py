@@ -10,6 +10,8 @@ from typing import Any
 from transformers import AutoConfig, PretrainedConfig
 
 POOLER_TYPES = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
+# The training objectives (``objectives/``): IFCL and the methods it is compared with.
+OBJECTIVES = ("ifcl", "simcse", "conisi", "pcl", "micse")
 
 
 def check_ifcl_settings(
@@ -75,6 +77,9 @@ class IFCLConfig(PretrainedConfig):
         max_seq_length: truncation length of the training sentences (``encode`` truncates only at the encoder's limit).
         export_sentence_transformers: ``save_pretrained`` also writes the sentence-transformers modules (a copy of
             the encoder in ``0_Transformer/`` and the pooler), so the folder loads with ``SentenceTransformer``.
+        objective: the training objective the model was (or is being) trained with, one of ``OBJECTIVES``. Other
+            objectives than ``ifcl`` build no fraternal table and no queue.
+        objective_settings: that objective's own settings (``objectives.<name>``), as a dict.
         stack_views: encode the three training views in one encoder call (True), in two (False: anchors and
             identical twins, then fraternal twins), or choose by device (None: one call on accelerators, two on CPU).
     """
@@ -101,8 +106,12 @@ class IFCLConfig(PretrainedConfig):
         max_seq_length: int = 32,
         stack_views: bool | None = None,
         export_sentence_transformers: bool = True,
+        objective: str = "ifcl",
+        objective_settings: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}.")
         check_ifcl_settings(
             fusion_rate,
             queue_size,
@@ -133,12 +142,14 @@ class IFCLConfig(PretrainedConfig):
         self.max_seq_length = max_seq_length
         self.stack_views = stack_views
         self.export_sentence_transformers = export_sentence_transformers
+        self.objective = objective
+        self.objective_settings = dict(objective_settings or {})
         super().__init__(**kwargs)
 
     @property
     def uses_fraternal_twins(self) -> bool:
-        """Whether training needs the fraternal view at all (ℓ^F or ℓ^T has a weight)."""
-        return self.fraternal_loss_weight > 0 or self.twins_loss_weight > 0
+        """Whether training needs the fraternal view at all (IFCL, with ℓ^F or ℓ^T weighted)."""
+        return self.objective == "ifcl" and (self.fraternal_loss_weight > 0 or self.twins_loss_weight > 0)
 
     def build_encoder_config(self) -> PretrainedConfig:
         """The wrapped encoder's own config object."""

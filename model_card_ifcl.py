@@ -16,6 +16,56 @@ IFCL_CITATION = """@inproceedings{xiao2023ifcl,
   archivePrefix = {arXiv}
 }"""
 
+# Each training objective: how the card names it, its paper, and the BibTeX to cite.
+OBJECTIVE_PAPERS = {
+    "ifcl": (
+        "IFCL",
+        "Identical and Fraternal Twins contrastive learning ([Xiao et al., 2023](https://arxiv.org/abs/2307.10932))",
+        IFCL_CITATION,
+    ),
+    "simcse": (
+        "SimCSE",
+        "unsupervised SimCSE ([Gao et al., 2021](https://arxiv.org/abs/2104.08821))",
+        """@inproceedings{gao2021simcse,
+  title     = {{SimCSE}: Simple Contrastive Learning of Sentence Embeddings},
+  author    = {Gao, Tianyu and Yao, Xingcheng and Chen, Danqi},
+  booktitle = {Proceedings of EMNLP},
+  year      = {2021}
+}""",
+    ),
+    "conisi": (
+        "ConIsI",
+        "ConIsI, a contrastive framework with inter-sentence interaction (Sun and Huang, CCL 2022)",
+        """@inproceedings{sun2022conisi,
+  title     = {{ConIsI}: A Contrastive Framework with Inter-sentence Interaction for Self-supervised Sentence Representation},
+  author    = {Sun, Meng and Huang, Degen},
+  booktitle = {Proceedings of the 21st China National Conference on Computational Linguistics},
+  pages     = {748--760},
+  year      = {2022}
+}""",
+    ),
+    "pcl": (
+        "PCL",
+        "Peer-Contrastive Learning with diverse augmentations ([Wu et al., 2022](https://arxiv.org/abs/2201.12093))",
+        """@inproceedings{wu2022pcl,
+  title     = {{PCL}: Peer-Contrastive Learning with Diverse Augmentations for Unsupervised Sentence Embeddings},
+  author    = {Wu, Qiyu and Tao, Chongyang and Shen, Tao and Xu, Can and Geng, Xiubo and Jiang, Daxin},
+  booktitle = {Proceedings of EMNLP},
+  year      = {2022}
+}""",
+    ),
+    "micse": (
+        "miCSE",
+        "mutual-information contrastive learning ([Klein and Nabi, 2023](https://arxiv.org/abs/2211.04928))",
+        """@inproceedings{klein2023micse,
+  title     = {{miCSE}: Mutual Information Contrastive Learning for Low-shot Sentence Embeddings},
+  author    = {Klein, Tassilo and Nabi, Moin},
+  booktitle = {Proceedings of ACL},
+  year      = {2023}
+}""",
+    ),
+}
+
 SETTINGS = (
     "fusion_rate",
     "queue_size",
@@ -29,6 +79,8 @@ SETTINGS = (
     "max_seq_length",
     "fraternal_model_name_or_path",
 )
+# The settings every objective shares (the IFCL-only ones above are shown for IFCL alone).
+SHARED_SETTINGS = ("contrastive_temperature", "pooler_type", "eval_pooler_type", "max_seq_length")
 TRAINING_SETTINGS = ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "seed")
 
 
@@ -83,27 +135,30 @@ def write_model_card(
         if f"{split}_{task}_spearman" in results
     ]
     datasets = [dataset] if isinstance(dataset, str) else dataset
+    objective_name = getattr(config, "objective", "ifcl")
     card_data = ModelCardData(
         model_name=model_name,
         library_name="transformers",
         pipeline_tag="sentence-similarity",
-        tags=["ifcl", "sentence-transformers", "sentence-embeddings", "sentence-similarity", "feature-extraction"],
+        tags=sorted({"ifcl", objective_name})
+        + ["sentence-transformers", "sentence-embeddings", "sentence-similarity", "feature-extraction"],
         base_model=base_model if looks_like_hub_id(base_model) else None,
         datasets=[d for d in (datasets or []) if looks_like_hub_id(d)] or None,
         eval_results=eval_results or None,
     )
-    settings = "\n".join(f"| `{name}` | `{getattr(config, name, None)}` |" for name in SETTINGS)
+    shown = [("objective", objective_name)]
+    shown += [(name, getattr(config, name, None)) for name in (SETTINGS if objective_name == "ifcl" else SHARED_SETTINGS)]
+    shown += sorted((getattr(config, "objective_settings", None) or {}).items())
+    settings = "\n".join(f"| `{name}` | `{value}` |" for name, value in shown)
     if training_args is not None:
         settings += "\n" + "\n".join(
             f"| `{name}` | `{getattr(training_args, name, None)}` |" for name in TRAINING_SETTINGS
         )
         if results.get("train_steps") is None and getattr(training_args, "max_steps", -1) > 0:
             settings += f"\n| `max_steps` | `{training_args.max_steps}` |"
-    objective = (
-        "SimCSE (IFCL without fraternal twins, Twins loss and queue)"
-        if not config.uses_fraternal_twins and config.queue_size == 0
-        else "IFCL"
-    )
+    objective, method, citation = OBJECTIVE_PAPERS[objective_name]
+    if objective_name == "ifcl" and not config.uses_fraternal_twins and config.queue_size == 0:
+        objective = "SimCSE (IFCL without fraternal twins, Twins loss and queue)"
     repo = model_name if "/" in model_name else f"<user>/{model_name}"
     sentence_transformers_usage = ""
     if os.path.isfile(os.path.join(output_dir, "modules.json")):
@@ -121,8 +176,7 @@ embeddings = model.encode(["A man is playing a guitar.", "Someone plays the guit
     body = f"""
 # {model_name}
 
-A sentence encoder trained with **{objective}**: Identical and Fraternal Twins contrastive learning
-([Xiao et al., 2023](https://arxiv.org/abs/2307.10932)) from `{base_model}`. Sentences are embedded with the
+A sentence encoder trained with **{objective}**: {method}, from `{base_model}`. Sentences are embedded with the
 `{config.eval_pooler_type}` pooler; similarity is the cosine of two embeddings.
 
 ## Results
@@ -153,7 +207,7 @@ language's tokenizer, when there is one, lies in `fraternal_tokenizer/`).
 ## Citation
 
 ```bibtex
-{IFCL_CITATION}
+{citation}
 ```
 """
     card = ModelCard(f"---\n{card_data.to_yaml()}\n---\n{body}")

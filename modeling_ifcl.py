@@ -140,11 +140,16 @@ class IFCLTwinsOutput(ModelOutput):
 
 @dataclass
 class IFCLEncoderOutput(ModelOutput):
-    """Sentence embeddings (evaluation pooler) plus the encoder's token states."""
+    """Sentence embeddings (evaluation pooler, or the training pooler when asked) plus the encoder's token states.
+
+    ``hidden_states`` (index 0 the embedding layer) and ``attentions`` are there when asked for (or, for
+    ``hidden_states``, when the pooler needs them).
+    """
 
     sentence_embedding: torch.Tensor | None = None
     last_hidden_state: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
 
 
 def drop_pooler_head(encoder: PreTrainedModel) -> PreTrainedModel:
@@ -201,7 +206,7 @@ class IFCLModel(PreTrainedModel):
         self.mlp = SimCSEMLP(hidden_size) if needs_mlp else None
         self.queue = (
             HippocampusQueue(config.queue_size, config.queue_batch_size, hidden_size, config.forgetting_rate)
-            if config.queue_size > 0
+            if config.queue_size > 0 and config.objective == "ifcl"
             else None
         )
         self._tokenizer: PreTrainedTokenizerBase | None = None
@@ -457,8 +462,15 @@ class IFCLModel(PreTrainedModel):
         fraternal_input_ids: torch.Tensor | None = None,
         fraternal_attention_mask: torch.Tensor | None = None,
         return_twins: bool = False,
+        training_pooler: bool = False,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
     ) -> IFCLEncoderOutput | IFCLTwinsOutput:
         """Evaluation embeddings, or with ``return_twins=True`` the training views of the batch.
+
+        ``training_pooler=True`` pools with the training pooler instead (what the peer objectives contrast);
+        ``output_hidden_states`` / ``output_attentions`` add the encoder's states and attention maps (the latter
+        needs an encoder with eager attention).
 
         Training views: anchors and identical twins are the same input encoded twice in one call (each row draws
         its own dropout mask, Eq. 1); the fraternal twins (Eq. 2–3) join that call or follow in a second one, see
@@ -468,18 +480,20 @@ class IFCLModel(PreTrainedModel):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         if not return_twins:
-            all_hidden_states = self.config.eval_pooler_type in ("avg_first_last", "avg_top2")
-            hidden_states = self._encode_tokens(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                token_type_ids=token_type_ids,
-                all_hidden_states=all_hidden_states,
+            pooler_type = self.config.pooler_type if training_pooler else self.config.eval_pooler_type
+            all_hidden_states = output_hidden_states or pooler_type in ("avg_first_last", "avg_top2")
+            inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+            if token_type_ids is not None:
+                inputs["token_type_ids"] = token_type_ids
+            outputs = self.encoder(
+                **inputs, output_hidden_states=all_hidden_states, output_attentions=output_attentions, return_dict=True
             )
-            embedding = self.pool(self.config.eval_pooler_type, attention_mask, hidden_states)
+            hidden_states = outputs.hidden_states if all_hidden_states else (outputs.last_hidden_state,)
             return IFCLEncoderOutput(
-                sentence_embedding=embedding,
-                last_hidden_state=hidden_states[-1],
-                hidden_states=hidden_states if all_hidden_states else None,
+                sentence_embedding=self.pool(pooler_type, attention_mask, hidden_states),
+                last_hidden_state=outputs.last_hidden_state,
+                hidden_states=outputs.hidden_states if all_hidden_states else None,
+                attentions=outputs.attentions if output_attentions else None,
             )
 
         batch_size = input_ids.shape[0]

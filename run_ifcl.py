@@ -18,13 +18,14 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import datasets
 import torch
 import transformers
 from transformers import HfArgumentParser, TrainingArguments, set_seed
 
-from configuration_ifcl import POOLER_TYPES, check_ifcl_settings
+from configuration_ifcl import OBJECTIVES, POOLER_TYPES, check_ifcl_settings
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +102,26 @@ class DataArguments:
 
 
 @dataclass
+class ObjectiveArguments:
+    """Which training objective: IFCL, or one of the methods it is compared with (``objectives/``)."""
+
+    objective: str = field(
+        default="ifcl",
+        metadata={
+            "help": "ifcl (Identical and Fraternal Twins), simcse, conisi, pcl or micse. Each objective's own "
+            "settings are the flags that start with its name (--conisi_..., --pcl_..., --micse_...).",
+            "choices": list(OBJECTIVES),
+        },
+    )
+
+
+@dataclass
 class IFCLArguments:
-    """The method's settings (SPEC.md, Sections 3.1–3.3); checked before any model is loaded."""
+    """The method's settings (SPEC.md, Sections 3.1–3.3); checked before any model is loaded.
+
+    Fusion, queue and the fraternal and Twins losses belong to ``--objective ifcl``; temperature and poolers are
+    shared by all objectives.
+    """
 
     fusion_rate: float = field(default=0.5, metadata={"help": "ε of Eq. 3: ε·BEL_S(x) + (1−ε)·BEL_F(x⁻)."})
     queue_size: int = field(default=4, metadata={"help": "k: hippocampus queue length in mini-batches (0: none)."})
@@ -224,17 +243,39 @@ def use_all_cpu_cores(training_args: TrainingArguments) -> None:
         torch.set_num_threads(available)
 
 
-def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, IFCLArguments, TrainingArguments]:
-    """Command line (or one .json file) → the four argument dataclasses, with the embedded defaults beneath."""
-    parser = HfArgumentParser((ModelArguments, DataArguments, IFCLArguments, TrainingArguments))
+@dataclass
+class RunArguments:
+    """Everything the command line gives, one dataclass per group."""
+
+    model: ModelArguments
+    data: DataArguments
+    ifcl: IFCLArguments
+    objective: ObjectiveArguments
+    objective_settings: Any  # the chosen objective's settings dataclass (None for ifcl and simcse)
+    training: TrainingArguments
+
+
+def parse_arguments(argv: list[str]) -> RunArguments:
+    """Command line (or one .json file) → the argument dataclasses, with the embedded defaults beneath."""
+    from objectives import objective_class, settings_classes
+
+    all_settings = settings_classes()
+    parser = HfArgumentParser(
+        (ModelArguments, DataArguments, IFCLArguments, ObjectiveArguments, *all_settings, TrainingArguments)
+    )
     if len(argv) == 1 and argv[0].endswith(".json"):
         import json
 
         with open(argv[0], encoding="utf-8") as f:
             values = {**TRAINING_DEFAULTS, **json.load(f)}
-        return parser.parse_dict(values)
-    parser.set_defaults(**TRAINING_DEFAULTS)
-    return parser.parse_args_into_dataclasses(args=argv)
+        parsed = parser.parse_dict(values)
+    else:
+        parser.set_defaults(**TRAINING_DEFAULTS)
+        parsed = parser.parse_args_into_dataclasses(args=argv)
+    model_args, data_args, ifcl_args, objective_args, *settings, training_args = parsed
+    wanted = objective_class(objective_args.objective).settings_class
+    chosen = next((s for s in settings if wanted is not None and isinstance(s, wanted)), None)
+    return RunArguments(model_args, data_args, ifcl_args, objective_args, chosen, training_args)
 
 
 def load_training_text(data_args: DataArguments, needs_fraternal: bool) -> datasets.Dataset:
@@ -275,7 +316,10 @@ def load_sts_sets(data_args: DataArguments) -> tuple[datasets.Dataset, datasets.
 
 def run(argv: list[str]):
     """Parse ``argv``, train, evaluate, save. Returns the trainer and every metric written to all_results.json."""
-    model_args, data_args, ifcl_args, training_args = parse_arguments(argv)
+    arguments = parse_arguments(argv)
+    model_args, data_args, ifcl_args, training_args = arguments.model, arguments.data, arguments.ifcl, arguments.training
+    objective_name = arguments.objective.objective
+    is_ifcl = objective_name == "ifcl"
 
     logging.basicConfig(
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
@@ -303,14 +347,15 @@ def run(argv: list[str]):
     # Everything that can be wrong with the input is found before the model is loaded.
     push_at_end = take_over_push(training_args)
     with training_args.main_process_first(desc="reading training and STS data"):
-        train_text = load_training_text(data_args, ifcl_args.uses_fraternal_twins)
+        train_text = load_training_text(data_args, is_ifcl and ifcl_args.uses_fraternal_twins)
         validation_sts, test_sts = load_sts_sets(data_args)
     if data_args.max_train_samples is not None:
         train_text = train_text.select(range(min(data_args.max_train_samples, len(train_text))))
     logger.info(f"{len(train_text)} training sentences; STS dev {len(validation_sts)}, test {len(test_sts)} pairs")
 
     from modeling_ifcl import IFCLModel
-    from trainer_ifcl import IFCLDataCollator, IFCLTrainer
+    from objectives import build_objective, settings_as_dict
+    from trainer_ifcl import IFCLTrainer, ObjectiveDataCollator
 
     model_name_or_path = model_args.model_name_or_path or embedded_model_path()
     global_batch_size = (
@@ -320,14 +365,17 @@ def run(argv: list[str]):
     )
     model = IFCLModel.from_encoder(
         model_name_or_path,
-        model_args.fraternal_model_name_or_path,
+        model_args.fraternal_model_name_or_path if is_ifcl else None,
         fusion_rate=ifcl_args.fusion_rate,
-        queue_size=ifcl_args.queue_size,
+        # The other objectives build no fraternal table and no hippocampus queue.
+        queue_size=ifcl_args.queue_size if is_ifcl else 0,
         queue_batch_size=global_batch_size,
         forgetting_rate=ifcl_args.forgetting_rate,
         contrastive_temperature=ifcl_args.temperature,
-        fraternal_loss_weight=ifcl_args.fraternal_loss_weight,
-        twins_loss_weight=ifcl_args.twins_loss_weight,
+        fraternal_loss_weight=ifcl_args.fraternal_loss_weight if is_ifcl else 0.0,
+        twins_loss_weight=ifcl_args.twins_loss_weight if is_ifcl else 0.0,
+        objective=objective_name,
+        objective_settings=settings_as_dict(arguments.objective_settings),
         pooler_type=ifcl_args.pooler_type,
         eval_pooler_type=ifcl_args.eval_pooler_type,
         max_seq_length=data_args.max_seq_length,
@@ -335,14 +383,10 @@ def run(argv: list[str]):
     if model_args.model_name_or_path is None:
         model.config.encoder_name_or_path = EMBEDDED_MODEL_ID
     tokenizer, fraternal_tokenizer = model.tokenizer, model.fraternal_tokenizer
+    objective = build_objective(model)
 
     def tokenize(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
-        features = dict(tokenizer(batch["sentence"], truncation=True, max_length=data_args.max_seq_length))
-        if "fraternal" in batch:
-            fraternal = fraternal_tokenizer(batch["fraternal"], truncation=True, max_length=data_args.max_seq_length)
-            features["fraternal_input_ids"] = fraternal["input_ids"]
-            features["fraternal_attention_mask"] = fraternal["attention_mask"]
-        return features
+        return objective.tokenize(batch, tokenizer, data_args.max_seq_length, fraternal_tokenizer)
 
     with training_args.main_process_first(desc="tokenizing the training set"):
         train_dataset = train_text.map(
@@ -359,7 +403,8 @@ def run(argv: list[str]):
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset={task: validation_sts},
-        data_collator=IFCLDataCollator(tokenizer.pad_token_id, fraternal_tokenizer.pad_token_id),
+        data_collator=ObjectiveDataCollator(objective, tokenizer, fraternal_tokenizer.pad_token_id),
+        objective=objective,
     )
 
     # STS before training; written to disk only once training has finished, so that a folder with

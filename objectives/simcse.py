@@ -1,0 +1,34 @@
+"""Unsupervised SimCSE (Gao et al., "SimCSE: Simple Contrastive Learning of Sentence Embeddings", EMNLP 2021).
+
+The positive of a sentence is the same sentence encoded again with another dropout mask; the other sentences of the
+batch (of all processes) are the negatives:
+ℓ_i = −log e^{sim(h_i,h_i⁺)/τ} / Σ_j e^{sim(h_i,h_j⁺)/τ}   (SimCSE, Eq. 1).
+SimCSE's own recipe pools with an MLP over [CLS] in training only: ``--pooler_type cls --eval_pooler_type
+cls_before_pooler``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from losses_ifcl import info_nce
+
+from .base import Gather, Objective, ObjectiveOutput, no_gather
+
+
+class SimCSEObjective(Objective):
+    """Dropout twins with in-batch negatives; τ is the model config's ``contrastive_temperature``."""
+
+    name = "simcse"
+
+    def __init__(self, model: nn.Module, settings=None) -> None:
+        super().__init__(model, settings)
+        self.temperature = model.config.contrastive_temperature
+
+    def forward(self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather) -> ObjectiveOutput:
+        inputs = {k: v for k, v in inputs.items() if not k.startswith("fraternal_")}
+        twins = model(**inputs, return_twins=True)
+        positives, offset = gather(twins.identical)
+        loss = info_nce(twins.anchor, positives, self.temperature, label_offset=offset)
+        return ObjectiveOutput(loss, {"loss_contrastive": loss.detach()})

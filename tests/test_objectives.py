@@ -1,0 +1,199 @@
+"""The objective framework: batch padding, the SimCSE objective's loss, published models without the objective's
+own modules, and ``run_ifcl.py --objective``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from conftest import ENGLISH
+
+import run_ifcl
+from modeling_ifcl import IFCLModel, IFCLTwinsOutput
+from objectives import OBJECTIVE_CLASSES, build_objective, objective_class, pad_features
+from objectives.simcse import SimCSEObjective
+from trainer_ifcl import IFCLTrainer, ObjectiveDataCollator
+
+
+def test_pad_features_pads_each_group_to_its_own_longest_with_its_own_pad_id():
+    features = [
+        {"input_ids": [2, 5, 3], "attention_mask": [1, 1, 1], "pair_input_ids": [2, 5, 3, 5, 3],
+         "pair_token_type_ids": [0, 0, 0, 1, 1], "fraternal_input_ids": [7, 8], "other_row": 4, "marks": [1]},
+        {"input_ids": [2, 3], "attention_mask": [1, 1], "pair_input_ids": [2, 3, 3],
+         "pair_token_type_ids": [0, 0, 1], "fraternal_input_ids": [7, 8, 8, 6], "other_row": 0, "marks": [0, 1, 1]},
+    ]  # fmt: skip
+    batch = pad_features(features, pad_token_id=0, fraternal_pad_token_id=9)
+    assert batch["input_ids"].tolist() == [[2, 5, 3], [2, 3, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert batch["pair_input_ids"].tolist() == [[2, 5, 3, 5, 3], [2, 3, 3, 0, 0]]
+    assert batch["pair_token_type_ids"].tolist() == [[0, 0, 0, 1, 1], [0, 0, 1, 0, 0]]
+    assert batch["fraternal_input_ids"].tolist() == [[7, 8, 9, 9], [7, 8, 8, 6]]
+    assert batch["other_row"].tolist() == [4, 0]
+    assert batch["marks"].tolist() == [[1, 0, 0], [0, 1, 1]]
+
+
+class GivenTwins(nn.Module):
+    """Stands in for the model: returns fixed anchors and identical twins."""
+
+    def __init__(self, anchor: torch.Tensor, identical: torch.Tensor) -> None:
+        super().__init__()
+        self.anchor, self.identical = anchor, identical
+
+    def forward(self, return_twins: bool = False, **inputs) -> IFCLTwinsOutput:
+        assert return_twins and not any(key.startswith("fraternal_") for key in inputs)
+        return IFCLTwinsOutput(anchor=self.anchor, identical=self.identical)
+
+
+def simcse_loss_by_hand(anchor, candidates, temperature, offset=0) -> float:
+    """SimCSE's Eq. 1 written out: −log e^{cos(h_i,h_i⁺)/τ} / Σ_j e^{cos(h_i,h_j⁺)/τ}, averaged over i."""
+    total = 0.0
+    for i, h in enumerate(anchor.tolist()):
+        cosines = []
+        for c in candidates.tolist():
+            dot = sum(a * b for a, b in zip(h, c))
+            cosines.append(dot / (math.sqrt(sum(a * a for a in h)) * math.sqrt(sum(b * b for b in c))))
+        denominator = sum(math.exp(cos / temperature) for cos in cosines)
+        total += -math.log(math.exp(cosines[offset + i] / temperature) / denominator)
+    return total / anchor.shape[0]
+
+
+def test_simcse_objective_is_in_batch_info_nce_over_dropout_twins():
+    anchor = torch.tensor([[1.0, 0.0, 0.5], [0.2, 1.0, -0.3], [-0.5, 0.4, 1.0]])
+    identical = torch.tensor([[0.9, 0.1, 0.4], [0.0, 1.0, 0.0], [-0.4, 0.6, 0.8]])
+    objective = SimCSEObjective(SimpleNamespace(config=SimpleNamespace(contrastive_temperature=0.1)))
+    inputs = {"input_ids": torch.zeros(3, 4, dtype=torch.long), "fraternal_input_ids": torch.zeros(3, 2)}
+    output = objective(GivenTwins(anchor, identical), inputs)
+    assert output.loss.item() == pytest.approx(simcse_loss_by_hand(anchor, identical, 0.1), rel=1e-4, abs=1e-7)
+    assert output.components["loss_contrastive"].item() == pytest.approx(output.loss.item())
+    assert output.enqueue is None
+
+    # Candidates of another process come first: this process's positives start at the offset.
+    others = torch.tensor([[0.3, -1.0, 0.2], [1.0, 1.0, 1.0]])
+    gathered = lambda local: (torch.cat([others, local]), 2)  # noqa: E731
+    output = objective(GivenTwins(anchor, identical), inputs, gathered)
+    expected = simcse_loss_by_hand(anchor, torch.cat([others, identical]), 0.1, offset=2)
+    assert output.loss.item() == pytest.approx(expected, rel=1e-4, abs=1e-7)
+
+
+def test_every_registered_objective_is_importable_with_its_name():
+    for name in OBJECTIVE_CLASSES:
+        assert objective_class(name).name == name
+    with pytest.raises(ValueError, match="Unknown objective 'moco'"):
+        objective_class("moco")
+
+
+class ProjectedSimCSE(SimCSEObjective):
+    """SimCSE through a trainable head of the objective's own (like ConIsI's heads): it must train and checkpoint
+    with the model, and stay out of the published model."""
+
+    def __init__(self, model, settings=None) -> None:
+        super().__init__(model, settings)
+        self.head = nn.Linear(model.hidden_size, 8)
+
+    def forward(self, model, inputs, gather=None):
+        twins = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], return_twins=True)
+        from losses_ifcl import info_nce
+
+        from objectives import ObjectiveOutput
+
+        loss = info_nce(self.head(twins.anchor), self.head(twins.identical), self.temperature)
+        return ObjectiveOutput(loss, {"loss_contrastive": loss.detach()})
+
+
+def test_published_model_leaves_out_the_objective_modules_that_checkpoints_keep(tiny_encoder_dir, tmp_path):
+    from datasets import Dataset
+    from transformers import AutoModel, TrainingArguments
+
+    model = IFCLModel.from_encoder(
+        str(tiny_encoder_dir), objective="simcse", fraternal_loss_weight=0.0, twins_loss_weight=0.0, queue_size=0
+    )
+    objective = ProjectedSimCSE(model)
+    head_before = objective.head.weight.detach().clone()
+    dataset = Dataset.from_dict(dict(model.tokenizer(ENGLISH[:8])))
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=4, save_steps=2,
+        save_strategy="steps", report_to="none", use_cpu=True, learning_rate=1e-2,
+    )  # fmt: skip
+    trainer = IFCLTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        data_collator=ObjectiveDataCollator(objective, model.tokenizer),
+        objective=objective,
+    )
+    trainer.train()
+    assert not torch.equal(objective.head.weight, head_before), "the objective's head was not optimized"
+
+    with safe_open(str(tmp_path / "out" / "checkpoint-2" / "model.safetensors"), "pt") as f:
+        assert "training_objective.head.weight" in set(f.keys())
+    published = tmp_path / "published"
+    trainer.save_model(str(published))
+    with safe_open(str(published / "model.safetensors"), "pt") as f:
+        assert not [key for key in f.keys() if key.startswith("training_objective.")]
+    assert model.training_objective is objective  # restored for further training
+    assert json.loads((published / "config.json").read_text())["objective"] == "simcse"
+
+    loaded = AutoModel.from_pretrained(str(published), trust_remote_code=True)
+    torch.testing.assert_close(loaded.encode(ENGLISH[:4]), model.encode(ENGLISH[:4]), atol=1e-5, rtol=0)
+
+
+def test_build_objective_reads_the_objective_from_the_config(tiny_encoder_dir):
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), objective="simcse", queue_size=0)
+    assert isinstance(build_objective(model), SimCSEObjective)
+    assert model.queue is None and model.fraternal_embeddings is None  # simcse builds neither
+
+
+@pytest.fixture(scope="module")
+def english_train_file(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("english")
+    (folder / "train.txt").write_text("\n".join(ENGLISH * 3) + "\n", encoding="utf-8")
+    with open(folder / "sts.tsv", "w", encoding="utf-8") as f:
+        f.write("sentence1\tsentence2\tscore\n")
+        for i, (first, second) in enumerate(zip(ENGLISH, ENGLISH[1:] + ENGLISH[:1])):
+            f.write(f"{first}\t{second}\t{(i * 7) % 6}\n")
+    return folder
+
+
+def objective_run_args(encoder: Path, data: Path, output: Path, objective: str, *extra: str) -> list[str]:
+    """A 4-step run of ``run_ifcl.py`` on English sentences only, for the objectives without fraternal twins."""
+    return [
+        "--objective", objective,
+        "--model_name_or_path", str(encoder),
+        "--train_file", str(data / "train.txt"),
+        "--validation_file", str(data / "sts.tsv"),
+        "--test_file", str(data / "sts.tsv"),
+        "--output_dir", str(output),
+        "--max_steps", "4",
+        "--per_device_train_batch_size", "4",
+        "--eval_steps", "2",
+        "--save_steps", "2",
+        "--logging_steps", "2",
+        "--use_cpu",
+        *extra,
+    ]  # fmt: skip
+
+
+def test_simcse_objective_end_to_end(tiny_encoder_dir, english_train_file, tmp_path):
+    output = tmp_path / "simcse"
+    trainer, metrics = run_ifcl.run(objective_run_args(tiny_encoder_dir, english_train_file, output, "simcse"))
+    assert math.isfinite(metrics["test_stsb_spearman"])
+    assert any("loss_contrastive" in entry for entry in trainer.state.log_history)
+    config = json.loads((output / "config.json").read_text())
+    assert config["objective"] == "simcse" and config["queue_size"] == 0
+    with safe_open(str(output / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert not [key for key in keys if key.startswith(("fraternal_", "queue.", "training_objective."))]
+    card = (output / "README.md").read_text()
+    assert "**SimCSE**" in card and "gao2021simcse" in card and "| `objective` | `simcse` |" in card
+
+
+def test_unknown_objective_is_refused_before_anything_is_loaded(tmp_path):
+    with pytest.raises(SystemExit):
+        run_ifcl.parse_arguments(["--objective", "moco", "--output_dir", str(tmp_path)])
