@@ -197,3 +197,18 @@ def test_simcse_objective_end_to_end(tiny_encoder_dir, english_train_file, tmp_p
 def test_unknown_objective_is_refused_before_anything_is_loaded(tmp_path):
     with pytest.raises(SystemExit):
         run_ifcl.parse_arguments(["--objective", "moco", "--output_dir", str(tmp_path)])
+
+
+def test_help_lists_every_objective_setting():
+    """``run_ifcl.py --help`` works (argparse formats every help text) and shows each objective's flags."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    shown = subprocess.run(
+        [sys.executable, str(ROOT / "run_ifcl.py"), "--help"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    for flag in ("--objective", "--conisi_strategy", "--pcl_num_positives", "--micse_attention_weight"):
+        assert flag in shown.stdout
