@@ -388,6 +388,19 @@ def run(argv: list[str]):
     def tokenize(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
         return objective.tokenize(batch, tokenizer, data_args.max_seq_length, fraternal_tokenizer)
 
+    # The tokenize function holds the objective, whose modules (a peer network, a momentum encoder) datasets would
+    # otherwise pickle to fingerprint the map: the fingerprint is made from what the features depend on instead.
+    from datasets.fingerprint import Hasher
+
+    fingerprint = Hasher.hash(
+        [
+            train_text._fingerprint,
+            objective_name,
+            settings_as_dict(arguments.objective_settings),
+            [(t.name_or_path, len(t)) for t in (tokenizer, fraternal_tokenizer)],
+            data_args.max_seq_length,
+        ]
+    )
     with training_args.main_process_first(desc="tokenizing the training set"):
         train_dataset = train_text.map(
             tokenize,
@@ -395,6 +408,7 @@ def run(argv: list[str]):
             remove_columns=train_text.column_names,
             num_proc=data_args.preprocessing_num_workers,
             desc="Tokenizing",
+            new_fingerprint=fingerprint,
         )
 
     task = data_args.sts_task_name

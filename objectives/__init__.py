@@ -45,17 +45,8 @@ def objective_class(name: str) -> type[Objective]:
 
 def settings_classes() -> list[type]:
     """Every objective's settings dataclass (for ``HfArgumentParser``), in registry order."""
-    classes = []
-    for name, (module, _) in OBJECTIVE_CLASSES.items():
-        try:
-            cls = objective_class(name)
-        except ModuleNotFoundError as error:  # TEMPORARY while the objectives are being written
-            if error.name != module:
-                raise
-            continue
-        if cls.settings_class is not None:
-            classes.append(cls.settings_class)
-    return classes
+    classes = [objective_class(name).settings_class for name in OBJECTIVE_CLASSES]
+    return [cls for cls in classes if cls is not None]
 
 
 def settings_as_dict(settings: Any) -> dict[str, Any]:
