@@ -84,6 +84,8 @@ class IFCLTrainer(Trainer):
     """
 
     def __init__(self, model=None, args=None, *rest, objective: Objective | None = None, **kwargs) -> None:
+        if model is None:
+            raise ValueError("IFCLTrainer needs a model (an IFCLModel); model_init is not supported.")
         self.objective = objective if objective is not None else build_objective(model)
         # A sub-module of the model: optimizer, data parallelism, device moves and checkpoints take its weights.
         model.training_objective = self.objective
