@@ -439,6 +439,8 @@ def run(argv: list[str]):
     metrics["train_samples"] = len(train_dataset)
     metrics["train_steps"] = trainer.state.global_step
     metrics["train_seconds_per_step"] = metrics["train_runtime"] / max(trainer.state.global_step, 1)
+    if torch.cuda.is_available():
+        metrics["train_peak_gpu_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
     trainer.log_metrics("train", metrics)
     trainer.save_metrics("train", metrics)
     trainer.save_state()
