@@ -134,3 +134,48 @@ def tiny_encoder_dir(tmp_path_factory) -> Path:
 def tiny_fraternal_dir(tmp_path_factory) -> Path:
     """A tiny 'German' BERT of another width (24) and vocabulary, to exercise the fraternal projection."""
     return build_tiny_bert(tmp_path_factory.mktemp("tiny_fraternal"), GERMAN, hidden_size=24, seed=1)
+
+
+@pytest.fixture(scope="session")
+def english_sts_data(tmp_path_factory) -> Path:
+    """``train.txt`` (the English sentences, one per line, three times) and ``sts.tsv`` (pairs of them, made-up
+    scores): the data of the objectives' tiny runs, which need no translations."""
+    folder = tmp_path_factory.mktemp("english")
+    (folder / "train.txt").write_text("\n".join(ENGLISH * 3) + "\n", encoding="utf-8")
+    write_sts_file(folder / "sts.tsv")
+    return folder
+
+
+def write_sts_file(path: Path) -> None:
+    """A small STS file: each English sentence with the next one, made-up scores 0–5, with a header."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("sentence1\tsentence2\tscore\n")
+        for i, (first, second) in enumerate(zip(ENGLISH, ENGLISH[1:] + ENGLISH[:1])):
+            f.write(f"{first}\t{second}\t{(i * 7) % 6}\n")
+
+
+def objective_run_args(encoder: Path, data: Path, output: Path, objective: str, *extra: str) -> list[str]:
+    """A 4-step ``run_ifcl.py`` run of ``--objective`` on the tiny encoder and :func:`english_sts_data`."""
+    return [
+        "--objective", objective,
+        "--model_name_or_path", str(encoder),
+        "--train_file", str(data / "train.txt"),
+        "--validation_file", str(data / "sts.tsv"),
+        "--test_file", str(data / "sts.tsv"),
+        "--output_dir", str(output),
+        "--max_steps", "4",
+        "--per_device_train_batch_size", "4",
+        "--eval_steps", "2",
+        "--save_steps", "2",
+        "--logging_steps", "2",
+        "--use_cpu",
+        *extra,
+    ]  # fmt: skip
+
+
+def saved_weight_names(folder: Path) -> set[str]:
+    """The tensor names in ``folder/model.safetensors``."""
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
+        return set(weights.keys())

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from conftest import ENGLISH, build_tokenizer
+from conftest import ENGLISH, build_tokenizer, objective_run_args, saved_weight_names
 from objectives.conisi import (
     ConIsIHead,
     ConIsILoss,
@@ -349,34 +349,17 @@ def test_too_short_pairs_are_refused(tiny_model):
 # ------------------------------------------------------------------------------------------------ end to end
 
 
-def test_run_ifcl_with_conisi(tiny_encoder_dir, tmp_path):
+def test_run_ifcl_with_conisi(tiny_encoder_dir, english_sts_data, tmp_path):
     import run_ifcl
-    from safetensors import safe_open
 
-    with open(tmp_path / "train.txt", "w", encoding="utf-8") as f:
-        f.write("\n".join(ENGLISH * 2) + "\n")
-    with open(tmp_path / "sts.tsv", "w", encoding="utf-8") as f:
-        f.write("sentence1\tsentence2\tscore\n")
-        for i, (first, second) in enumerate(zip(ENGLISH, ENGLISH[1:] + ENGLISH[:1])):
-            f.write(f"{first}\t{second}\t{(i * 7) % 6}\n")
     output = tmp_path / "out"
-    trainer, _ = run_ifcl.run([
-        "--objective", "conisi",
+    trainer, _ = run_ifcl.run(objective_run_args(
+        tiny_encoder_dir, english_sts_data, output, "conisi",
         "--conisi_strategy", "s",
-        "--model_name_or_path", str(tiny_encoder_dir),
-        "--train_file", str(tmp_path / "train.txt"),
-        "--validation_file", str(tmp_path / "sts.tsv"),
-        "--test_file", str(tmp_path / "sts.tsv"),
-        "--output_dir", str(output),
         "--max_seq_length", "16",
-        "--max_steps", "4",
-        "--per_device_train_batch_size", "4",
-        "--eval_steps", "2",
-        "--save_steps", "2",
-        "--logging_steps", "2",
         "--pooler_type", "cls_before_pooler",
         "--eval_pooler_type", "cls_before_pooler",
-    ])  # fmt: skip
+    ))  # fmt: skip
 
     results = json.loads((output / "all_results.json").read_text())
     assert math.isfinite(results["eval_stsb_spearman"])
@@ -384,5 +367,4 @@ def test_run_ifcl_with_conisi(tiny_encoder_dir, tmp_path):
     assert logged and all(math.isfinite(e["loss_contrastive"]) and math.isfinite(e["loss_interactive"]) for e in logged)
     config = json.loads((output / "config.json").read_text())
     assert config["objective"] == "conisi" and config["objective_settings"]["conisi_lambda"] == 0.8
-    with safe_open(str(output / "model.safetensors"), framework="pt") as weights:
-        assert not any(key.startswith("training_objective.") for key in weights.keys())
+    assert not any(key.startswith("training_objective.") for key in saved_weight_names(output))

@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from conftest import ENGLISH
+from conftest import ENGLISH, objective_run_args, saved_weight_names
 
 from modeling_ifcl import IFCLModel
 from objectives import build_objective, settings_as_dict
@@ -263,35 +262,18 @@ def test_layers_and_heads_the_encoder_lacks_are_rejected(tiny_encoder_dir, setti
 # ---------------------------------------------------------------------------------------------------- end to end
 
 
-def test_tiny_run_end_to_end(tiny_encoder_dir, tmp_path):
+def test_tiny_run_end_to_end(tiny_encoder_dir, english_sts_data, tmp_path):
     import run_ifcl
 
-    with open(tmp_path / "train.txt", "w", encoding="utf-8") as f:
-        f.write("\n".join(ENGLISH * 2) + "\n")
-    with open(tmp_path / "sts.tsv", "w", encoding="utf-8") as f:
-        f.write("sentence1\tsentence2\tscore\n")
-        for i, (first, second) in enumerate(zip(ENGLISH, ENGLISH[1:] + ENGLISH[:1])):
-            f.write(f"{first}\t{second}\t{(i * 7) % 6}\n")
     output = tmp_path / "out"
-    run_ifcl.run([
-        "--model_name_or_path", str(tiny_encoder_dir),
-        "--objective", "micse",
+    run_ifcl.run(objective_run_args(
+        tiny_encoder_dir, english_sts_data, output, "micse",
         "--micse_attention_layers", "top2",
         "--micse_queue_size", "6",
         "--micse_num_samples", "20",
         "--pooler_type", "cls",
         "--eval_pooler_type", "cls_before_pooler",
-        "--train_file", str(tmp_path / "train.txt"),
-        "--validation_file", str(tmp_path / "sts.tsv"),
-        "--test_file", str(tmp_path / "sts.tsv"),
-        "--output_dir", str(output),
-        "--max_steps", "4",
-        "--per_device_train_batch_size", "4",
-        "--eval_steps", "2",
-        "--save_steps", "2",
-        "--logging_steps", "2",
-        "--use_cpu",
-    ])  # fmt: skip
+    ))  # fmt: skip
 
     results = json.loads((output / "all_results.json").read_text())
     assert math.isfinite(results["eval_stsb_spearman"])
@@ -299,6 +281,6 @@ def test_tiny_run_end_to_end(tiny_encoder_dir, tmp_path):
     logged = [entry for entry in state["log_history"] if "loss" in entry]
     wanted = {"loss_contrastive", "loss_attention", "attention_mutual_information"}
     assert logged and all(wanted <= set(entry) for entry in logged)
-    assert not any(key.startswith("training_objective.") for key in load_file(output / "model.safetensors"))
+    assert not any(key.startswith("training_objective.") for key in saved_weight_names(output))
     config = json.loads((output / "config.json").read_text())
     assert config["objective"] == "micse" and config["objective_settings"]["micse_queue_size"] == 6

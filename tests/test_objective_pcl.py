@@ -8,14 +8,12 @@ import math
 import random
 from collections import Counter
 from dataclasses import asdict
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 from torch import nn
 
-from conftest import ENGLISH
+from conftest import ENGLISH, objective_run_args, saved_weight_names
 
 import run_ifcl
 from modeling_ifcl import IFCLModel
@@ -454,36 +452,11 @@ def test_build_objective_reads_pcl_settings_from_the_config(tiny_encoder_dir):
 # ---------------------------------------------------------------------------------------------------- end to end
 
 
-@pytest.fixture(scope="module")
-def english_data(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("pcl_data")
-    (folder / "train.txt").write_text("\n".join(ENGLISH * 2) + "\n", encoding="utf-8")
-    with open(folder / "sts.tsv", "w", encoding="utf-8") as f:
-        f.write("sentence1\tsentence2\tscore\n")
-        for i, (first, second) in enumerate(zip(ENGLISH, ENGLISH[1:] + ENGLISH[:1])):
-            f.write(f"{first}\t{second}\t{(i * 7) % 6}\n")
-    return folder
-
-
 @pytest.mark.parametrize("untied", [False, True], ids=["tied", "untied"])
-def test_pcl_end_to_end(tiny_encoder_dir, english_data, tmp_path, untied):
+def test_pcl_end_to_end(tiny_encoder_dir, english_sts_data, tmp_path, untied):
     output = tmp_path / "pcl"
-    args = [
-        "--objective", "pcl",
-        "--model_name_or_path", str(tiny_encoder_dir),
-        "--train_file", str(english_data / "train.txt"),
-        "--validation_file", str(english_data / "sts.tsv"),
-        "--test_file", str(english_data / "sts.tsv"),
-        "--output_dir", str(output),
-        "--max_steps", "4",
-        "--per_device_train_batch_size", "4",
-        "--eval_steps", "2",
-        "--save_steps", "2",
-        "--logging_steps", "2",
-        "--use_cpu",
-        "--pcl_num_positives", "3",
-        *(["--pcl_untied_peer"] if untied else []),
-    ]  # fmt: skip
+    peer = ["--pcl_untied_peer"] if untied else []
+    args = objective_run_args(tiny_encoder_dir, english_sts_data, output, "pcl", "--pcl_num_positives", "3", *peer)
     trainer, metrics = run_ifcl.run(args)
     results = json.loads((output / "all_results.json").read_text())
     assert math.isfinite(results["eval_stsb_spearman"]) and math.isfinite(metrics["test_stsb_spearman"])
@@ -492,9 +465,7 @@ def test_pcl_end_to_end(tiny_encoder_dir, english_data, tmp_path, untied):
         assert all(math.isfinite(entry[name]) for entry in logged), name
     config = json.loads((output / "config.json").read_text())
     assert config["objective"] == "pcl" and config["objective_settings"]["pcl_untied_peer"] is untied
-    with safe_open(str(output / "model.safetensors"), "pt") as f:
-        assert not [key for key in f.keys() if key.startswith("training_objective.")]
+    assert not [key for key in saved_weight_names(output) if key.startswith("training_objective.")]
     checkpoint = sorted(output.glob("checkpoint-*"))[-1]
-    with safe_open(str(checkpoint / "model.safetensors"), "pt") as f:
-        peer_keys = [key for key in f.keys() if key.startswith("training_objective.peer.")]
+    peer_keys = [key for key in saved_weight_names(checkpoint) if key.startswith("training_objective.peer.")]
     assert bool(peer_keys) is untied  # the untied peer is checkpointed for an exact resume

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from safetensors import safe_open
 from torch import nn
 
-from conftest import ENGLISH
+from conftest import ENGLISH, objective_run_args, saved_weight_names
 
 import run_ifcl
 from modeling_ifcl import IFCLModel, IFCLTwinsOutput
@@ -131,12 +129,10 @@ def test_published_model_leaves_out_the_objective_modules_that_checkpoints_keep(
     trainer.train()
     assert not torch.equal(objective.head.weight, head_before), "the objective's head was not optimized"
 
-    with safe_open(str(tmp_path / "out" / "checkpoint-2" / "model.safetensors"), "pt") as f:
-        assert "training_objective.head.weight" in set(f.keys())
+    assert "training_objective.head.weight" in saved_weight_names(tmp_path / "out" / "checkpoint-2")
     published = tmp_path / "published"
     trainer.save_model(str(published))
-    with safe_open(str(published / "model.safetensors"), "pt") as f:
-        assert not [key for key in f.keys() if key.startswith("training_objective.")]
+    assert not [key for key in saved_weight_names(published) if key.startswith("training_objective.")]
     assert model.training_objective is objective  # restored for further training
     assert json.loads((published / "config.json").read_text())["objective"] == "simcse"
 
@@ -150,45 +146,14 @@ def test_build_objective_reads_the_objective_from_the_config(tiny_encoder_dir):
     assert model.queue is None and model.fraternal_embeddings is None  # simcse builds neither
 
 
-@pytest.fixture(scope="module")
-def english_train_file(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("english")
-    (folder / "train.txt").write_text("\n".join(ENGLISH * 3) + "\n", encoding="utf-8")
-    with open(folder / "sts.tsv", "w", encoding="utf-8") as f:
-        f.write("sentence1\tsentence2\tscore\n")
-        for i, (first, second) in enumerate(zip(ENGLISH, ENGLISH[1:] + ENGLISH[:1])):
-            f.write(f"{first}\t{second}\t{(i * 7) % 6}\n")
-    return folder
-
-
-def objective_run_args(encoder: Path, data: Path, output: Path, objective: str, *extra: str) -> list[str]:
-    """A 4-step run of ``run_ifcl.py`` on English sentences only, for the objectives without fraternal twins."""
-    return [
-        "--objective", objective,
-        "--model_name_or_path", str(encoder),
-        "--train_file", str(data / "train.txt"),
-        "--validation_file", str(data / "sts.tsv"),
-        "--test_file", str(data / "sts.tsv"),
-        "--output_dir", str(output),
-        "--max_steps", "4",
-        "--per_device_train_batch_size", "4",
-        "--eval_steps", "2",
-        "--save_steps", "2",
-        "--logging_steps", "2",
-        "--use_cpu",
-        *extra,
-    ]  # fmt: skip
-
-
-def test_simcse_objective_end_to_end(tiny_encoder_dir, english_train_file, tmp_path):
+def test_simcse_objective_end_to_end(tiny_encoder_dir, english_sts_data, tmp_path):
     output = tmp_path / "simcse"
-    trainer, metrics = run_ifcl.run(objective_run_args(tiny_encoder_dir, english_train_file, output, "simcse"))
+    trainer, metrics = run_ifcl.run(objective_run_args(tiny_encoder_dir, english_sts_data, output, "simcse"))
     assert math.isfinite(metrics["test_stsb_spearman"])
     assert any("loss_contrastive" in entry for entry in trainer.state.log_history)
     config = json.loads((output / "config.json").read_text())
     assert config["objective"] == "simcse" and config["queue_size"] == 0
-    with safe_open(str(output / "model.safetensors"), "pt") as f:
-        keys = set(f.keys())
+    keys = saved_weight_names(output)
     assert not [key for key in keys if key.startswith(("fraternal_", "queue.", "training_objective."))]
     card = (output / "README.md").read_text()
     assert "**SimCSE**" in card and "gao2021simcse" in card and "| `objective` | `simcse` |" in card

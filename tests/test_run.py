@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CANTONESE, ENGLISH, GERMAN, MANDARIN, ROOT, build_tiny_bert
+from conftest import CANTONESE, ENGLISH, GERMAN, MANDARIN, ROOT, build_tiny_bert, write_sts_file
 
 import run_ifcl
 
@@ -24,10 +24,7 @@ def data_dir(tmp_path_factory) -> Path:
             for english, german in zip(ENGLISH, GERMAN):
                 f.write(f"{english}\t{german}\n")
             f.write("   \n")  # whitespace-only lines are skipped
-    with open(folder / "sts.tsv", "w", encoding="utf-8") as f:
-        f.write("sentence1\tsentence2\tscore\n")
-        for i, (first, second) in enumerate(zip(ENGLISH, ENGLISH[1:] + ENGLISH[:1])):
-            f.write(f"{first}\t{second}\t{(i * 7) % 6}\n")
+    write_sts_file(folder / "sts.tsv")
     return folder
 
 
