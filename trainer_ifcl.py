@@ -1,4 +1,5 @@
-"""``IFCLTrainer``: the ``transformers`` Trainer with the IFCL loss, the hippocampus queue and STS evaluation."""
+"""``IFCLTrainer``: the ``transformers`` Trainer with a training objective (IFCL or a peer method), its queue and
+STS evaluation."""
 
 from __future__ import annotations
 
