@@ -177,3 +177,42 @@ def test_help_lists_every_objective_setting():
     assert shown.returncode == 0, shown.stderr[-2000:]
     for flag in ("--objective", "--conisi_strategy", "--pcl_num_positives", "--micse_attention_weight"):
         assert flag in shown.stdout
+
+
+def test_resumed_micse_run_restores_its_momentum_encoder_and_queue(tiny_encoder_dir, tmp_path):
+    """The objective's own state (miCSE's momentum encoder and its queue of negatives) lives in the checkpoint:
+    stopping after 3 steps and resuming gives the losses of the uninterrupted run, and the same queue."""
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    from trainer_ifcl import IFCLDataCollator
+
+    def fresh_trainer(output: str) -> IFCLTrainer:
+        settings = {"micse_attention_layers": "top2", "micse_num_samples": 20, "micse_queue_size": 6}
+        model = IFCLModel.from_encoder(
+            str(tiny_encoder_dir), objective="micse", objective_settings=settings, queue_size=0
+        )
+        args = TrainingArguments(
+            output_dir=output, max_steps=6, per_device_train_batch_size=2, learning_rate=1e-3, logging_steps=1,
+            save_strategy="steps", save_steps=3, report_to="none", use_cpu=True, seed=0,
+        )  # fmt: skip
+        dataset = Dataset.from_dict(dict(model.tokenizer(ENGLISH)))
+        return IFCLTrainer(
+            model=model, args=args, train_dataset=dataset, data_collator=IFCLDataCollator(model.tokenizer.pad_token_id)
+        )
+
+    uninterrupted = fresh_trainer(str(tmp_path / "a"))
+    uninterrupted.train()
+    expected = {entry["step"]: entry["loss"] for entry in uninterrupted.state.log_history if "loss" in entry}
+
+    resumed = fresh_trainer(str(tmp_path / "b"))
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-3"))
+    got = {entry["step"]: entry["loss"] for entry in resumed.state.log_history if "loss" in entry}
+    for step in (4, 5, 6):
+        assert got[step] == pytest.approx(expected[step], abs=1e-6), step
+    queue_a, queue_b = uninterrupted.objective.queue, resumed.objective.queue
+    assert len(queue_a) == 6
+    torch.testing.assert_close(queue_a.embeddings, queue_b.embeddings, atol=1e-6, rtol=0)
+    momentum_a = dict(uninterrupted.objective.momentum_encoder.named_parameters())
+    for name, value in resumed.objective.momentum_encoder.named_parameters():
+        torch.testing.assert_close(value, momentum_a[name], atol=1e-6, rtol=0)
