@@ -1,4 +1,6 @@
-"""Run ``run_ifcl.py`` under ``accelerate launch`` and save each rank's queue (used by test_run.py)."""
+"""Run ``run_ifcl.py`` under ``accelerate launch`` and save each rank's state (used by the multi-process tests):
+``queue_rank<r>.pt`` (IFCL's queue buffers) and ``state_rank<r>.pt`` (every weight and buffer of the model and
+of its training objective, as the rank holds them at the end)."""
 
 import os
 import sys
@@ -11,7 +13,10 @@ import run_ifcl  # noqa: E402
 
 if __name__ == "__main__":
     trainer, _ = run_ifcl.run(sys.argv[1:])
-    queue = trainer.accelerator.unwrap_model(trainer.model).queue
+    model = trainer.accelerator.unwrap_model(trainer.model)
     rank = trainer.accelerator.process_index
-    state = {name: buffer.detach().cpu() for name, buffer in queue.named_buffers()}
-    torch.save(state, os.path.join(trainer.args.output_dir, f"queue_rank{rank}.pt"))
+    if model.queue is not None:
+        state = {name: buffer.detach().cpu() for name, buffer in model.queue.named_buffers()}
+        torch.save(state, os.path.join(trainer.args.output_dir, f"queue_rank{rank}.pt"))
+    state = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
+    torch.save(state, os.path.join(trainer.args.output_dir, f"state_rank{rank}.pt"))

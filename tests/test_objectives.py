@@ -216,3 +216,40 @@ def test_resumed_micse_run_restores_its_momentum_encoder_and_queue(tiny_encoder_
     momentum_a = dict(uninterrupted.objective.momentum_encoder.named_parameters())
     for name, value in resumed.objective.momentum_encoder.named_parameters():
         torch.testing.assert_close(value, momentum_a[name], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "objective, extra",
+    [
+        ("conisi", ["--max_seq_length", "16"]),  # heads outside the encoder
+        ("pcl", ["--pcl_num_positives", "2", "--pcl_untied_peer"]),  # a second trainable network
+        ("micse", ["--micse_attention_layers", "top2", "--micse_num_samples", "20", "--micse_queue_size", "8"]),
+    ],
+)
+def test_two_processes_keep_the_objective_modules_in_sync(
+    objective, extra, tiny_encoder_dir, english_sts_data, tmp_path
+):
+    """Under DDP every rank ends with the same weights, the objective's own modules included (their gradients are
+    averaged although they run outside the encoder's forward), and the same momentum queue."""
+    from test_run import launch
+
+    output = tmp_path / objective
+    args = objective_run_args(tiny_encoder_dir, english_sts_data, output, objective, *extra)
+    args = [a for a in args if a != "--use_cpu"]  # launch adds it for several processes
+    args += ["--per_device_train_batch_size", "2", "--eval_strategy", "no", "--save_strategy", "no"]
+    args += ["--load_best_model_at_end", "false", "--max_steps", "3", "--learning_rate", "1e-3"]
+    result = launch(args, processes=2, script="tests/distributed_run.py")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    states = [torch.load(output / f"state_rank{rank}.pt") for rank in (0, 1)]
+    own = [name for name in states[0] if name.startswith("training_objective.")]
+    assert own, "the objective's modules are not in the model's state"
+    initial = IFCLModel.from_encoder(str(tiny_encoder_dir), objective=objective, queue_size=0).state_dict()
+    word_table = "encoder.embeddings.word_embeddings.weight"
+    assert not torch.equal(states[0][word_table], initial[word_table])  # it trained
+    # BatchNorm's running statistics (ConIsI's heads) follow each process's own batches (decision in conisi.py);
+    # they are not used to embed.
+    batchnorm_statistics = ("running_mean", "running_var", "num_batches_tracked")
+    for name, value in states[0].items():
+        if name.endswith(batchnorm_statistics):
+            continue
+        torch.testing.assert_close(states[1][name], value, atol=1e-6, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
