@@ -77,8 +77,8 @@ class IFCLConfig(PretrainedConfig):
         max_seq_length: truncation length of the training sentences (``encode`` truncates only at the encoder's limit).
         export_sentence_transformers: ``save_pretrained`` also writes the sentence-transformers modules (a copy of
             the encoder in ``0_Transformer/`` and the pooler), so the folder loads with ``SentenceTransformer``.
-        objective: the training objective the model was (or is being) trained with, one of ``OBJECTIVES``. Other
-            objectives than ``ifcl`` build no fraternal table and no queue.
+        objective: the training objective the model was (or is being) trained with, one of ``OBJECTIVES``. For
+            other objectives than ``ifcl``, queue_size and the fraternal and Twins loss weights are set to 0.
         objective_settings: that objective's own settings (``objectives.<name>``), as a dict.
         stack_views: encode the three training views in one encoder call (True), in two (False: anchors and
             identical twins, then fraternal twins), or choose by device (None: one call on accelerators, two on CPU).
@@ -112,6 +112,10 @@ class IFCLConfig(PretrainedConfig):
     ) -> None:
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}.")
+        if objective != "ifcl":
+            # The queue and the fraternal and Twins losses are IFCL's: the other objectives build neither the
+            # fraternal table nor the hippocampus queue, and the saved config says so.
+            queue_size, fraternal_loss_weight, twins_loss_weight = 0, 0.0, 0.0
         check_ifcl_settings(
             fusion_rate,
             queue_size,
@@ -148,8 +152,8 @@ class IFCLConfig(PretrainedConfig):
 
     @property
     def uses_fraternal_twins(self) -> bool:
-        """Whether training needs the fraternal view at all (IFCL, with ℓ^F or ℓ^T weighted)."""
-        return self.objective == "ifcl" and (self.fraternal_loss_weight > 0 or self.twins_loss_weight > 0)
+        """Whether training needs the fraternal view at all (ℓ^F or ℓ^T has a weight)."""
+        return self.fraternal_loss_weight > 0 or self.twins_loss_weight > 0
 
     def build_encoder_config(self) -> PretrainedConfig:
         """The wrapped encoder's own config object."""

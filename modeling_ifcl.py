@@ -27,6 +27,8 @@ SENTENCE_TRANSFORMERS_ENCODER_FOLDER = "0_Transformer"
 # How each evaluation pooler is written for sentence-transformers: its Pooling mode, and whether SimCSE's MLP
 # follows as a Dense layer. avg_first_last and avg_top2 have no sentence-transformers module.
 SENTENCE_TRANSFORMERS_POOLING = {"avg": ("mean", False), "cls_before_pooler": ("cls", False), "cls": ("cls", True)}
+# Poolers that read more than the last layer, so the encoder must return all hidden states.
+ALL_LAYER_POOLERS = ("avg_first_last", "avg_top2")
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -206,7 +208,7 @@ class IFCLModel(PreTrainedModel):
         self.mlp = SimCSEMLP(hidden_size) if needs_mlp else None
         self.queue = (
             HippocampusQueue(config.queue_size, config.queue_batch_size, hidden_size, config.forgetting_rate)
-            if config.queue_size > 0 and config.objective == "ifcl"
+            if config.queue_size > 0
             else None
         )
         self._tokenizer: PreTrainedTokenizerBase | None = None
@@ -443,16 +445,24 @@ class IFCLModel(PreTrainedModel):
         return words, fused, attention_mask, union_mask
 
     def _encode_tokens(
-        self, token_type_ids: torch.Tensor | None = None, all_hidden_states: bool = True, **inputs: torch.Tensor
-    ) -> tuple[torch.Tensor, ...]:
-        """The encoder's hidden states (index 0 the embedding layer), or only the last layer's as a 1-tuple.
+        self,
+        token_type_ids: torch.Tensor | None = None,
+        all_hidden_states: bool = True,
+        output_attentions: bool = False,
+        **inputs: torch.Tensor,
+    ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
+        """The encoder's hidden states (index 0 the embedding layer, or only the last layer's as a 1-tuple) and,
+        when asked, its attention maps.
 
         Token type ids are passed only when given (not every encoder takes them).
         """
         if token_type_ids is not None:
             inputs["token_type_ids"] = token_type_ids
-        outputs = self.encoder(**inputs, output_hidden_states=all_hidden_states, return_dict=True)
-        return outputs.hidden_states if all_hidden_states else (outputs.last_hidden_state,)
+        outputs = self.encoder(
+            **inputs, output_hidden_states=all_hidden_states, output_attentions=output_attentions, return_dict=True
+        )
+        hidden_states = outputs.hidden_states if all_hidden_states else (outputs.last_hidden_state,)
+        return hidden_states, outputs.attentions if output_attentions else None
 
     def forward(
         self,
@@ -481,19 +491,19 @@ class IFCLModel(PreTrainedModel):
             attention_mask = torch.ones_like(input_ids)
         if not return_twins:
             pooler_type = self.config.pooler_type if training_pooler else self.config.eval_pooler_type
-            all_hidden_states = output_hidden_states or pooler_type in ("avg_first_last", "avg_top2")
-            inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
-            if token_type_ids is not None:
-                inputs["token_type_ids"] = token_type_ids
-            outputs = self.encoder(
-                **inputs, output_hidden_states=all_hidden_states, output_attentions=output_attentions, return_dict=True
+            all_hidden_states = output_hidden_states or pooler_type in ALL_LAYER_POOLERS
+            hidden_states, attentions = self._encode_tokens(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                token_type_ids=token_type_ids,
+                all_hidden_states=all_hidden_states,
+                output_attentions=output_attentions,
             )
-            hidden_states = outputs.hidden_states if all_hidden_states else (outputs.last_hidden_state,)
             return IFCLEncoderOutput(
                 sentence_embedding=self.pool(pooler_type, attention_mask, hidden_states),
-                last_hidden_state=outputs.last_hidden_state,
-                hidden_states=outputs.hidden_states if all_hidden_states else None,
-                attentions=outputs.attentions if output_attentions else None,
+                last_hidden_state=hidden_states[-1],
+                hidden_states=hidden_states if all_hidden_states else None,
+                attentions=attentions,
             )
 
         batch_size = input_ids.shape[0]
@@ -518,7 +528,9 @@ class IFCLModel(PreTrainedModel):
             token_types = None
             if token_type_ids is not None:
                 token_types = pad_to_length(token_type_ids, inputs_embeds.shape[1], 0).repeat(num_views, 1)
-            hidden_states = self._encode_tokens(inputs_embeds=inputs_embeds, attention_mask=masks, token_type_ids=token_types)
+            hidden_states, _ = self._encode_tokens(
+                inputs_embeds=inputs_embeds, attention_mask=masks, token_type_ids=token_types
+            )
             pooled += self.pool(self.config.pooler_type, masks, hidden_states).split(batch_size)
             embedding_outputs += mean_pool(hidden_states[0], masks).split(batch_size)
         has_fraternal = len(pooled) == 3

@@ -26,6 +26,7 @@ import transformers
 from transformers import HfArgumentParser, TrainingArguments, set_seed
 
 from configuration_ifcl import OBJECTIVES, POOLER_TYPES, check_ifcl_settings
+from objectives import objective_class, settings_as_dict, settings_classes
 
 logger = logging.getLogger(__name__)
 
@@ -257,8 +258,6 @@ class RunArguments:
 
 def parse_arguments(argv: list[str]) -> RunArguments:
     """Command line (or one .json file) → the argument dataclasses, with the embedded defaults beneath."""
-    from objectives import objective_class, settings_classes
-
     all_settings = settings_classes()
     parser = HfArgumentParser(
         (ModelArguments, DataArguments, IFCLArguments, ObjectiveArguments, *all_settings, TrainingArguments)
@@ -320,6 +319,7 @@ def run(argv: list[str]):
     model_args, data_args, ifcl_args, training_args = arguments.model, arguments.data, arguments.ifcl, arguments.training
     objective_name = arguments.objective.objective
     is_ifcl = objective_name == "ifcl"
+    objective_settings = settings_as_dict(arguments.objective_settings)
 
     logging.basicConfig(
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
@@ -354,7 +354,7 @@ def run(argv: list[str]):
     logger.info(f"{len(train_text)} training sentences; STS dev {len(validation_sts)}, test {len(test_sts)} pairs")
 
     from modeling_ifcl import IFCLModel
-    from objectives import build_objective, settings_as_dict
+    from objectives import build_objective
     from trainer_ifcl import IFCLTrainer, ObjectiveDataCollator
 
     model_name_or_path = model_args.model_name_or_path or embedded_model_path()
@@ -367,15 +367,14 @@ def run(argv: list[str]):
         model_name_or_path,
         model_args.fraternal_model_name_or_path if is_ifcl else None,
         fusion_rate=ifcl_args.fusion_rate,
-        # The other objectives build no fraternal table and no hippocampus queue.
-        queue_size=ifcl_args.queue_size if is_ifcl else 0,
+        queue_size=ifcl_args.queue_size,
         queue_batch_size=global_batch_size,
         forgetting_rate=ifcl_args.forgetting_rate,
         contrastive_temperature=ifcl_args.temperature,
-        fraternal_loss_weight=ifcl_args.fraternal_loss_weight if is_ifcl else 0.0,
-        twins_loss_weight=ifcl_args.twins_loss_weight if is_ifcl else 0.0,
+        fraternal_loss_weight=ifcl_args.fraternal_loss_weight,
+        twins_loss_weight=ifcl_args.twins_loss_weight,
         objective=objective_name,
-        objective_settings=settings_as_dict(arguments.objective_settings),
+        objective_settings=objective_settings,
         pooler_type=ifcl_args.pooler_type,
         eval_pooler_type=ifcl_args.eval_pooler_type,
         max_seq_length=data_args.max_seq_length,
@@ -396,7 +395,7 @@ def run(argv: list[str]):
         [
             train_text._fingerprint,
             objective_name,
-            settings_as_dict(arguments.objective_settings),
+            objective_settings,
             [(t.name_or_path, len(t)) for t in (tokenizer, fraternal_tokenizer)],
             data_args.max_seq_length,
         ]

@@ -4,24 +4,20 @@ STS evaluation."""
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint, speed_metrics
 
 from evaluation_ifcl import STSEvaluator
 from objectives import Objective, build_objective, pad_features
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -102,11 +98,6 @@ class IFCLTrainer(Trainer):
         self._last_checked_step = 0
         self.add_callback(ObjectiveStepCallback(self))
 
-    @property
-    def ifcl_loss(self):
-        """The IFCL objective's loss module (``IFCLLoss``)."""
-        return self.objective.loss
-
     # ---------------------------------------------------------------- training
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -138,16 +129,16 @@ class IFCLTrainer(Trainer):
         """Push the rows the objective asked to enqueue in the step just finished, from all processes."""
         if not self._pending_rows:
             return
-        anchors = torch.cat(self._pending_rows)
+        rows = torch.cat(self._pending_rows)
         self._pending_rows.clear()
         if self.accelerator.num_processes > 1:
-            count = torch.tensor([anchors.shape[0]], device=anchors.device)
+            count = torch.tensor([rows.shape[0]], device=rows.device)
             counts = self.accelerator.gather(count)
-            padded = self.accelerator.pad_across_processes(anchors, dim=0)
+            padded = self.accelerator.pad_across_processes(rows, dim=0)
             gathered = self.accelerator.gather(padded).view(len(counts), padded.shape[0], -1)
-            keep = torch.arange(padded.shape[0], device=anchors.device) < counts.unsqueeze(1)
-            anchors = gathered[keep]
-        self.objective.push_to_queue(self.accelerator.unwrap_model(self.model), anchors)
+            keep = torch.arange(padded.shape[0], device=rows.device) < counts.unsqueeze(1)
+            rows = gathered[keep]
+        self.objective.push_to_queue(self.accelerator.unwrap_model(self.model), rows)
 
     def check_finite_loss(self, step: int) -> None:
         """Stop with a message naming the step and the loss term when a term went NaN or infinite.

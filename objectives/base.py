@@ -74,8 +74,6 @@ class Objective(nn.Module):
 
     name: ClassVar[str] = ""
     settings_class: ClassVar[type | None] = None
-    # Whether the training data needs the fraternal (translation) column.
-    uses_fraternal: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module, settings: Any = None) -> None:
         super().__init__()

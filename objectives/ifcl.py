@@ -28,10 +28,6 @@ class IFCLObjective(Objective):
         self.loss = IFCLLoss.from_config(model.config)
         self.uses_fraternal_twins = model.config.uses_fraternal_twins
 
-    @property
-    def uses_fraternal(self) -> bool:  # type: ignore[override]
-        return self.uses_fraternal_twins
-
     def tokenize(self, batch, tokenizer, max_length: int, fraternal_tokenizer=None) -> dict[str, list]:
         features = super().tokenize(batch, tokenizer, max_length)
         if "fraternal" in batch:

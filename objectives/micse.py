@@ -26,11 +26,10 @@ import torch
 from torch import nn
 
 from losses_ifcl import float32_region, info_nce
+from modeling_ifcl import ALL_LAYER_POOLERS
 
 from .base import Gather, Objective, ObjectiveOutput, no_gather
 
-# Poolers that read more than the last layer (``IFCLModel.pool``).
-POOLERS_WITH_ALL_HIDDEN_STATES = ("avg_first_last", "avg_top2")
 ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 LAYERS_SETTING = "micse_attention_layers"
 
@@ -480,7 +479,7 @@ class MiCSEObjective(Objective):
         """The momentum encoder's embeddings of the batch (pooled with the training pooler), float32."""
         unwrapped = getattr(model, "module", model)
         pooler_type = unwrapped.config.pooler_type
-        all_hidden_states = pooler_type in POOLERS_WITH_ALL_HIDDEN_STATES
+        all_hidden_states = pooler_type in ALL_LAYER_POOLERS
         outputs = self.momentum_encoder(**inputs, output_hidden_states=all_hidden_states, return_dict=True)
         hidden_states = outputs.hidden_states if all_hidden_states else (outputs.last_hidden_state,)
         return unwrapped.pool(pooler_type, inputs["attention_mask"], hidden_states).float()

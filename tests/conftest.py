@@ -179,3 +179,8 @@ def saved_weight_names(folder: Path) -> set[str]:
 
     with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
         return set(weights.keys())
+
+
+def losses_by_step(trainer) -> dict[int, float]:
+    """The training loss the trainer logged at each step."""
+    return {entry["step"]: entry["loss"] for entry in trainer.state.log_history if "loss" in entry}

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import ENGLISH, objective_run_args, saved_weight_names
+from conftest import ENGLISH, losses_by_step, objective_run_args, saved_weight_names
 
 import run_ifcl
 from modeling_ifcl import IFCLModel, IFCLTwinsOutput
@@ -203,11 +203,11 @@ def test_resumed_micse_run_restores_its_momentum_encoder_and_queue(tiny_encoder_
 
     uninterrupted = fresh_trainer(str(tmp_path / "a"))
     uninterrupted.train()
-    expected = {entry["step"]: entry["loss"] for entry in uninterrupted.state.log_history if "loss" in entry}
+    expected = losses_by_step(uninterrupted)
 
     resumed = fresh_trainer(str(tmp_path / "b"))
     resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-3"))
-    got = {entry["step"]: entry["loss"] for entry in resumed.state.log_history if "loss" in entry}
+    got = losses_by_step(resumed)
     for step in (4, 5, 6):
         assert got[step] == pytest.approx(expected[step], abs=1e-6), step
     queue_a, queue_b = uninterrupted.objective.queue, resumed.objective.queue

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from transformers import TrainingArguments
 
-from conftest import ENGLISH, GERMAN
+from conftest import ENGLISH, GERMAN, losses_by_step
 from modeling_ifcl import IFCLModel
 from trainer_ifcl import IFCLDataCollator, IFCLTrainer
 
@@ -111,11 +111,11 @@ def test_resumed_run_repeats_the_uninterrupted_losses_exactly(tiny_encoder_dir, 
 
     uninterrupted = fresh_trainer(str(tmp_path / "a"))
     uninterrupted.train()
-    expected = {entry["step"]: entry["loss"] for entry in uninterrupted.state.log_history if "loss" in entry}
+    expected = losses_by_step(uninterrupted)
 
     resumed = fresh_trainer(str(tmp_path / "b"))
     resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-3"))
-    got = {entry["step"]: entry["loss"] for entry in resumed.state.log_history if "loss" in entry}
+    got = losses_by_step(resumed)
     assert sorted(got) == [1, 2, 3, 4, 5, 6]  # 1-3 come with the checkpoint's state, 4-6 are trained again
     for step in (4, 5, 6):
         assert got[step] == pytest.approx(expected[step], abs=1e-6), step
@@ -132,7 +132,7 @@ def test_non_finite_loss_stops_naming_step_and_term_and_keeps_the_last_good_chec
         model, tokenized(model, with_fraternal=True), tmp_path,
         gradient_accumulation_steps=1, max_steps=8, save_strategy="steps", save_steps=2, logging_steps=4,
     )  # fmt: skip
-    twins_loss = trainer.ifcl_loss.twins_loss
+    twins_loss = trainer.objective.loss.twins_loss
     original, calls = twins_loss.forward, []
 
     def poisoned(*args):
