@@ -184,3 +184,13 @@ def saved_weight_names(folder: Path) -> set[str]:
 def losses_by_step(trainer) -> dict[int, float]:
     """The training loss the trainer logged at each step."""
     return {entry["step"]: entry["loss"] for entry in trainer.state.log_history if "loss" in entry}
+
+
+def train_and_resume(fresh_trainer, tmp_path: Path, checkpoint: str) -> tuple:
+    """Train ``fresh_trainer(output_dir)`` without a stop, then a second one resumed from the first's
+    ``checkpoint`` folder. Returns the losses by step of both (uninterrupted, resumed), then both trainers."""
+    uninterrupted = fresh_trainer(str(tmp_path / "a"))
+    uninterrupted.train()
+    resumed = fresh_trainer(str(tmp_path / "b"))
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / checkpoint))
+    return losses_by_step(uninterrupted), losses_by_step(resumed), uninterrupted, resumed

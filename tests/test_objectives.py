@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import ENGLISH, losses_by_step, objective_run_args, saved_weight_names
+from conftest import ENGLISH, objective_run_args, saved_weight_names, train_and_resume
 
 import run_ifcl
 from modeling_ifcl import IFCLModel, IFCLTwinsOutput
@@ -201,13 +201,7 @@ def test_resumed_micse_run_restores_its_momentum_encoder_and_queue(tiny_encoder_
             model=model, args=args, train_dataset=dataset, data_collator=IFCLDataCollator(model.tokenizer.pad_token_id)
         )
 
-    uninterrupted = fresh_trainer(str(tmp_path / "a"))
-    uninterrupted.train()
-    expected = losses_by_step(uninterrupted)
-
-    resumed = fresh_trainer(str(tmp_path / "b"))
-    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-3"))
-    got = losses_by_step(resumed)
+    expected, got, uninterrupted, resumed = train_and_resume(fresh_trainer, tmp_path, "checkpoint-3")
     for step in (4, 5, 6):
         assert got[step] == pytest.approx(expected[step], abs=1e-6), step
     queue_a, queue_b = uninterrupted.objective.queue, resumed.objective.queue

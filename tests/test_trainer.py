@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from transformers import TrainingArguments
 
-from conftest import ENGLISH, GERMAN, losses_by_step
+from conftest import ENGLISH, GERMAN, train_and_resume
 from modeling_ifcl import IFCLModel
 from trainer_ifcl import IFCLDataCollator, IFCLTrainer
 
@@ -109,13 +109,7 @@ def test_resumed_run_repeats_the_uninterrupted_losses_exactly(tiny_encoder_dir, 
         model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=3, queue_batch_size=2)
         return make_trainer(model, tokenized(model, with_fraternal=True), tmp_path, output_dir=output, **settings)
 
-    uninterrupted = fresh_trainer(str(tmp_path / "a"))
-    uninterrupted.train()
-    expected = losses_by_step(uninterrupted)
-
-    resumed = fresh_trainer(str(tmp_path / "b"))
-    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-3"))
-    got = losses_by_step(resumed)
+    expected, got, uninterrupted, resumed = train_and_resume(fresh_trainer, tmp_path, "checkpoint-3")
     assert sorted(got) == [1, 2, 3, 4, 5, 6]  # 1-3 come with the checkpoint's state, 4-6 are trained again
     for step in (4, 5, 6):
         assert got[step] == pytest.approx(expected[step], abs=1e-6), step
