@@ -162,9 +162,7 @@ def parse_trans_de_en(
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f"trans-de-en dictionary not found: {path}; install it with `{TRANS_INSTALL_HINT}`"
-        )
+        raise FileNotFoundError(f"trans-de-en dictionary not found: {path}; install it with `{TRANS_INSTALL_HINT}`")
     pairs: list[tuple[str, str]] = []
     seen: set[tuple[str, str]] = set()
     for _, line in _iter_lines(path):
@@ -183,8 +181,7 @@ def parse_trans_de_en(
             german = _strip_annotations(german_raw)
             english = _strip_annotations(english_raw)
             if not (
-                _is_clean_sentence(english, min_words, max_words)
-                and _is_clean_sentence(german, min_words, max_words)
+                _is_clean_sentence(english, min_words, max_words) and _is_clean_sentence(german, min_words, max_words)
             ):
                 continue
             pair = (english, german)
@@ -419,9 +416,7 @@ def _read_sts_jsonl(path: str, rows: _StsRows) -> None:
             raise _format_error(path, "expected a JSON object (JSON Lines: one object per line)", line_number)
         missing = [column for column in STS_COLUMNS if column not in record]
         if missing:
-            raise _format_error(
-                path, f"missing column(s) {missing}; found columns {list(record)}", line_number
-            )
+            raise _format_error(path, f"missing column(s) {missing}; found columns {list(record)}", line_number)
         rows.add(*(record[column] for column in STS_COLUMNS), line=line_number)
 
 
@@ -483,7 +478,8 @@ def load_stsb(split: str) -> datasets.Dataset:
         fields = line.split("\t")
         if len(fields) <= _STSB_SENTENCE2_FIELD:
             raise _format_error(
-                path, f"expected at least {_STSB_SENTENCE2_FIELD + 1} tab-separated fields, found {len(fields)}",
+                path,
+                f"expected at least {_STSB_SENTENCE2_FIELD + 1} tab-separated fields, found {len(fields)}",
                 line_number,
             )
         rows.add(

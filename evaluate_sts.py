@@ -46,22 +46,30 @@ class ModelArguments:
     )
     model_type: str = field(
         default="auto",
-        metadata={"help": f"One of {MODEL_TYPES}. auto: 'ifcl' if config.json says so, 'sentence-transformers' "
-                  "if the folder has modules.json, else 'transformers'."},
+        metadata={
+            "help": f"One of {MODEL_TYPES}. auto: 'ifcl' if config.json says so, 'sentence-transformers' "
+            "if the folder has modules.json, else 'transformers'."
+        },
     )
     pooler_type: str | None = field(
         default=None,
-        metadata={"help": f"One of {POOLER_TYPES}. Plain encoders: default avg; 'cls' is the model's pooler_output "
-                  "(no MLP). IFCL models: overrides the saved evaluation pooler. Ignored for sentence-transformers."},
+        metadata={
+            "help": f"One of {POOLER_TYPES}. Plain encoders: default avg; 'cls' is the model's pooler_output "
+            "(no MLP). IFCL models: overrides the saved evaluation pooler. Ignored for sentence-transformers."
+        },
     )
     max_seq_length: int | None = field(
         default=None,
-        metadata={"help": "Truncation length. Default: the model's own (IFCL and plain encoders: the encoder's "
-                  "limit, as IFCLModel.encode and the Trainer; sentence-transformers: its max_seq_length)."},
+        metadata={
+            "help": "Truncation length. Default: the model's own (IFCL and plain encoders: the encoder's "
+            "limit, as IFCLModel.encode and the Trainer; sentence-transformers: its max_seq_length)."
+        },
     )
     trust_remote_code: bool = field(
         default=False,
-        metadata={"help": "For plain / sentence-transformers models with remote code (IFCL models always use theirs)."},
+        metadata={
+            "help": "For plain / sentence-transformers models with remote code (IFCL models always use theirs)."
+        },
     )
 
     def __post_init__(self) -> None:
@@ -79,14 +87,17 @@ class EvaluationArguments:
 
     tasks: list[str] = field(
         default_factory=lambda: list(ENGLISH_TASKS),
-        metadata={"help": "Tasks: sts12 sts13 sts14 sts15 sts16 stsb sickr cstsb simclue, the groups 'english' "
-                  "(default) and 'chinese', your STS files (PATH or NAME=PATH; sentence1, sentence2, score), "
-                  "or 'none'."},
+        metadata={
+            "help": "Tasks: sts12 sts13 sts14 sts15 sts16 stsb sickr cstsb simclue, the groups 'english' "
+            "(default) and 'chinese', your STS files (PATH or NAME=PATH; sentence1, sentence2, score), "
+            "or 'none'."
+        },
     )
     data_dir: str = field(
         default="data/sts",
-        metadata={"help": "Folder with the task files (SentEval's data/downstream works as is; see "
-                  "docs/evaluation.md)."},
+        metadata={
+            "help": "Folder with the task files (SentEval's data/downstream works as is; see docs/evaluation.md)."
+        },
     )
     use_hub: bool = field(
         default=True,
@@ -99,7 +110,9 @@ class EvaluationArguments:
     output_dir: str | None = field(
         default=None, metadata={"help": "Where results go. Default: outputs/sts/<model folder name>."}
     )
-    scatter_plots: bool = field(default=True, metadata={"help": "Write scatter_<task>.png (--no_scatter_plots: none)."})
+    scatter_plots: bool = field(
+        default=True, metadata={"help": "Write scatter_<task>.png (--no_scatter_plots: none)."}
+    )
     show_progress_bar: bool = field(default=True, metadata={"help": "Progress bars while encoding."})
 
     def __post_init__(self) -> None:
@@ -115,8 +128,10 @@ class MutualInformationArguments:
 
     mutual_information: str | None = field(
         default=None,
-        metadata={"help": "File of sentence pairs (.txt 'sentence<TAB>translation', or .csv/.json/.jsonl with columns "
-                  "sentence, fraternal): compute MI(h, h+) and, for IFCL models with fraternal twins, MI(h, h-)."},
+        metadata={
+            "help": "File of sentence pairs (.txt 'sentence<TAB>translation', or .csv/.json/.jsonl with columns "
+            "sentence, fraternal): compute MI(h, h+) and, for IFCL models with fraternal twins, MI(h, h-)."
+        },
     )
     mi_batch_size: int = field(default=64, metadata={"help": "N of Eq. 10: sentences per batch."})
     mi_temperature: float = field(default=0.05, metadata={"help": "τ of Eq. 10."})
@@ -174,6 +189,7 @@ def markdown_tables(label: str, results: dict[str, dict[str, Any]]) -> str:
     Table 1 always has its eight columns, '–' where a task was not run, so rows of several runs can be stacked;
     Avg. needs all seven tasks. Sets read from a source that differs from the paper's get a footnote.
     """
+
     def row(cells: list[str]) -> str:
         return "| " + " | ".join(cells) + " |"
 
@@ -189,7 +205,9 @@ def markdown_tables(label: str, results: dict[str, dict[str, Any]]) -> str:
         columns = [TASK_TITLES[name] for name in ENGLISH_TASKS] + ["Avg."]
         lines += table(columns, [cell(name) for name in ENGLISH_TASKS] + [format_score(english_average(results))])
     if any(name in results for name in CHINESE_COLUMNS):
-        lines += [""] + table([TASK_TITLES[name] for name in CHINESE_COLUMNS], [cell(name) for name in CHINESE_COLUMNS])
+        lines += [""] + table(
+            [TASK_TITLES[name] for name in CHINESE_COLUMNS], [cell(name) for name in CHINESE_COLUMNS]
+        )
     others = [name for name, result in results.items() if result["table"] == "other"]
     if others:
         lines += [""] + table(others, [cell(name) for name in others])
@@ -257,8 +275,11 @@ def task_mutual_information(
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Parse ``argv``, evaluate, write the results. Returns what sts_results.json holds."""
     model_args, eval_args, mi_args = parse_arguments(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO,
-                        handlers=[logging.StreamHandler(sys.stdout)])
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        level=logging.INFO,
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
 
     # Everything that can be wrong with the input is found before the model is loaded.
     requests = parse_task_requests(eval_args.tasks)
@@ -319,22 +340,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result["pairs_per_subset"] = data.details
         if eval_args.scatter_plots:
             plot_name = f"scatter_{safe_file_name(data.name)}.png"
-            scatter_plot(os.path.join(output_dir, plot_name), data, evaluation.similarities, evaluation.spearman, label)
+            scatter_plot(
+                os.path.join(output_dir, plot_name), data, evaluation.similarities, evaluation.spearman, label
+            )
             result["scatter_plot"] = plot_name
         results[data.name] = result
-        logger.info(f"{data.title}: Spearman {evaluation.spearman:.2f}, Pearson {evaluation.pearson:.2f} "
-                    f"({evaluation.num_pairs} pairs, {seconds:.1f} s)")
+        logger.info(
+            f"{data.title}: Spearman {evaluation.spearman:.2f}, Pearson {evaluation.pearson:.2f} "
+            f"({evaluation.num_pairs} pairs, {seconds:.1f} s)"
+        )
 
     mi_results = None
     if mi_pairs is not None:
         torch.manual_seed(mi_args.seed)
         fraternals = list(mi_pairs["fraternal"]) if "fraternal" in mi_pairs.column_names else None
         mi_evaluator = MutualInformationEvaluator(
-            list(mi_pairs["sentence"]), fraternals, mi_args.mi_batch_size, mi_args.mi_temperature,
+            list(mi_pairs["sentence"]),
+            fraternals,
+            mi_args.mi_batch_size,
+            mi_args.mi_temperature,
             mi_args.mi_max_batches,
         )
-        mi_results = {"file": mi_args.mutual_information, "seed": mi_args.seed,
-                      **mi_evaluator(encoder, show_progress_bar=eval_args.show_progress_bar)}
+        mi_results = {
+            "file": mi_args.mutual_information,
+            "seed": mi_args.seed,
+            **mi_evaluator(encoder, show_progress_bar=eval_args.show_progress_bar),
+        }
         stsb = next((data for data in sts_sets if data.name == "stsb"), None)
         if stsb is not None:
             mi_results["task_relevant"] = task_mutual_information(
@@ -380,8 +411,11 @@ def without_nan(value: Any) -> Any:
 def format_mutual_information(mi_results: dict[str, Any]) -> str:
     """The Table 4 figures as a Markdown table."""
     task = mi_results.get("task_relevant") or {}
-    cells = [format_score(mi_results["mi_identical"]), format_score(mi_results["mi_fraternal"]),
-             format_score(task.get("mi_task"))]
+    cells = [
+        format_score(mi_results["mi_identical"]),
+        format_score(mi_results["mi_fraternal"]),
+        format_score(task.get("mi_task")),
+    ]
     return (
         f"\nMutual information, Eq. 10 (N = {mi_results['batch_size']}, τ = {mi_results['temperature']}, "
         f"{mi_results['num_batches']} batches; at most log N = {mi_results['upper_bound']:.2f})\n\n"

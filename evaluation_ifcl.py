@@ -522,7 +522,9 @@ def sentence_transformers_pooler(name_or_path: str) -> str | None:
         config = json.load(handle)
     modes = config.get("pooling_mode")
     modes = {modes} if isinstance(modes, str) else set(modes or ())
-    modes |= {key.removeprefix("pooling_mode_") for key, on in config.items() if key.startswith("pooling_mode_") and on}
+    modes |= {
+        key.removeprefix("pooling_mode_") for key, on in config.items() if key.startswith("pooling_mode_") and on
+    }
     if modes == {"mean"} or modes == {"mean_tokens"}:
         return "avg"
     if modes == {"cls"} or modes == {"cls_token"}:
@@ -621,8 +623,10 @@ def mutual_information(
     It is log N minus the InfoNCE loss of the batch, so it lies in (−∞, log N].
     """
     if embeddings.shape != twin_embeddings.shape or embeddings.dim() != 2:
-        raise ValueError(f"Expected two [N, D] tensors of one shape, got {tuple(embeddings.shape)} and "
-                         f"{tuple(twin_embeddings.shape)}.")
+        raise ValueError(
+            f"Expected two [N, D] tensors of one shape, got {tuple(embeddings.shape)} and "
+            f"{tuple(twin_embeddings.shape)}."
+        )
     count = embeddings.shape[0]
     logits = F.normalize(embeddings.double(), dim=-1) @ F.normalize(twin_embeddings.double(), dim=-1).T / temperature
     return math.log(count) + logits.log_softmax(dim=-1).diagonal().mean().item()

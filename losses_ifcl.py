@@ -111,9 +111,10 @@ class TwinsLoss(nn.Module):
         with float32_region(anchor):
             similarity = lambda a, b: F.cosine_similarity(a.float(), b.float(), dim=-1)  # noqa: E731
             with torch.no_grad():
-                margin = similarity(anchor_embedding_output, identical_embedding_output).exp() - similarity(
-                    anchor_embedding_output, fraternal_embedding_output
-                ).exp()
+                margin = (
+                    similarity(anchor_embedding_output, identical_embedding_output).exp()
+                    - similarity(anchor_embedding_output, fraternal_embedding_output).exp()
+                )
             gap = similarity(anchor, identical).exp() - similarity(anchor, fraternal).exp()
             return (gap - margin).abs().mean()
 

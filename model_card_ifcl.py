@@ -116,8 +116,16 @@ def write_model_card(
     """Write ``output_dir/README.md`` and return its path."""
     base_model = base_model or getattr(config, "encoder_name_or_path", None)
     tasks = sorted(
-        {key[len("eval_") : -len("_spearman")] for key in results if key.startswith("eval_") and key.endswith("_spearman")}
-        | {key[len("test_") : -len("_spearman")] for key in results if key.startswith("test_") and key.endswith("_spearman")}
+        {
+            key[len("eval_") : -len("_spearman")]
+            for key in results
+            if key.startswith("eval_") and key.endswith("_spearman")
+        }
+        | {
+            key[len("test_") : -len("_spearman")]
+            for key in results
+            if key.startswith("test_") and key.endswith("_spearman")
+        }
     )
     eval_results = [
         EvalResult(
@@ -147,7 +155,9 @@ def write_model_card(
         eval_results=eval_results or None,
     )
     shown = [("objective", objective_name)]
-    shown += [(name, getattr(config, name, None)) for name in (SETTINGS if objective_name == "ifcl" else SHARED_SETTINGS)]
+    shown += [
+        (name, getattr(config, name, None)) for name in (SETTINGS if objective_name == "ifcl" else SHARED_SETTINGS)
+    ]
     shown += sorted((getattr(config, "objective_settings", None) or {}).items())
     settings = "\n".join(f"| `{name}` | `{value}` |" for name, value in shown)
     if training_args is not None:

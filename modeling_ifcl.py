@@ -240,7 +240,9 @@ class IFCLModel(PreTrainedModel):
         encoder = drop_pooler_head(AutoModel.from_pretrained(encoder_name_or_path))
         encoder_table = encoder.get_input_embeddings()
         if not isinstance(encoder_table, nn.Embedding):
-            raise ValueError(f"{encoder_name_or_path}: the encoder has no word-embedding layer (get_input_embeddings).")
+            raise ValueError(
+                f"{encoder_name_or_path}: the encoder has no word-embedding layer (get_input_embeddings)."
+            )
         tokenizer = AutoTokenizer.from_pretrained(encoder_name_or_path)
 
         fraternal_tokenizer = None
@@ -357,7 +359,12 @@ class IFCLModel(PreTrainedModel):
             },
         )
         modules = [
-            {"idx": 0, "name": "0", "path": SENTENCE_TRANSFORMERS_ENCODER_FOLDER, "type": "sentence_transformers.models.Transformer"},
+            {
+                "idx": 0,
+                "name": "0",
+                "path": SENTENCE_TRANSFORMERS_ENCODER_FOLDER,
+                "type": "sentence_transformers.models.Transformer",
+            },
             {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
         ]
         if with_mlp:
@@ -372,12 +379,20 @@ class IFCLModel(PreTrainedModel):
                 },
             )
             weights = {"linear.weight": self.mlp.dense.weight, "linear.bias": self.mlp.dense.bias}
-            save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, os.path.join(dense_folder, "model.safetensors"))
+            save_file(
+                {k: v.detach().cpu().contiguous() for k, v in weights.items()},
+                os.path.join(dense_folder, "model.safetensors"),
+            )
             modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
         write_json(os.path.join(save_directory, "modules.json"), modules)
         write_json(
             os.path.join(save_directory, "config_sentence_transformers.json"),
-            {"model_type": "SentenceTransformer", "similarity_fn_name": "cosine", "prompts": {}, "default_prompt_name": None},
+            {
+                "model_type": "SentenceTransformer",
+                "similarity_fn_name": "cosine",
+                "prompts": {},
+                "default_prompt_name": None,
+            },
         )
         return True
 
@@ -517,12 +532,17 @@ class IFCLModel(PreTrainedModel):
                 input_ids, attention_mask, fraternal_input_ids, fraternal_attention_mask
             )
             if self.stacks_views(input_ids.device):
-                views = [(torch.cat([padded_words, padded_words, fused]), torch.cat([padded_mask] * 2 + [union_mask]), 3)]
+                views = [
+                    (torch.cat([padded_words, padded_words, fused]), torch.cat([padded_mask] * 2 + [union_mask]), 3)
+                ]
             else:
                 # Right padding: the first columns of BEL_S(x) padded are BEL_S(x). One lookup of the word table,
                 # so its backward builds one dense gradient of the table, not two.
                 words = padded_words[:, : input_ids.shape[1]]
-                views = [(torch.cat([words, words]), torch.cat([attention_mask, attention_mask]), 2), (fused, union_mask, 1)]
+                views = [
+                    (torch.cat([words, words]), torch.cat([attention_mask, attention_mask]), 2),
+                    (fused, union_mask, 1),
+                ]
         pooled, embedding_outputs = [], []
         for inputs_embeds, masks, num_views in views:
             token_types = None

@@ -316,7 +316,12 @@ def load_sts_sets(data_args: DataArguments) -> tuple[datasets.Dataset, datasets.
 def run(argv: list[str]):
     """Parse ``argv``, train, evaluate, save. Returns the trainer and every metric written to all_results.json."""
     arguments = parse_arguments(argv)
-    model_args, data_args, ifcl_args, training_args = arguments.model, arguments.data, arguments.ifcl, arguments.training
+    model_args, data_args, ifcl_args, training_args = (
+        arguments.model,
+        arguments.data,
+        arguments.ifcl,
+        arguments.training,
+    )
     objective_name = arguments.objective.objective
     is_ifcl = objective_name == "ifcl"
     objective_settings = settings_as_dict(arguments.objective_settings)

@@ -98,7 +98,7 @@ _SENTEVAL_HINT = (
 )
 WHERE_TO_GET = {
     **{
-        name: f"{_SENTEVAL_HINT}; or, on a machine online, the Hub copy: python -c \"import datasets; "
+        name: f'{_SENTEVAL_HINT}; or, on a machine online, the Hub copy: python -c "import datasets; '
         f"datasets.load_dataset('mteb/{name}-sts', split='test').to_json('DATA_DIR/{name}/test.jsonl')\""
         for name in SENTEVAL_STS_SUBSETS
     },

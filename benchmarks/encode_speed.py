@@ -48,8 +48,10 @@ class BenchmarkArguments:
     device: str = field(default="cpu")
     threads: int | None = field(
         default=None,
-        metadata={"help": "torch CPU threads (default: torch's). With 1, the CPU seconds measure the work even on a "
-                  "machine that other processes load."},
+        metadata={
+            "help": "torch CPU threads (default: torch's). With 1, the CPU seconds measure the work even on a "
+            "machine that other processes load."
+        },
     )
     skip_ifcl: bool = field(default=False, metadata={"help": "Leave IFCLModel.encode out."})
     skip_agreement: bool = field(default=False, metadata={"help": "Leave the STS-B figure check out."})
@@ -81,10 +83,19 @@ def build_encoders(args: BenchmarkArguments, model_path: str) -> tuple[dict, dic
     }
     networks = {"sentence-transformers": st_model[0].auto_model, "ours: TransformersEncoder (avg)": ours.model}
     if not args.skip_ifcl:
-        ifcl = IFCLModel.from_encoder(
-            model_path, queue_size=0, fraternal_loss_weight=0.0, twins_loss_weight=0.0,
-            pooler_type="avg", eval_pooler_type="avg", max_seq_length=max_length,
-        ).to(args.device).eval()
+        ifcl = (
+            IFCLModel.from_encoder(
+                model_path,
+                queue_size=0,
+                fraternal_loss_weight=0.0,
+                twins_loss_weight=0.0,
+                pooler_type="avg",
+                eval_pooler_type="avg",
+                max_seq_length=max_length,
+            )
+            .to(args.device)
+            .eval()
+        )
         ifcl_encoder = IFCLEncoder(ifcl, max_length=max_length)
         encoders["ours: IFCLModel.encode (avg)"] = lambda s: ifcl_encoder.encode(s, batch_size=args.batch_size)
         networks["ours: IFCLModel.encode (avg)"] = ifcl.encoder
@@ -141,8 +152,10 @@ def time_encoders(
                 if round_index == args.repeats - 1:
                     embeddings[name].append(torch.as_tensor(output).float().cpu())
             chunk_seconds.append(timings)
-        print(f"  round {round_index + 1}: " + ", ".join(f"{n} {seconds[n][round_index]:.2f} s" for n in names),
-              flush=True)
+        print(
+            f"  round {round_index + 1}: " + ", ".join(f"{n} {seconds[n][round_index]:.2f} s" for n in names),
+            flush=True,
+        )
     return seconds, cpu_seconds, chunk_seconds, {name: torch.cat(rows) for name, rows in embeddings.items()}
 
 
@@ -154,20 +167,43 @@ def stsb_agreement(model_path: str, st_model, args: BenchmarkArguments) -> dict:
     from data_ifcl import load_stsb
 
     with tempfile.TemporaryDirectory() as output_dir:
-        summary = evaluate_sts.main([
-            "--model_name_or_path", model_path, "--model_type", "transformers", "--pooler_type", "avg",
-            "--tasks", "stsb", "--batch_size", str(args.batch_size), "--device", args.device,
-            "--output_dir", output_dir, "--no_scatter_plots", "--no_show_progress_bar",
-        ])
+        summary = evaluate_sts.main(
+            [
+                "--model_name_or_path",
+                model_path,
+                "--model_type",
+                "transformers",
+                "--pooler_type",
+                "avg",
+                "--tasks",
+                "stsb",
+                "--batch_size",
+                str(args.batch_size),
+                "--device",
+                args.device,
+                "--output_dir",
+                output_dir,
+                "--no_scatter_plots",
+                "--no_show_progress_bar",
+            ]
+        )
     ours = summary["tasks"]["stsb"]["spearman"] / 100
     test = load_stsb("test")
     evaluator = EmbeddingSimilarityEvaluator(
-        list(test["sentence1"]), list(test["sentence2"]), list(test["score"]),
-        batch_size=args.batch_size, main_similarity="cosine", name="sts-test",
+        list(test["sentence1"]),
+        list(test["sentence2"]),
+        list(test["score"]),
+        batch_size=args.batch_size,
+        main_similarity="cosine",
+        name="sts-test",
     )
     theirs = evaluator(st_model)["sts-test_spearman_cosine"]
-    return {"suite_spearman": ours, "sentence_transformers_spearman": float(theirs),
-            "abs_difference": abs(ours - float(theirs)), "pairs": len(test)}
+    return {
+        "suite_spearman": ours,
+        "sentence_transformers_spearman": float(theirs),
+        "abs_difference": abs(ours - float(theirs)),
+        "pairs": len(test),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -184,8 +220,10 @@ def main(argv: list[str] | None = None) -> dict:
     sentences = list(dict.fromkeys(list(test["sentence1"]) + list(test["sentence2"])))
     if args.max_sentences:
         sentences = sentences[: args.max_sentences]
-    print(f"{len(sentences)} distinct STS-B test sentences, batch {args.batch_size}, {args.device}, "
-          f"{torch.get_num_threads()} torch threads")
+    print(
+        f"{len(sentences)} distinct STS-B test sentences, batch {args.batch_size}, {args.device}, "
+        f"{torch.get_num_threads()} torch threads"
+    )
 
     encoders, networks, st_model, max_length = build_encoders(args, model_path)
     padded_tokens = count_padded_tokens(networks)
@@ -198,37 +236,45 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     for name, times in seconds.items():
         median = statistics.median(times)
-        rows.append({
-            "encoder": name,
-            "seconds": [round(t, 3) for t in times],
-            "median_seconds": round(median, 3),
-            "sentences_per_second": round(len(sentences) / median, 1),
-            "padded_tokens_per_round": padded_tokens[name][0] // args.repeats,
-            "cpu_seconds": [round(t, 3) for t in cpu_seconds[name]],
-            "median_cpu_seconds": round(statistics.median(cpu_seconds[name]), 3),
-            "cpu_ratio_vs_sentence_transformers": round(cpu_baseline / statistics.median(cpu_seconds[name]), 3),
-            "speed_ratio_vs_sentence_transformers": round(baseline / median, 3),
-            "paired_chunk_ratio_median": round(
-                statistics.median(timing[baseline_name] / timing[name] for timing in chunk_seconds), 3
-            ),
-            "max_abs_difference_of_unit_embeddings": float(
-                (normalised[name] - normalised[baseline_name]).abs().max()
-            ),
-        })
-    print("\n| encoder | median s | sentences/s | ratio (ST time / time) | paired chunk ratio | median CPU s "
-          "| CPU ratio | padded tokens | max |Δ| unit emb. |")
+        rows.append(
+            {
+                "encoder": name,
+                "seconds": [round(t, 3) for t in times],
+                "median_seconds": round(median, 3),
+                "sentences_per_second": round(len(sentences) / median, 1),
+                "padded_tokens_per_round": padded_tokens[name][0] // args.repeats,
+                "cpu_seconds": [round(t, 3) for t in cpu_seconds[name]],
+                "median_cpu_seconds": round(statistics.median(cpu_seconds[name]), 3),
+                "cpu_ratio_vs_sentence_transformers": round(cpu_baseline / statistics.median(cpu_seconds[name]), 3),
+                "speed_ratio_vs_sentence_transformers": round(baseline / median, 3),
+                "paired_chunk_ratio_median": round(
+                    statistics.median(timing[baseline_name] / timing[name] for timing in chunk_seconds), 3
+                ),
+                "max_abs_difference_of_unit_embeddings": float(
+                    (normalised[name] - normalised[baseline_name]).abs().max()
+                ),
+            }
+        )
+    print(
+        "\n| encoder | median s | sentences/s | ratio (ST time / time) | paired chunk ratio | median CPU s "
+        "| CPU ratio | padded tokens | max |Δ| unit emb. |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['encoder']} | {row['median_seconds']:.2f} | {row['sentences_per_second']:.0f} | "
-              f"{row['speed_ratio_vs_sentence_transformers']:.3f} | {row['paired_chunk_ratio_median']:.3f} | "
-              f"{row['median_cpu_seconds']:.2f} | {row['cpu_ratio_vs_sentence_transformers']:.3f} | "
-              f"{row['padded_tokens_per_round']} | "
-              f"{row['max_abs_difference_of_unit_embeddings']:.1e} |")
+        print(
+            f"| {row['encoder']} | {row['median_seconds']:.2f} | {row['sentences_per_second']:.0f} | "
+            f"{row['speed_ratio_vs_sentence_transformers']:.3f} | {row['paired_chunk_ratio_median']:.3f} | "
+            f"{row['median_cpu_seconds']:.2f} | {row['cpu_ratio_vs_sentence_transformers']:.3f} | "
+            f"{row['padded_tokens_per_round']} | "
+            f"{row['max_abs_difference_of_unit_embeddings']:.1e} |"
+        )
 
     agreement = None if args.skip_agreement else stsb_agreement(model_path, st_model, args)
     if agreement:
-        print(f"\nSTS-B test Spearman: suite {agreement['suite_spearman']:.4f}, EmbeddingSimilarityEvaluator "
-              f"{agreement['sentence_transformers_spearman']:.4f} (|Δ| = {agreement['abs_difference']:.1e})")
+        print(
+            f"\nSTS-B test Spearman: suite {agreement['suite_spearman']:.4f}, EmbeddingSimilarityEvaluator "
+            f"{agreement['sentence_transformers_spearman']:.4f} (|Δ| = {agreement['abs_difference']:.1e})"
+        )
 
     import sentence_transformers
     import transformers

@@ -65,8 +65,12 @@ def batches(
     result = []
     for index in range(count):
         chunk = pairs[index * batch_size : (index + 1) * batch_size]
-        sentence = tokenizer([e for e, _ in chunk], padding=padding, truncation=True, max_length=max_length, return_tensors="pt")
-        fraternal = tokenizer([g for _, g in chunk], padding=padding, truncation=True, max_length=max_length, return_tensors="pt")
+        sentence = tokenizer(
+            [e for e, _ in chunk], padding=padding, truncation=True, max_length=max_length, return_tensors="pt"
+        )
+        fraternal = tokenizer(
+            [g for _, g in chunk], padding=padding, truncation=True, max_length=max_length, return_tensors="pt"
+        )
         batch = {k: v.to(device) for k, v in sentence.items()}
         batch["fraternal_input_ids"] = fraternal["input_ids"].to(device)
         batch["fraternal_attention_mask"] = fraternal["attention_mask"].to(device)
@@ -149,8 +153,13 @@ def queue_memory(args, device) -> list[dict[str, float]]:
     rows = []
     for queue_size in (0, 4, 16, 64):
         command = [sys.executable, __file__, "--measure_queue_memory", str(queue_size)] + [
-            f"--{k}={v}" for k, v in (("model", args.model), ("batch_size", args.batch_size),
-                                      ("max_length", args.max_length), ("device", device.type))  # fmt: skip
+            f"--{k}={v}"
+            for k, v in (
+                ("model", args.model),
+                ("batch_size", args.batch_size),
+                ("max_length", args.max_length),
+                ("device", device.type),
+            )  # fmt: skip
         ]
         result = subprocess.run(command, capture_output=True, text=True, check=True)
         rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
@@ -181,7 +190,9 @@ def peak_cpu_allocation(step) -> int:
 def state_bytes(runner: IFCLStep) -> int:
     """Bytes of what lives between steps: parameters, buffers (the queue among them), gradients, optimizer state."""
     tensors = list(runner.model.parameters()) + list(runner.model.buffers())
-    tensors += [value for state in runner.optimizer.state.values() for value in state.values() if torch.is_tensor(value)]
+    tensors += [
+        value for state in runner.optimizer.state.values() for value in state.values() if torch.is_tensor(value)
+    ]
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -207,7 +218,15 @@ def measure_queue_memory(args, device, dtype) -> None:
     else:
         peak = state_bytes(runner) + peak_cpu_allocation(lambda: runner(data[1]))
     hidden = runner.model.hidden_size
-    print(json.dumps({"queue_size": queue_size, "peak_bytes": peak, "queue_buffer_bytes": queue_size * args.batch_size * hidden * 4}))
+    print(
+        json.dumps(
+            {
+                "queue_size": queue_size,
+                "peak_bytes": peak,
+                "queue_buffer_bytes": queue_size * args.batch_size * hidden * 4,
+            }
+        )
+    )
 
 
 def encoder_only_ratio(runner: IFCLStep, batch_size: int, max_length: int, device, rounds: int = 4) -> float:
@@ -298,7 +317,11 @@ def main() -> None:
     # The same two runners on the training data as the collator pads it (each side to its own longest).
     natural = batches(tokenizer, args.batch_size, args.max_length, args.steps + 2, device, fixed_length=False)
     natural_seconds = time_steps(
-        {name: runners[name] for name in ("ifcl", "simcse_ablation")}, natural, rounds=args.rounds, warmup=0, device=device
+        {name: runners[name] for name in ("ifcl", "simcse_ablation")},
+        natural,
+        rounds=args.rounds,
+        warmup=0,
+        device=device,
     )
     tokens = {
         side: statistics.mean(float(b[key].sum()) / b[key].shape[0] for b in natural)
@@ -306,7 +329,9 @@ def main() -> None:
     }
     floor = encoder_only_ratio(runners["ifcl"], args.batch_size, args.max_length, device)
     results = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"cpu ({torch.get_num_threads()} threads)",
         "model": args.model,
         "batch_size": args.batch_size,
         "max_length": args.max_length,
@@ -320,7 +345,9 @@ def main() -> None:
         },
     }
     if "sentence_transformers_mnrl" in seconds:
-        results["simcse_over_sentence_transformers"] = seconds["simcse_ablation"] / seconds["sentence_transformers_mnrl"]
+        results["simcse_over_sentence_transformers"] = (
+            seconds["simcse_ablation"] / seconds["sentence_transformers_mnrl"]
+        )
     results["queue_memory"] = queue_memory(args, device)
     if device.type == "cuda":
         results["bert_base_bf16"] = gpu_throughput(args, device)
@@ -338,15 +365,21 @@ def main() -> None:
         f"{lengths['ifcl_over_simcse']:.2f}×"
     )
     if "simcse_over_sentence_transformers" in results:
-        print(f"our SimCSE / sentence-transformers MNRL: {results['simcse_over_sentence_transformers']:.2f}× (≤ 1 is not slower)")
+        print(
+            f"our SimCSE / sentence-transformers MNRL: {results['simcse_over_sentence_transformers']:.2f}× (≤ 1 is not slower)"
+        )
     print("\nPeak memory of one step (model state included; the queue filled):")
     print("| queue size k | peak memory (MB) | added vs k=0 (MB) | queue buffer (MB) |\n|---|---|---|---|")
     for row in results["queue_memory"]:
-        print(f"| {row['queue_size']} | {row['peak_bytes'] / 2**20:.1f} | {row['added_bytes'] / 2**20:.2f} | {row['queue_buffer_bytes'] / 2**20:.2f} |")
+        print(
+            f"| {row['queue_size']} | {row['peak_bytes'] / 2**20:.1f} | {row['added_bytes'] / 2**20:.2f} | {row['queue_buffer_bytes'] / 2**20:.2f} |"
+        )
     if "bert_base_bf16" in results:
         gpu = results["bert_base_bf16"]
-        print(f"\nBERT-base bf16 batch 64 on {gpu['device']}: {gpu['samples_per_second']:.0f} samples/s, "
-              f"MFU {gpu['model_flops_utilisation']}, one epoch of 10^6 sentences ≈ {gpu['projected_epoch_hours_1e6_sentences']:.2f} h")
+        print(
+            f"\nBERT-base bf16 batch 64 on {gpu['device']}: {gpu['samples_per_second']:.0f} samples/s, "
+            f"MFU {gpu['model_flops_utilisation']}, one epoch of 10^6 sentences ≈ {gpu['projected_epoch_hours_1e6_sentences']:.2f} h"
+        )
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     with open(args.output, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)

@@ -58,7 +58,11 @@ def pad_features(
         length = max(len(feature[lead]) for feature in features)
         pad = 0
         if key.endswith("input_ids"):
-            pad = fraternal_pad_token_id if prefix == "fraternal_" and fraternal_pad_token_id is not None else pad_token_id
+            pad = (
+                fraternal_pad_token_id
+                if prefix == "fraternal_" and fraternal_pad_token_id is not None
+                else pad_token_id
+            )
         batch[key] = torch.tensor([list(v) + [pad] * (length - len(v)) for v in values], dtype=torch.long)
     return batch
 
@@ -97,7 +101,9 @@ class Objective(nn.Module):
 
     # ------------------------------------------------------------------ training
 
-    def forward(self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather) -> ObjectiveOutput:
+    def forward(
+        self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
+    ) -> ObjectiveOutput:
         """The loss of one micro-batch. ``model`` is the (possibly wrapped) model: call it, not its sub-modules, so
         data parallelism sees the forward. ``gather`` brings in-batch candidates from all processes."""
         raise NotImplementedError

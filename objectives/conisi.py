@@ -112,7 +112,9 @@ class ConIsISettings:
 
     def __post_init__(self) -> None:
         if self.conisi_strategy not in STRATEGIES:
-            raise ValueError(f"--conisi_strategy must be one of {', '.join(STRATEGIES)}, got {self.conisi_strategy!r}.")
+            raise ValueError(
+                f"--conisi_strategy must be one of {', '.join(STRATEGIES)}, got {self.conisi_strategy!r}."
+            )
         if not 0.0 <= self.conisi_lambda <= 1.0:
             raise ValueError(f"--conisi_lambda (λ, Eq. 10) must be in [0, 1], got {self.conisi_lambda}.")
         if not 0.0 < self.conisi_subword_share <= 1.0:
@@ -153,7 +155,9 @@ class ConIsIHead(nn.Module):
     def __init__(self, hidden_size: int, batchnorm: str = "joint") -> None:
         super().__init__()
         if batchnorm not in BATCHNORM_STATISTICS:
-            raise ValueError(f"--conisi_batchnorm must be one of {', '.join(BATCHNORM_STATISTICS)}, got {batchnorm!r}.")
+            raise ValueError(
+                f"--conisi_batchnorm must be one of {', '.join(BATCHNORM_STATISTICS)}, got {batchnorm!r}."
+            )
         self.batchnorm_statistics = batchnorm
         self.dense = nn.Linear(hidden_size, hidden_size)  # W_1, b_1 (= W_2, b_2)
         self.batchnorm = nn.BatchNorm1d(hidden_size)  # BN_1 (= BN_2)
@@ -476,7 +480,9 @@ class ConIsIObjective(Objective):
 
     # ------------------------------------------------------------------ training
 
-    def forward(self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather) -> ObjectiveOutput:
+    def forward(
+        self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
+    ) -> ObjectiveOutput:
         rows = inputs["input_ids"].shape[0]
         stacked = stack_groups(inputs, (SINGLE, POSITIVE, NEGATIVE))
         pooled = model(**stacked, training_pooler=True).sentence_embedding

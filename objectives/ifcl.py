@@ -36,7 +36,9 @@ class IFCLObjective(Objective):
             features["fraternal_attention_mask"] = fraternal["attention_mask"]
         return features
 
-    def forward(self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather) -> ObjectiveOutput:
+    def forward(
+        self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
+    ) -> ObjectiveOutput:
         unwrapped = getattr(model, "module", model)
         if self.uses_fraternal_twins and "fraternal_input_ids" not in inputs:
             raise ValueError(

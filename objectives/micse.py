@@ -107,7 +107,9 @@ class MiCSESettings:
     )
     micse_num_samples: int = field(
         default=150,
-        metadata={"help": "m = |J_r| of Eq. 3, attention positions sampled per sentence and slice (Section 3.1: 150)."},
+        metadata={
+            "help": "m = |J_r| of Eq. 3, attention positions sampled per sentence and slice (Section 3.1: 150)."
+        },
     )
     micse_sample_with_replacement: bool = field(
         default=True,
@@ -443,7 +445,9 @@ class MiCSEObjective(Objective):
         """Whether L_D is on (λ > 0), so the model must return its attention maps."""
         return self.attention_loss.weight > 0
 
-    def forward(self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather) -> ObjectiveOutput:
+    def forward(
+        self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
+    ) -> ObjectiveOutput:
         inputs = {key: inputs[key] for key in ENCODER_INPUTS if inputs.get(key) is not None}
         batch_size = inputs["input_ids"].shape[0]
         if "attention_mask" not in inputs:

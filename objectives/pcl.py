@@ -515,7 +515,9 @@ class PCLObjective(Objective):
 
     # ------------------------------------------------------------------ training
 
-    def forward(self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather) -> ObjectiveOutput:
+    def forward(
+        self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
+    ) -> ObjectiveOutput:
         num_sentences, num_positives, length = inputs["positive_input_ids"].shape
         # One network's rows: the N anchors, then the N·K positives (sentence-major).
         views = {

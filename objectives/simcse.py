@@ -26,7 +26,9 @@ class SimCSEObjective(Objective):
         super().__init__(model, settings)
         self.temperature = model.config.contrastive_temperature
 
-    def forward(self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather) -> ObjectiveOutput:
+    def forward(
+        self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
+    ) -> ObjectiveOutput:
         inputs = {k: v for k, v in inputs.items() if not k.startswith("fraternal_")}
         twins = model(**inputs, return_twins=True)
         positives, offset = gather(twins.identical)

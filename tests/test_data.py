@@ -88,9 +88,7 @@ def test_load_trans_de_en_dataset_columns(trans_file: str) -> None:
     assert dataset[0] == {"en": "Say hello to your aunt for me.", "de": "Grüß deine Tante von mir."}
 
 
-@pytest.mark.skipif(
-    not os.path.isfile(data_ifcl.DEFAULT_TRANS_DE_EN), reason="trans-de-en not installed"
-)
+@pytest.mark.skipif(not os.path.isfile(data_ifcl.DEFAULT_TRANS_DE_EN), reason="trans-de-en not installed")
 def test_parse_real_trans_de_en() -> None:
     pairs = parse_trans_de_en()
     assert 12000 <= len(pairs) <= 25000

@@ -12,12 +12,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import ENGLISH, GERMAN
 from scipy.stats import spearmanr
 from torch.nn import functional as F
 
 import evaluate_sts
 import sts_tasks
-from conftest import ENGLISH, GERMAN
 from data_ifcl import DataFormatError
 from evaluation_ifcl import (
     MutualInformationEvaluator,
@@ -146,8 +146,7 @@ def write_simclue(data_dir, pairs):
     path = data_dir / "SimCLUE" / "test_public.json"
     path.parent.mkdir(parents=True)
     lines = [
-        json.dumps({"sentence1": a, "sentence2": b, "label": str(int(s))}, ensure_ascii=False)
-        for a, b, s in pairs
+        json.dumps({"sentence1": a, "sentence2": b, "label": str(int(s))}, ensure_ascii=False) for a, b, s in pairs
     ]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
@@ -259,7 +258,11 @@ def test_task_requests_expand_groups_and_name_user_files(tmp_path):
     (tmp_path / "x" / "test.tsv").rename(user_file)
     requests = parse_task_requests(["chinese", "STSB", str(user_file), f"other={user_file}", "none"])
     assert [(r.name, r.path) for r in requests] == [
-        ("cstsb", None), ("simclue", None), ("stsb", None), ("my-set", str(user_file)), ("other", str(user_file))
+        ("cstsb", None),
+        ("simclue", None),
+        ("stsb", None),
+        ("my-set", str(user_file)),
+        ("other", str(user_file)),
     ]
     with pytest.raises(TaskDataNotFoundError, match="sts99"):
         parse_task_requests(["sts99"])
@@ -341,10 +344,14 @@ def test_mutual_information_is_eq_10():
     h = torch.eye(3)
     twin = torch.tensor([[1.0, 0, 0], [0, 1, 0], [0.6, 0, 0.8]])  # cos(h_i, twin_j) = 1, 0, 0.6 ...
     similarities = F.normalize(h, dim=-1) @ F.normalize(twin, dim=-1).T
-    by_hand = math.log(3) + sum(
-        math.log(math.exp(similarities[i, i] / tau) / sum(math.exp(similarities[i, j] / tau) for j in range(3)))
-        for i in range(3)
-    ) / 3
+    by_hand = (
+        math.log(3)
+        + sum(
+            math.log(math.exp(similarities[i, i] / tau) / sum(math.exp(similarities[i, j] / tau) for j in range(3)))
+            for i in range(3)
+        )
+        / 3
+    )
     assert mutual_information(h, twin, tau) == pytest.approx(by_hand)
     assert mutual_information(h, h, tau) == pytest.approx(math.log(3) - math.log(1 + 2 * math.exp(-1 / tau)))
 
@@ -372,11 +379,29 @@ def test_saved_ifcl_model_end_to_end(ifcl_dir, tmp_path, reference):
     pairs_file = tmp_path / "pairs.txt"
     pairs_file.write_text("".join(f"{en}\t{de}\n" for en, de in zip(ENGLISH, GERMAN)), encoding="utf-8")
 
-    summary = evaluate_sts.main([
-        "--model_name_or_path", str(ifcl_dir), "--tasks", "sts12", "simclue", f"mine={tmp_path / 'mine' / 'test.tsv'}",
-        "--data_dir", str(data_dir), "--output_dir", str(output_dir), "--batch_size", "4", "--device", "cpu",
-        "--no_show_progress_bar", "--mutual_information", str(pairs_file), "--mi_batch_size", "4",
-    ])
+    summary = evaluate_sts.main(
+        [
+            "--model_name_or_path",
+            str(ifcl_dir),
+            "--tasks",
+            "sts12",
+            "simclue",
+            f"mine={tmp_path / 'mine' / 'test.tsv'}",
+            "--data_dir",
+            str(data_dir),
+            "--output_dir",
+            str(output_dir),
+            "--batch_size",
+            "4",
+            "--device",
+            "cpu",
+            "--no_show_progress_bar",
+            "--mutual_information",
+            str(pairs_file),
+            "--mi_batch_size",
+            "4",
+        ]
+    )
 
     # The IFCL model evaluates with mean pooling of the encoder it was built from: same figures as the reference.
     assert summary["model_type"] == "ifcl" and summary["pooler_type"] == "avg"
@@ -417,8 +442,9 @@ def test_table_has_the_average_only_with_all_seven_tasks():
 
 def test_missing_task_stops_the_script_before_the_model_is_loaded(tmp_path):
     with pytest.raises(TaskDataNotFoundError, match=r"Task sickr .*SICK_test_annotated\.txt"):
-        evaluate_sts.main(["--model_name_or_path", str(tmp_path / "no-model"), "--tasks", "sickr",
-                           "--data_dir", str(tmp_path)])
+        evaluate_sts.main(
+            ["--model_name_or_path", str(tmp_path / "no-model"), "--tasks", "sickr", "--data_dir", str(tmp_path)]
+        )
 
 
 def test_saved_ifcl_model_gives_the_same_figure_through_sentence_transformers(ifcl_dir):

@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 import torch
-
 from conftest import ENGLISH, GERMAN
+
 from modeling_ifcl import IFCLModel, mean_pool
 
 
@@ -140,6 +140,7 @@ def test_encode_restores_training_mode(model):
     model.eval()
 
 
+@pytest.mark.slow
 def test_save_and_load_in_a_fresh_interpreter_gives_the_same_embeddings(model, tmp_path):
     folder = tmp_path / "saved"
     model.queue.push(torch.randn(4, 32))

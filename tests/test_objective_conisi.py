@@ -9,8 +9,8 @@ import random
 
 import pytest
 import torch
-
 from conftest import ENGLISH, build_tokenizer, objective_run_args, saved_weight_names
+
 from objectives.conisi import (
     ConIsIHead,
     ConIsILoss,
@@ -31,7 +31,8 @@ from objectives.wordnet import (
 )
 
 needs_wordnet = pytest.mark.skipif(
-    missing_wordnet_message(DEFAULT_WORDNET_PATH) is not None, reason="WordNet (Debian's wordnet-base) is not installed"
+    missing_wordnet_message(DEFAULT_WORDNET_PATH) is not None,
+    reason="WordNet (Debian's wordnet-base) is not installed",
 )
 
 
@@ -71,9 +72,9 @@ def test_loss_matches_hand_computation():
         numerator = math.exp(cosine(single[i], pairs[i]) / tau)
         denominator = sum(math.exp(cosine(single[i], pairs[j]) / tau) for j in range(3))
         contrastive += -math.log(numerator / denominator) / 3  # Eq. 3-4
-    interactive = sum(
-        -math.log(math.exp(same[i]) / (math.exp(same[i]) + math.exp(different[i]))) for i in range(3)
-    ) / 3  # Eq. 8-9
+    interactive = (
+        sum(-math.log(math.exp(same[i]) / (math.exp(same[i]) + math.exp(different[i]))) for i in range(3)) / 3
+    )  # Eq. 8-9
     total = (1 - lam) * contrastive + lam * interactive  # Eq. 10
 
     loss, components = ConIsILoss(tau, lam)(single, pairs, same, different)
@@ -159,8 +160,12 @@ def test_subword_replacement_randomizes_80_percent_of_the_chosen_tokens():
 
 def test_swap_second_segment_keeps_the_first_sentence_and_the_special_tokens():
     cls, sep = 101, 102
-    pair = {"input_ids": [cls, 5, 6, sep, 5, 6, sep], "attention_mask": [1] * 7,
-            "token_type_ids": [0, 0, 0, 0, 1, 1, 1], "second_segment": [0, 0, 0, 0, 1, 1, 0]}
+    pair = {
+        "input_ids": [cls, 5, 6, sep, 5, 6, sep],
+        "attention_mask": [1] * 7,
+        "token_type_ids": [0, 0, 0, 0, 1, 1, 1],
+        "second_segment": [0, 0, 0, 0, 1, 1, 0],
+    }
     other = {"input_ids": [cls, 7, 8, 9, sep, 7, 8, 9, sep], "attention_mask": [1] * 9,
              "token_type_ids": [0, 0, 0, 0, 0, 1, 1, 1, 1], "second_segment": [0, 0, 0, 0, 0, 1, 1, 1, 0]}  # fmt: skip
     swapped = swap_second_segment(pair, other)
@@ -364,7 +369,9 @@ def test_run_ifcl_with_conisi(tiny_encoder_dir, english_sts_data, tmp_path):
     results = json.loads((output / "all_results.json").read_text())
     assert math.isfinite(results["eval_stsb_spearman"])
     logged = [entry for entry in trainer.state.log_history if "loss_interactive" in entry]
-    assert logged and all(math.isfinite(e["loss_contrastive"]) and math.isfinite(e["loss_interactive"]) for e in logged)
+    assert logged and all(
+        math.isfinite(e["loss_contrastive"]) and math.isfinite(e["loss_interactive"]) for e in logged
+    )
     config = json.loads((output / "config.json").read_text())
     assert config["objective"] == "conisi" and config["objective_settings"]["conisi_lambda"] == 0.8
     assert not any(key.startswith("training_objective.") for key in saved_weight_names(output))

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import ENGLISH, objective_run_args, saved_weight_names
 
 from modeling_ifcl import IFCLModel

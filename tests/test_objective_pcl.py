@@ -11,9 +11,8 @@ from dataclasses import asdict
 
 import pytest
 import torch
-from torch import nn
-
 from conftest import ENGLISH, objective_run_args, saved_weight_names
+from torch import nn
 
 import run_ifcl
 from modeling_ifcl import IFCLModel
@@ -235,9 +234,7 @@ def vanilla_by_hand(anchors, positives, candidates, tau, offset=0) -> float:
     """Σ_k of Eq. 1, averaged over anchors: −log e^{s_ik} / (e^{s_ik} + Σ_{j≠i} e^{s_ij})."""
     total = 0.0
     for i in range(anchors.shape[0]):
-        negatives = sum(
-            math.exp(cosine(anchors[i], c) / tau) for j, c in enumerate(candidates) if j != offset + i
-        )
+        negatives = sum(math.exp(cosine(anchors[i], c) / tau) for j, c in enumerate(candidates) if j != offset + i)
         for positive in positives[i]:
             s = math.exp(cosine(anchors[i], positive) / tau)
             total += -math.log(s / (s + negatives))

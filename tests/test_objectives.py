@@ -9,9 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
-
 from conftest import ENGLISH, objective_run_args, saved_weight_names, train_and_resume
+from torch import nn
 
 import run_ifcl
 from modeling_ifcl import IFCLModel, IFCLTwinsOutput
@@ -98,7 +97,6 @@ class ProjectedSimCSE(SimCSEObjective):
     def forward(self, model, inputs, gather=None):
         twins = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], return_twins=True)
         from losses_ifcl import info_nce
-
         from objectives import ObjectiveOutput
 
         loss = info_nce(self.head(twins.anchor), self.head(twins.identical), self.temperature)
@@ -164,6 +162,7 @@ def test_unknown_objective_is_refused_before_anything_is_loaded(tmp_path):
         run_ifcl.parse_arguments(["--objective", "moco", "--output_dir", str(tmp_path)])
 
 
+@pytest.mark.slow
 def test_help_lists_every_objective_setting():
     """``run_ifcl.py --help`` works (argparse formats every help text) and shows each objective's flags."""
     import subprocess
@@ -220,6 +219,7 @@ def test_resumed_micse_run_restores_its_momentum_encoder_and_queue(tiny_encoder_
         ("micse", ["--micse_attention_layers", "top2", "--micse_num_samples", "20", "--micse_queue_size", "8"]),
     ],
 )
+@pytest.mark.slow
 def test_two_processes_keep_the_objective_modules_in_sync(
     objective, extra, tiny_encoder_dir, english_sts_data, tmp_path
 ):

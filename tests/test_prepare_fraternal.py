@@ -14,7 +14,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import ENGLISH, GERMAN
 
 import prepare_fraternal
@@ -40,7 +39,9 @@ def build_word_tokenizer(sentences: list[str]):
     from transformers import PreTrainedTokenizerFast
 
     normalizer, pre_tokenizer = normalizers.Lowercase(), pre_tokenizers.BertPreTokenizer()
-    words = sorted({word for s in sentences for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(s))})
+    words = sorted(
+        {word for s in sentences for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(s))}
+    )
     special = ["[PAD]", "[UNK]", "[SEP]"]
     tokenizer = Tokenizer(models.WordLevel({token: i for i, token in enumerate(special + words)}, unk_token="[UNK]"))
     tokenizer.normalizer, tokenizer.pre_tokenizer = normalizer, pre_tokenizer
@@ -304,7 +305,9 @@ def test_output_of_another_input_is_refused(marian_dir, input_file, reference_ou
         prepare_fraternal.run(tool_args(short_input, output, marian_dir))
     # --overwrite_output_file starts over.
     monkeypatch.undo()
-    prepare_fraternal.run(tool_args(other_input, output, marian_dir, "--overwrite_output_file", "--max_sentences", "3"))
+    prepare_fraternal.run(
+        tool_args(other_input, output, marian_dir, "--overwrite_output_file", "--max_sentences", "3")
+    )
     assert [sentence for sentence, _ in read_pairs(output)] == [*SENTENCES[:2], "Another third sentence."]
 
 
@@ -330,7 +333,7 @@ def test_bad_input_files(marian_dir, tmp_path):
 
 def test_tabs_line_breaks_and_empty_translations(marian_dir, tmp_path, monkeypatch):
     source = tmp_path / "source.txt"
-    source.write_bytes("A sentence\twith a tab.\nSecond sentence.\nThird\x0bone.\nFourth.\n".encode())
+    source.write_bytes(b"A sentence\twith a tab.\nSecond sentence.\nThird\x0bone.\nFourth.\n")
     answers = {
         "A sentence with a tab.": "Ein Satz\tmit\nTab.",
         "Second sentence.": " \n ",

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import CANTONESE, ENGLISH, GERMAN, MANDARIN, ROOT, build_tiny_bert, write_sts_file
 
 import run_ifcl
@@ -62,6 +61,7 @@ def launch(args: list[str], processes: int = 1, script: str = "run_ifcl.py") -> 
     )
 
 
+@pytest.mark.slow
 def test_one_process_end_to_end(tiny_encoder_dir, tiny_fraternal_dir, data_dir, tmp_path):
     output = tmp_path / "out"
     result = launch(tiny_args(tiny_encoder_dir, tiny_fraternal_dir, data_dir, output))
@@ -93,6 +93,7 @@ def test_one_process_end_to_end(tiny_encoder_dir, tiny_fraternal_dir, data_dir, 
     assert "skipped 4 empty" in (result.stdout + result.stderr)
 
 
+@pytest.mark.slow
 def test_two_processes_end_with_the_same_queue(tiny_encoder_dir, tiny_fraternal_dir, data_dir, tmp_path):
     output = tmp_path / "ddp"
     args = tiny_args(tiny_encoder_dir, tiny_fraternal_dir, data_dir, output, "--queue_size", "3")
@@ -109,6 +110,7 @@ def test_two_processes_end_with_the_same_queue(tiny_encoder_dir, tiny_fraternal_
     assert queues[0]["embeddings"].abs().sum() > 0
 
 
+@pytest.mark.slow
 def test_two_processes_train_exactly_like_one_process_with_the_global_batch(data_dir, tmp_path):
     """Batch 2 on each of 2 processes = batch 4 on one: same losses at every step (dropout off, so the only
     randomness is the data order), which needs the in-batch candidates of both processes, in rank order, with
@@ -133,6 +135,7 @@ def test_two_processes_train_exactly_like_one_process_with_the_global_batch(data
     assert abs(histories[1][-1]["loss"] - histories[1][0]["loss"]) > 1e-3
 
 
+@pytest.mark.slow
 def test_chinese_mandarin_with_cantonese_twins_end_to_end(tmp_path):
     """The paper's Chinese setting in miniature: Mandarin anchors, Cantonese fraternal twins with their own
     tokenizer, a C-STS-B-like dev file and a SimCLUE-like test file with binary labels."""
@@ -177,7 +180,9 @@ def test_chinese_mandarin_with_cantonese_twins_end_to_end(tmp_path):
 
 def run_in_process(*args: str, tmp_path: Path) -> None:
     """Run with a model path that does not exist: any error must come before the model would be loaded."""
-    run_ifcl.run(["--model_name_or_path", str(tmp_path / "no-such-model"), "--output_dir", str(tmp_path / "out"), *args])
+    run_ifcl.run(
+        ["--model_name_or_path", str(tmp_path / "no-such-model"), "--output_dir", str(tmp_path / "out"), *args]
+    )
 
 
 @pytest.mark.parametrize(
@@ -259,7 +264,9 @@ def test_push_to_hub_sends_the_finished_folder(tiny_encoder_dir, tiny_fraternal_
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     output = tmp_path / "out"
     args = tiny_args(tiny_encoder_dir, tiny_fraternal_dir, data_dir, output, "--max_steps", "3", "--eval_steps", "3")
-    run_ifcl.run([*args, "--save_steps", "3", "--push_to_hub", "--hub_model_id", "someone/ifcl-tiny", "--hub_token", "x"])
+    run_ifcl.run(
+        [*args, "--save_steps", "3", "--push_to_hub", "--hub_model_id", "someone/ifcl-tiny", "--hub_token", "x"]
+    )
     assert sent["repo_id"] == "someone/ifcl-tiny"
     files = sent["files"]
     for name in ("README.md", "config.json", "model.safetensors", "modeling_ifcl.py", "configuration_ifcl.py",
@@ -278,7 +285,9 @@ def test_push_to_hub_offline_keeps_everything_and_says_how_to_push_later(
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     output = tmp_path / "out"
-    args = tiny_args(tiny_encoder_dir, tiny_fraternal_dir, data_dir, output, "--max_steps", "2", "--eval_strategy", "no")
+    args = tiny_args(
+        tiny_encoder_dir, tiny_fraternal_dir, data_dir, output, "--max_steps", "2", "--eval_strategy", "no"
+    )
     run_ifcl.run([*args, "--load_best_model_at_end", "false", "--push_to_hub", "--hub_model_id", "someone/x"])
     assert (output / "all_results.json").is_file() and (output / "model.safetensors").is_file()
     assert "hf upload someone/x" in caplog.text

@@ -5,10 +5,10 @@ from __future__ import annotations
 import datasets
 import pytest
 import torch
+from conftest import ENGLISH, GERMAN, train_and_resume
 from torch import nn
 from transformers import TrainingArguments
 
-from conftest import ENGLISH, GERMAN, train_and_resume
 from modeling_ifcl import IFCLModel
 from trainer_ifcl import IFCLDataCollator, IFCLTrainer
 
