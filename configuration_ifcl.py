@@ -64,7 +64,12 @@ class IFCLConfig(PretrainedConfig):
         fraternal_pad_token_id: padding id of the fraternal tokenizer.
         fraternal_model_name_or_path: where BEL_F was initialised from (informational; ``None``: copied from the
             encoder's own word embeddings, and the fraternal text uses the encoder's tokenizer).
-        fusion_rate: ε of Eq. 3, fraternal twin input = ε·BEL_S(x) + (1−ε)·BEL_F(x⁻).
+        fusion_rate: ε of Eq. 3, fraternal twin input = ε·BEL_S(x) + (1−ε)·BEL_F(x⁻). The paper gives no value;
+            0.5 is this project's choice (see the README's sweep).
+        freeze_word_embeddings: keep BEL_S, the encoder's input word-embedding table, at its starting values (the
+            paper, after Eq. 1: "the embedding layer without trainable parameters").
+        freeze_fraternal_embeddings: keep BEL_F, the fraternal word-embedding table, at its starting values. The
+            width-matching projection after it, when there is one, trains either way.
         queue_size: k of the hippocampus queue, in mini-batches (0 disables it).
         queue_batch_size: N, the anchors one optimizer step pushes (the global batch: per-device batch × processes ×
             gradient accumulation). The queue holds k·N entries.
@@ -78,7 +83,8 @@ class IFCLConfig(PretrainedConfig):
         export_sentence_transformers: ``save_pretrained`` also writes the sentence-transformers modules (a copy of
             the encoder in ``0_Transformer/`` and the pooler), so the folder loads with ``SentenceTransformer``.
         objective: the training objective the model was (or is being) trained with, one of ``OBJECTIVES``. For
-            other objectives than ``ifcl``, queue_size and the fraternal and Twins loss weights are set to 0.
+            other objectives than ``ifcl``, queue_size and the fraternal and Twins loss weights are set to 0 and
+            no word table is frozen.
         objective_settings: that objective's own settings (``objectives.<name>``), as a dict.
         stack_views: encode the three training views in one encoder call (True), in two (False: anchors and
             identical twins, then fraternal twins), or choose by device (None: one call on accelerators, two on CPU).
@@ -95,6 +101,8 @@ class IFCLConfig(PretrainedConfig):
         fraternal_pad_token_id: int | None = None,
         fraternal_model_name_or_path: str | None = None,
         fusion_rate: float = 0.5,
+        freeze_word_embeddings: bool = True,
+        freeze_fraternal_embeddings: bool = True,
         queue_size: int = 4,
         queue_batch_size: int = 64,
         forgetting_rate: float = 0.1,
@@ -113,9 +121,11 @@ class IFCLConfig(PretrainedConfig):
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}.")
         if objective != "ifcl":
-            # The queue and the fraternal and Twins losses are IFCL's: the other objectives build neither the
-            # fraternal table nor the hippocampus queue, and the saved config says so.
+            # The queue, the fraternal and Twins losses and the frozen word table (IFCL's reading of BEL_S) are
+            # IFCL's: the other objectives build neither the fraternal table nor the hippocampus queue and train the
+            # whole encoder, as their papers do, and the saved config says so.
             queue_size, fraternal_loss_weight, twins_loss_weight = 0, 0.0, 0.0
+            freeze_word_embeddings = freeze_fraternal_embeddings = False
         check_ifcl_settings(
             fusion_rate,
             queue_size,
@@ -135,6 +145,8 @@ class IFCLConfig(PretrainedConfig):
         self.fraternal_pad_token_id = fraternal_pad_token_id
         self.fraternal_model_name_or_path = fraternal_model_name_or_path
         self.fusion_rate = fusion_rate
+        self.freeze_word_embeddings = freeze_word_embeddings
+        self.freeze_fraternal_embeddings = freeze_fraternal_embeddings
         self.queue_size = queue_size
         self.queue_batch_size = queue_batch_size
         self.forgetting_rate = forgetting_rate

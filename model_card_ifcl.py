@@ -68,6 +68,8 @@ OBJECTIVE_PAPERS = {
 
 SETTINGS = (
     "fusion_rate",
+    "freeze_word_embeddings",
+    "freeze_fraternal_embeddings",
     "queue_size",
     "queue_batch_size",
     "forgetting_rate",

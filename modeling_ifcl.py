@@ -214,6 +214,45 @@ class IFCLModel(PreTrainedModel):
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._fraternal_tokenizer: PreTrainedTokenizerBase | None = None
         self.post_init()
+        self.freeze_word_tables()
+
+    def freeze_word_tables(self) -> None:
+        """Make BEL_S and BEL_F trainable or fixed as the config says (``freeze_word_embeddings``,
+        ``freeze_fraternal_embeddings``).
+
+        A frozen table gets no gradient buffer and, since the Trainer's optimizer takes only parameters that require
+        gradients, no optimizer state. The width-matching projection of BEL_F always trains.
+        """
+        self.get_input_embeddings().weight.requires_grad_(not self.config.freeze_word_embeddings)
+        if self.fraternal_embeddings is not None:
+            self.fraternal_embeddings.weight.requires_grad_(not self.config.freeze_fraternal_embeddings)
+
+    @torch.no_grad()
+    def init_fraternal_projection(self) -> None:
+        """Start the width-matching projection of BEL_F at BEL_S's scale (no-op when the widths agree).
+
+        Decision (SPEC.md): a randomly initialised projection of, say, ALBERT's 128-wide table would start BEL_F at a
+        fraction of BEL_S's scale, so that at first the fraternal twin would carry almost no fraternal language. The
+        projection starts instead as an orthogonal map scaled so that the projected table's per-dimension standard
+        deviation (root mean square over dimensions) equals BEL_S's, with the bias that gives it BEL_S's mean. Both
+        come from the tables' statistics (BEL_F's covariance is only width × width), whatever the two models.
+        """
+        if self.fraternal_projection is None:
+            return
+        source = self.get_input_embeddings().weight.detach().float()
+        fraternal = self.fraternal_embeddings.weight.detach().float()
+        weight = torch.empty(self.fraternal_projection.weight.shape, device=fraternal.device)
+        nn.init.orthogonal_(weight)
+        fraternal_mean = fraternal.mean(dim=0)
+        centred = fraternal - fraternal_mean
+        covariance = centred.T @ centred / max(fraternal.shape[0] - 1, 1)
+        # Per-dimension variances of the projected table: diag(W Σ Wᵀ).
+        projected_variance = ((weight @ covariance) * weight).sum(dim=1).mean()
+        target_variance = source.var(dim=0).mean()
+        weight *= (target_variance / projected_variance.clamp_min(1e-12)).sqrt()
+        bias = source.mean(dim=0) - weight @ fraternal_mean
+        self.fraternal_projection.weight.copy_(weight)
+        self.fraternal_projection.bias.copy_(bias)
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
@@ -223,6 +262,14 @@ class IFCLModel(PreTrainedModel):
             init.constant_(module.head, -1)
 
     # ---------------------------------------------------------------- construction
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs) -> IFCLModel:
+        """``PreTrainedModel.from_pretrained``, then the word tables frozen as the config says (loading replaces
+        the parameters that ``__init__`` marked)."""
+        loaded = super().from_pretrained(*args, **kwargs)
+        (loaded[0] if isinstance(loaded, tuple) else loaded).freeze_word_tables()  # output_loading_info gives a pair
+        return loaded
 
     @classmethod
     def from_encoder(
@@ -274,6 +321,7 @@ class IFCLModel(PreTrainedModel):
         if model.fraternal_embeddings is not None:
             with torch.no_grad():
                 model.fraternal_embeddings.weight.copy_(fraternal_table)
+            model.init_fraternal_projection()
         model.set_tokenizers(tokenizer, fraternal_tokenizer)
         return model
 

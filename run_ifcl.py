@@ -124,7 +124,26 @@ class IFCLArguments:
     shared by all objectives.
     """
 
-    fusion_rate: float = field(default=0.5, metadata={"help": "ε of Eq. 3: ε·BEL_S(x) + (1−ε)·BEL_F(x⁻)."})
+    fusion_rate: float = field(
+        default=0.5,
+        metadata={
+            "help": "ε of Eq. 3: ε·BEL_S(x) + (1−ε)·BEL_F(x⁻). The paper gives no value: 0.5 is this project's."
+        },
+    )
+    freeze_word_embeddings: bool = field(
+        default=True,
+        metadata={
+            "help": "Keep BEL_S, the encoder's word-embedding table, fixed (the paper: 'the embedding layer without "
+            "trainable parameters'). --freeze_word_embeddings False trains it."
+        },
+    )
+    freeze_fraternal_embeddings: bool = field(
+        default=True,
+        metadata={
+            "help": "Keep BEL_F, the fraternal word-embedding table, fixed (its width-matching projection trains "
+            "either way). --freeze_fraternal_embeddings False trains it."
+        },
+    )
     queue_size: int = field(default=4, metadata={"help": "k: hippocampus queue length in mini-batches (0: none)."})
     forgetting_rate: float = field(default=0.1, metadata={"help": "λ of Eq. 4, p_m = 1 − λ·⌈m/N⌉; λ·k < 1."})
     temperature: float = field(default=0.05, metadata={"help": "τ of Eq. 6–7."})
@@ -372,6 +391,8 @@ def run(argv: list[str]):
         model_name_or_path,
         model_args.fraternal_model_name_or_path if is_ifcl else None,
         fusion_rate=ifcl_args.fusion_rate,
+        freeze_word_embeddings=ifcl_args.freeze_word_embeddings,
+        freeze_fraternal_embeddings=ifcl_args.freeze_fraternal_embeddings,
         queue_size=ifcl_args.queue_size,
         queue_batch_size=global_batch_size,
         forgetting_rate=ifcl_args.forgetting_rate,
