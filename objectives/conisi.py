@@ -4,8 +4,8 @@ Representation", CCL 2022), Section 3, as an objective of the IFCL trainer.
 Three inputs per sentence x_i, encoded in one model call (padded to a common length; padding is masked):
 
 - x_i alone (truncated to ``--max_seq_length``);
-- the positive pair Y_i = [x_i ; x_i], the sentence repeated as a sentence pair (Section 3.1.1), truncated to
-  2 × ``--max_seq_length`` so that each half keeps the sentence (Section 3.1.3);
+- the positive pair Y_i = [x_i ; x_i], the sentence repeated as a sentence pair (Section 3.1.1), each half holding
+  the tokens of x_i's own truncation, so that the pair is about twice as long (Section 3.1.3);
 - the composed pair Z_i = [x_i ; c_i] with c_i a sentence of another meaning (Section 3.1.2, 3.2), by
   ``--conisi_strategy``: ``o1`` subword replacement, ``o2`` WordNet antonyms, ``s`` another sentence of the batch.
 
@@ -292,7 +292,7 @@ def swap_second_segment(
 
     The special tokens around the segment stay; the new tokens take the token type of the segment they replace.
     The result is cut to ``max_length`` tokens (default: the longer of the two pairs, which keeps it within the
-    pair limit of 2 × ``--max_seq_length``) by shortening the new second segment.
+    pair limit, twice x_i's truncated tokens plus the pair's special tokens) by shortening the new second segment.
     """
     start, end = second_segment_span(pair[SECOND_SEGMENT])
     other_start, other_end = second_segment_span(other[SECOND_SEGMENT])
@@ -393,18 +393,22 @@ class ConIsIObjective(Objective):
     # ------------------------------------------------------------------ data
 
     def tokenize(self, batch, tokenizer, max_length: int, fraternal_tokenizer=None) -> dict[str, list]:
-        """x_i (``max_length``), Y_i = [x_i ; x_i] (2·``max_length``, group ``pair_``) with the second segment's
+        """x_i (``max_length``), Y_i = [x_i ; x_i] (x_i's truncated tokens twice, group ``pair_``) with the second segment's
         mask, and for o2 Z_i = [x_i ; antonyms(x_i)] (group ``negative_``) with the count of replaced words."""
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError(
                 "--objective conisi needs a fast tokenizer (its sequence ids locate the second sentence of a pair); "
                 f"{type(tokenizer).__name__} is not one."
             )
-        pair_length = 2 * max_length
-        if pair_length < tokenizer.num_special_tokens_to_add(pair=True) + 2:
+        # Y_i's two halves hold the same tokens as x_i alone: the max_length - (special tokens of one sentence)
+        # tokens of x_i's truncation, each. (A pair limit of 2·max_length would leave the halves one token apart
+        # whenever the special tokens are odd in number, as BERT's three.)
+        content_length = max_length - tokenizer.num_special_tokens_to_add(pair=False)
+        pair_length = tokenizer.num_special_tokens_to_add(pair=True) + 2 * content_length
+        if content_length < 1:
             raise ValueError(
-                f"--max_seq_length {max_length} is too short for ConIsI's sentence pairs (2 × {max_length} tokens "
-                f"must hold the special tokens and a token of each sentence)."
+                f"--max_seq_length {max_length} is too short for ConIsI: a truncated sentence must keep at least one "
+                f"token besides its special tokens."
             )
         sentences = batch["sentence"]
         features: dict[str, list] = dict(tokenizer(sentences, truncation=True, max_length=max_length))

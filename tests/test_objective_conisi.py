@@ -204,10 +204,8 @@ def test_tokenize_pairs_and_collate_strategy_s(tiny_model):
         assert len(row["pair_input_ids"]) <= 2 * max_length
         first = row["pair_input_ids"][1 : row["pair_input_ids"].index(tokenizer.sep_token_id)]
         second = second_content(row["pair_input_ids"], row["pair_second_segment"])
-        # Both halves hold the sentence (the second may keep one token more under truncation).
-        assert second[: len(first)] == first and len(second) - len(first) in (0, 1)
-        if len(row["input_ids"]) < max_length:
-            assert second == row["input_ids"][1:-1]
+        # Both halves hold exactly the tokens of x_i's own truncation, also when x_i was cut.
+        assert first == second == row["input_ids"][1:-1]
 
     torch.manual_seed(0)
     negatives = objective.compose_negatives([dict(r) for r in rows], tokenizer)
@@ -300,7 +298,8 @@ def test_strategy_o2_and_its_fallback(tiny_model, fallback):
     features = objective.tokenize({"sentence": sentences}, tokenizer, 16)
     assert features["antonym_count"][0] == 1 and features["antonym_count"][1] == 0
     rows = rows_of(features)
-    expected = tokenizer(sentences[0], "The weather is hot and rainy today.", truncation=True, max_length=32)
+    # Pair limit: BERT's 3 special tokens + twice the 16 - 2 tokens of a truncated sentence.
+    expected = tokenizer(sentences[0], "The weather is hot and rainy today.", truncation=True, max_length=31)
     assert rows[0]["negative_input_ids"] == expected["input_ids"]
     torch.manual_seed(0)
     negatives = objective.compose_negatives([dict(r) for r in rows], tokenizer)
