@@ -459,3 +459,34 @@ def test_saved_ifcl_model_gives_the_same_figure_through_sentence_transformers(if
     figures = {kind: evaluator(loaded.encoder)["spearman"] for kind, loaded in readings.items()}
     assert figures["sentence-transformers"] == pytest.approx(figures["auto"], abs=1e-6)
     assert figures["transformers"] == pytest.approx(figures["auto"], abs=1e-6)
+
+
+def test_task_mutual_information_takes_all_top_score_pairs_as_one_batch_by_default():
+    from evaluation_ifcl import mutual_information
+    from sts_tasks import STSData
+
+    class LookupEncoder:
+        """Embeds each sentence as a fixed random vector."""
+
+        def __init__(self, sentences):
+            generator = torch.Generator().manual_seed(0)
+            self.table = {s: torch.randn(8, generator=generator) for s in sentences}
+
+        def encode(self, sentences, batch_size=64):
+            return torch.stack([self.table[s] for s in sentences])
+
+    first = [f"a{i}" for i in range(8)]
+    second = [f"b{i}" for i in range(8)]
+    scores = [5.0, 1.0, 5.0, 5.0, 2.5, 5.0, 5.0, 0.0]  # five top-score pairs: rows 0, 2, 3, 5, 6
+    data = STSData("stsb", "STS-B", first, second, scores, source="test")
+    encoder = LookupEncoder(first + second)
+    top = [0, 2, 3, 5, 6]
+    expected = mutual_information(encoder.encode([first[i] for i in top]), encoder.encode([second[i] for i in top]))
+
+    result = evaluate_sts.task_mutual_information(encoder, data, None, 0.05, 4)
+    assert result["batch_size"] == 5 and result["num_batches"] == 1 and result["pairs"] == 5
+    assert result["mi_task"] == pytest.approx(expected, abs=1e-9)
+    assert result["upper_bound"] == pytest.approx(math.log(5))
+    capped = evaluate_sts.task_mutual_information(encoder, data, 2, 0.05, 4)
+    assert capped["batch_size"] == 2 and capped["num_batches"] == 2  # the fifth pair's short batch is left out
+    assert evaluate_sts.parse_arguments(["--model_name_or_path", "m"])[2].mi_task_batch_size is None
