@@ -1,20 +1,25 @@
 #!/usr/bin/env python
-"""Every objective on the embedded default, same budget and seed, side by side: prints a table and writes JSON.
+"""Every objective on the embedded default over several seeds, at equal steps and at equal time: prints tables,
+writes JSON.
 
-Trains IFCL, the ablations of the IFCL paper's Table 2, SimCSE, ConIsI, PCL and miCSE, each with ``run_ifcl.py``
-in its own process (all-MiniLM-L6-v2, the English side of trans-de-en, STS-B dev for checkpoint selection), and
-reports STS-B dev and test Spearman × 100 before and after, seconds per step, and peak memory: on a GPU the
-peak of ``torch.cuda`` allocations during training (``train_peak_gpu_memory_mb``), on the CPU the run's peak
-resident memory (model loading and evaluation included; the Trainer's own memory metrics are not used, since
-their monitoring thread keeps a CPU core busy and would slow the runs it measures).
+Trains IFCL, the ablations of the IFCL paper's Table 2, SimCSE, ConIsI, PCL and miCSE with ``run_ifcl.py``, each
+run in its own process (all-MiniLM-L6-v2, trans-de-en, STS-B dev for checkpoint selection), at every seed. For each
+it reports STS-B dev and test mean ± std over the seeds, the per-seed paired test difference to SimCSE (a mean
+difference within the spread between seeds is a tie), seconds per step and peak memory: on a GPU the peak of
+``torch.cuda`` allocations during training, on the CPU the run's peak resident memory (model loading and
+evaluation included; the Trainer's own memory metrics are not used, since their monitoring thread keeps a CPU core
+busy and would slow the runs it measures).
 
-    python benchmarks/objectives.py                                # all runs, the embedded default's budget
-    python benchmarks/objectives.py --max_steps 60 --only simcse,conisi
-    python benchmarks/objectives.py --readme                       # also put the table into README.md
+Equal time (``--equal_time``): IFCL, SimCSE and PCL each get the training time of the IFCL default instead of its
+number of steps: a method's steps are IFCL's mean training time over that method's mean seconds per step at equal
+steps (so the equal-step runs come first), with four dev evaluations each, as the default has.
 
-Runs of an earlier call with the same budget on the same device are kept in ``results/objectives.json`` (and
-the table) unless run again, so ``--only`` can add or redo single runs.
-    python benchmarks/objectives.py -- --per_device_train_batch_size 64   # after --: passed to every run
+    python benchmarks/objectives.py                               # every run, seeds 1 2 3, two runs at a time
+    python benchmarks/objectives.py --only ifcl,simcse --seeds 1 2 3 4 5
+    python benchmarks/objectives.py --equal_time --readme         # both tables, into README.md as well
+
+Finished runs (``results/objectives/<key>/seed-<s>/all_results.json``) are read, not trained again; ``--redo``
+trains them again.
 """
 
 from __future__ import annotations
@@ -22,14 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
-import sys
-import time
+import statistics
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
+import runs as benchmark_runs
+from runs import RESULTS, Run, machine, package_versions, paired, pm, relative, summary, train_all, verdict
+
 README_START, README_END = "<!-- objectives-table:start -->", "<!-- objectives-table:end -->"
+EQUAL_TIME_START, EQUAL_TIME_END = "<!-- equal-time-table:start -->", "<!-- equal-time-table:end -->"
 
 # (key, what the table calls it, --objective, its own flags). The IFCL ablations are the paper's Table 2.
 RUNS = [
@@ -39,127 +43,161 @@ RUNS = [
     ("ifcl-no-tl-hq", "IFCL w/o Twins loss and queue", "ifcl", ["--twins_loss_weight", "0", "--queue_size", "0"]),
     ("simcse", "SimCSE", "simcse", []),
     ("conisi", "ConIsI-s", "conisi", []),
-    ("pcl", "PCL", "pcl", []),
+    ("pcl", "PCL", "pcl", ["--pcl_untied_peer"]),  # the paper ties the peer only for large models
     ("micse", "miCSE", "micse", []),
 ]  # fmt: skip
+BASELINE = "simcse"
+EQUAL_TIME_RUNS = ("ifcl", "simcse", "pcl")
+DEFAULT_STEPS = 200  # run_ifcl.py's embedded default
 
 
-def train(key: str, objective: str, flags: list[str], budget: list[str], extra: list[str]) -> dict:
-    """One ``run_ifcl.py`` run in a fresh process; its all_results.json plus wall time."""
-    output_dir = os.path.join(RESULTS, "objectives", key)
-    shutil.rmtree(output_dir, ignore_errors=True)
-    os.makedirs(output_dir)
-    command = [
-        sys.executable, os.path.join(ROOT, "run_ifcl.py"),
-        "--objective", objective, *flags,
-        "--output_dir", output_dir,
-        *budget, *extra,
-    ]  # fmt: skip
-    start = time.perf_counter()
-    with open(output_dir + ".log", "w", encoding="utf-8") as log:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        # wait4 gives this child's own resource use: its peak RSS, whatever earlier runs reached.
-        _, status, usage = os.wait4(process.pid, 0)
-    wall = time.perf_counter() - start
-    returncode = os.waitstatus_to_exitcode(status)
-    if returncode != 0:
-        return {"error": f"run_ifcl.py failed (exit {returncode}); see {output_dir}.log"}
-    with open(os.path.join(output_dir, "all_results.json"), encoding="utf-8") as f:
-        results = json.load(f)
-    # Keep the figures and the curves; the weights of eight models are not worth the disk.
-    for name in os.listdir(output_dir):
-        if name not in ("all_results.json", "training_curves.png", "README.md", "config.json"):
-            path = os.path.join(output_dir, name)
-            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-    results["wall_seconds"] = wall
-    results["peak_rss_mb"] = usage.ru_maxrss / 1024  # Linux reports KiB
-    return results
+def objective_runs(keys: list[str], seeds: list[int], extra: list[str], folder: str = "objectives") -> dict:
+    """Run objects of the wanted keys and seeds (output folders under ``results/<folder>/``)."""
+    return {
+        key: [
+            Run(key, seed, ["--objective", objective, *flags, *extra],
+                os.path.join(RESULTS, folder, key, f"seed-{seed}"))
+            for seed in seeds
+        ]
+        for key, _, objective, flags in RUNS
+        if key in keys
+    }  # fmt: skip
 
 
-def row(name: str, results: dict) -> str:
-    """A Markdown table row of one run."""
-    if "error" in results:
-        return f"| {name} | {results['error']} | | | |"
-    dev0, dev1 = results["init_eval_stsb_spearman"], results["eval_stsb_spearman"]
-    test0, test1 = results["init_test_stsb_spearman"], results["test_stsb_spearman"]
-    peak_mb = results.get("train_peak_gpu_memory_mb", results["peak_rss_mb"])
-    return (
-        f"| {name} | {dev0:.2f} → {dev1:.2f} | {test0:.2f} → {test1:.2f} ({test1 - test0:+.2f}) "
-        f"| {results['train_seconds_per_step']:.2f} | {peak_mb:.0f} |"
-    )
+def by_seed(runs: dict[str, list[Run]]) -> list[Run]:
+    """Seed by seed across settings, so that a stopped benchmark has whole seeds rather than whole settings."""
+    count = max(len(r) for r in runs.values())
+    return [runs[key][i] for i in range(count) for key in runs if i < len(runs[key])]
 
 
-def table(rows: list[tuple[str, dict]]) -> str:
-    header = (
-        "| objective | STS-B dev before → after | STS-B test before → after (Δ) | s/step | peak memory (MB) |\n"
-        "|---|---|---|---|---|"
-    )
-    return "\n".join([header, *(row(name, results) for name, results in rows)])
-
-
-def put_into_readme(text: str) -> None:
-    """Replace what lies between the README's objectives-table markers."""
-    path = os.path.join(ROOT, "README.md")
-    with open(path, encoding="utf-8") as f:
-        readme = f.read()
-    if README_START not in readme or README_END not in readme:
-        raise SystemExit(f"{path} has no {README_START} … {README_END} markers to put the table between.")
-    before, rest = readme.split(README_START, 1)
-    after = rest.split(README_END, 1)[1]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(f"{before}{README_START}\n{text}\n{README_END}{after}")
+def table(runs: dict[str, list[Run]], names: dict[str, str], steps: dict[str, int] | None = None) -> tuple[str, dict]:
+    """A Markdown table of the runs over seeds, and its figures for the JSON file."""
+    baseline = runs.get(BASELINE, [])
+    baseline_summary = summary(baseline) if baseline else {}
+    steps_column = " steps |" if steps else ""
+    lines = [
+        f"| objective |{steps_column} STS-B dev | STS-B test | test gain | paired test difference to SimCSE, per seed | "
+        "verdict | s/step | peak memory (MB) |",
+        "|---|" + ("---|" if steps else "") + "---|---|---|---|---|---|---|",
+    ]
+    records = {}
+    for key, key_runs in runs.items():
+        result = summary(key_runs)
+        if not result:
+            lines.append(f"| {names[key]} |" + (f" {steps[key]} |" if steps else "") + " not run | | | | | | |")
+            continue
+        differences = paired(key_runs, baseline, "test") if key != BASELINE else {}
+        spread = max(result["test"][1], baseline_summary.get("test", (0, 0))[1])
+        judged = verdict(differences, spread) if key != BASELINE else ""
+        mean_difference = f"{statistics.fmean(differences.values()):+.2f}" if differences else ""
+        per_seed = f"{mean_difference} ({', '.join(f'{d:+.2f}' for d in differences.values())})" if differences else ""
+        lines.append(
+            f"| {names[key]} |"
+            + (f" {steps[key]} |" if steps else "")
+            + f" {pm(result['dev'])} | {pm(result['test'])} | {result['gain'][0]:+.2f} | {per_seed} | {judged} | "
+            f"{result['seconds_per_step'][0]:.2f} | {result['peak_memory_mb'][0]:.0f} |"
+        )
+        records[key] = {
+            "name": names[key],
+            "flags": key_runs[0].flags,
+            "steps": steps[key] if steps else DEFAULT_STEPS,
+            "summary": result,
+            "paired_test_difference_to_simcse": differences,
+            "verdict": judged,
+            "runs": {str(run.seed): {"output_dir": relative(run.output_dir), "results": run.results}
+                     for run in key_runs if run.results and "error" not in run.results},
+        }  # fmt: skip
+    return "\n".join(lines), records
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--max_steps", type=int, default=None, help="Steps per run (default: run_ifcl.py's, 200).")
-    parser.add_argument("--eval_steps", type=int, default=None, help="Dev evaluation every so many steps.")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="Seeds of every run (default: 3).")
     parser.add_argument("--only", default=None, help=f"Comma-separated run keys: {', '.join(k for k, *_ in RUNS)}.")
-    parser.add_argument("--readme", action="store_true", help="Put the table into README.md between its markers.")
+    parser.add_argument("--equal_time", action="store_true", help="Also the equal-time table (IFCL, SimCSE, PCL).")
+    parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (each gets cores / jobs threads).")
+    parser.add_argument("--redo", action="store_true", help="Train finished runs again.")
+    parser.add_argument("--readme", action="store_true", help="Put the tables into README.md between their markers.")
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
-    budget = []
-    if args.max_steps is not None:
-        budget += ["--max_steps", str(args.max_steps)]
-    if args.eval_steps is not None:
-        budget += ["--eval_steps", str(args.eval_steps), "--save_steps", str(args.eval_steps)]
-    wanted = set(args.only.split(",")) if args.only else {key for key, *_ in RUNS}
-    unknown = wanted - {key for key, *_ in RUNS}
+    keys = [key for key, *_ in RUNS]
+    wanted = args.only.split(",") if args.only else keys
+    unknown = set(wanted) - set(keys)
     if unknown:
-        raise SystemExit(f"--only: unknown run(s) {sorted(unknown)}; choose from {[k for k, *_ in RUNS]}.")
+        raise SystemExit(f"--only: unknown run(s) {sorted(unknown)}; choose from {keys}.")
+    names = {key: name for key, name, *_ in RUNS}
 
-    import torch
-
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
-    path = os.path.join(RESULTS, "objectives.json")
-    records = {}
-    if os.path.isfile(path):  # runs of an earlier call with the same budget and device stay in the table
-        with open(path, encoding="utf-8") as f:
-            earlier = json.load(f)
-        if earlier.get("budget") == budget + extra and earlier.get("device") == device:
-            records = earlier["runs"]
-    for key, name, objective, flags in RUNS:
-        if key not in wanted:
-            continue
-        print(f"training {name} …", flush=True)
-        results = train(key, objective, flags, budget, extra)
-        records[key] = {"name": name, "objective": objective, "flags": flags, **results}
-        print(row(name, results), flush=True)
-
-    rows = [(name, records[key]) for key, name, *_ in RUNS if key in records]
-    text = table(rows)
-    budget_text = " ".join(budget + extra) or "run_ifcl.py's defaults"
+    equal_steps = objective_runs(keys, args.seeds, extra)
+    train_all([run for run in by_seed(equal_steps) if run.key in wanted], jobs=args.jobs, redo=args.redo)
+    for key_runs in equal_steps.values():  # read what earlier calls finished
+        for run in key_runs:
+            if run.finished and not run.results:
+                benchmark_runs.train(run)
+    shown = {key: runs for key, runs in equal_steps.items() if any(run.results for run in runs)}
+    text, records = table(shown, names)
+    how = f"{args.jobs} runs at a time, {max(1, (os.cpu_count() or 1) // args.jobs)} thread(s) each"
     caption = (
-        f"{device}, torch {torch.__version__}; all-MiniLM-L6-v2 on trans-de-en (English side for the objectives "
-        f"without fraternal twins), seed 42, budget: {budget_text}. Best dev checkpoint, then STS-B test."
+        f"{machine()}, torch {package_versions()['torch']}, {how}; all-MiniLM-L6-v2 on trans-de-en (English side "
+        f"for the objectives without fraternal twins), {DEFAULT_STEPS} steps of batch 32, lr 1e-5, avg pooling, "
+        f"every objective at its paper's defaults; seeds {', '.join(map(str, args.seeds))}"
+        f"{' ' + ' '.join(extra) if extra else ''}. Best dev checkpoint, then STS-B test; Spearman × 100, mean ± std "
+        "over seeds. Verdict: a mean paired difference within the larger seed std of the two is a tie."
     )
     print("\n" + caption + "\n\n" + text)
-    os.makedirs(RESULTS, exist_ok=True)
+    output: dict = {"machine": machine(), "packages": package_versions(), "seeds": args.seeds, "extra": extra,
+                    "how": how, "equal_steps": records}  # fmt: skip
+
+    equal_time_text = None
+    if args.equal_time:
+        ifcl = summary(equal_steps["ifcl"])
+        if not ifcl:
+            raise SystemExit("--equal_time needs the IFCL runs at equal steps first.")
+        budget = statistics.fmean(
+            run.results["train_runtime"] for run in equal_steps["ifcl"] if run.results and "error" not in run.results
+        )
+        steps = {}
+        for key in EQUAL_TIME_RUNS:
+            result = summary(equal_steps[key])
+            if not result:
+                raise SystemExit(f"--equal_time needs the {key} runs at equal steps first (their seconds per step).")
+            steps[key] = max(4, round(budget / result["seconds_per_step"][0]))
+        timed = {}
+        for key in EQUAL_TIME_RUNS:
+            evaluate_every = str(max(1, steps[key] // 4))
+            budget_flags = [
+                "--max_steps",
+                str(steps[key]),
+                "--eval_steps",
+                evaluate_every,
+                "--save_steps",
+                evaluate_every,
+            ]
+            timed[key] = objective_runs([key], args.seeds, [*extra, *budget_flags], folder="objectives-equal-time")[
+                key
+            ]
+        train_all([run for run in by_seed(timed) if run.key in wanted], jobs=args.jobs, redo=args.redo)
+        for key_runs in timed.values():
+            for run in key_runs:
+                if run.finished and not run.results:
+                    benchmark_runs.train(run)
+        equal_time_text, equal_time_records = table(timed, names, steps)
+        equal_time_caption = (
+            f"Equal time: each objective trains for IFCL's mean training time at {DEFAULT_STEPS} steps "
+            f"({budget:.0f} s, dev evaluations included), as many steps as its own mean s/step above allows, four dev "
+            f"evaluations each; otherwise as above."
+        )
+        equal_time_text = equal_time_caption + "\n\n" + equal_time_text
+        print("\n" + equal_time_text)
+        output["equal_time"] = {"budget_seconds": budget, "steps": steps, "runs": equal_time_records}
+
+    path = os.path.join(RESULTS, "objectives.json")
     with open(path, "w", encoding="utf-8") as f:
-        json.dump({"device": device, "budget": budget + extra, "runs": records}, f, indent=2)
-    print(f"\nwritten: {path}")
+        json.dump(output, f, indent=2)
+    print(f"\nwritten: {relative(path)}")
     if args.readme:
-        put_into_readme(caption + "\n\n" + text)
+        benchmark_runs.put_into_readme(caption + "\n\n" + text, README_START, README_END)
+        if equal_time_text is not None:
+            benchmark_runs.put_into_readme(equal_time_text, EQUAL_TIME_START, EQUAL_TIME_END)
 
 
 if __name__ == "__main__":

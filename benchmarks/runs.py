@@ -1,0 +1,189 @@
+"""Training runs of ``run_ifcl.py`` for the benchmarks: one run per process, several seeds, summaries over seeds.
+
+Shared by ``objectives.py`` (every objective, equal steps and equal time) and ``sweep.py`` (the embedded default's
+settings on STS-B dev). A run whose folder already holds ``all_results.json`` is read, not trained again, so an
+interrupted benchmark continues where it stopped (``--redo`` trains again).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+# What a finished run keeps: its figures, curves, model card and config; not the weights.
+KEPT_FILES = ("all_results.json", "trainer_state.json", "training_curves.png", "README.md", "config.json")
+
+
+@dataclass
+class Run:
+    """One ``run_ifcl.py`` run: a setting's flags at one seed, written to ``output_dir``."""
+
+    key: str
+    seed: int
+    flags: list[str]
+    output_dir: str
+    results: dict = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return os.path.isfile(os.path.join(self.output_dir, "all_results.json"))
+
+
+def relative(path: str) -> str:
+    """``path`` relative to the repository, as the JSON files record it."""
+    return os.path.relpath(path, ROOT)
+
+
+def machine() -> str:
+    """The machine the figures were measured on, for every caption and JSON file."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"{os.cpu_count()}-core {platform.machine()} CPU"
+
+
+def package_versions() -> dict[str, str]:
+    import datasets
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "datasets": datasets.__version__}  # fmt: skip
+
+
+def prune(output_dir: str) -> None:
+    """Delete what a finished run does not keep (weights, checkpoints)."""
+    for name in os.listdir(output_dir):
+        if name not in KEPT_FILES:
+            path = os.path.join(output_dir, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+def train(run: Run, threads: int | None = None, redo: bool = False, log: Callable[[str], None] = print) -> dict:
+    """Train ``run`` in a fresh process (or read its earlier results); adds wall time and peak resident memory.
+
+    ``threads``: torch threads of the run (``OMP_NUM_THREADS``), so that several runs can share the cores.
+    """
+    results_path = os.path.join(run.output_dir, "all_results.json")
+    if run.finished and not redo:
+        with open(results_path, encoding="utf-8") as f:
+            run.results = json.load(f)
+        prune(run.output_dir)
+        return run.results
+    shutil.rmtree(run.output_dir, ignore_errors=True)
+    os.makedirs(run.output_dir)
+    command = [sys.executable, os.path.join(ROOT, "run_ifcl.py"), *run.flags, "--seed", str(run.seed),
+               "--output_dir", run.output_dir]  # fmt: skip
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), IFCL_KEEP_CPU_THREADS="1")
+    log(f"training {run.key} seed {run.seed} → {relative(run.output_dir)}")
+    start = time.perf_counter()
+    with open(run.output_dir + ".log", "w", encoding="utf-8") as log_file:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        # wait4 gives this child's own resource use: its peak RSS, whatever earlier runs reached.
+        _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - start
+    returncode = os.waitstatus_to_exitcode(status)
+    if returncode != 0:
+        shutil.rmtree(run.output_dir, ignore_errors=True)
+        run.results = {"error": f"run_ifcl.py failed (exit {returncode}); see {relative(run.output_dir)}.log"}
+        log(f"{run.key} seed {run.seed}: {run.results['error']}")
+        return run.results
+    with open(results_path, encoding="utf-8") as f:
+        results = json.load(f)
+    results.update(wall_seconds=wall, peak_rss_mb=usage.ru_maxrss / 1024, threads=threads)  # Linux: KiB
+    prune(run.output_dir)
+    with open(results_path, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2)
+    run.results = results
+    return results
+
+
+def train_all(runs: Sequence[Run], jobs: int = 1, redo: bool = False) -> None:
+    """Train ``runs``, ``jobs`` at a time; with several jobs each run gets an equal share of the CPU cores."""
+    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(lambda run: train(run, threads, redo), runs))
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    values = list(values)
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def metric(results: dict, name: str, task: str = "stsb") -> float:
+    """STS figure of a run: ``dev`` / ``test`` after training, ``dev0`` / ``test0`` before, ``gain`` on test."""
+    keys = {"dev": f"eval_{task}_spearman", "test": f"test_{task}_spearman", "dev0": f"init_eval_{task}_spearman",
+            "test0": f"init_test_{task}_spearman"}  # fmt: skip
+    if name == "gain":
+        return results[keys["test"]] - results[keys["test0"]]
+    if name == "dev_gain":
+        return results[keys["dev"]] - results[keys["dev0"]]
+    return results[keys[name]]
+
+
+def summary(runs: Sequence[Run]) -> dict:
+    """Mean ± std over seeds of the STS figures, s/step and peak memory of one setting's runs."""
+    done = [run for run in runs if run.results and "error" not in run.results]
+    if not done:
+        return {}
+    out: dict = {"seeds": [run.seed for run in done]}
+    for name in ("dev", "test", "gain", "dev_gain"):
+        out[name] = mean_std([metric(run.results, name) for run in done])
+    out["dev0"], out["test0"] = metric(done[0].results, "dev0"), metric(done[0].results, "test0")
+    out["seconds_per_step"] = mean_std([run.results["train_seconds_per_step"] for run in done])
+    out["peak_memory_mb"] = mean_std(
+        [run.results.get("train_peak_gpu_memory_mb", run.results.get("peak_rss_mb", float("nan"))) for run in done]
+    )
+    return out
+
+
+def paired(runs: Sequence[Run], baseline: Sequence[Run], name: str = "test") -> dict[int, float]:
+    """Per-seed difference of ``name`` between two settings, on the seeds both finished."""
+    base = {run.seed: run.results for run in baseline if run.results and "error" not in run.results}
+    return {
+        run.seed: metric(run.results, name) - metric(base[run.seed], name)
+        for run in runs
+        if run.results and "error" not in run.results and run.seed in base
+    }
+
+
+def verdict(differences: dict[int, float], spread: float) -> str:
+    """ "better" / "worse" when the mean paired difference exceeds the spread between seeds, else "tie"."""
+    if not differences:
+        return "n/a"
+    mean = statistics.fmean(differences.values())
+    if abs(mean) <= spread:
+        return "tie"
+    return "better" if mean > 0 else "worse"
+
+
+def put_into_readme(text: str, start: str, end: str, path: str = os.path.join(ROOT, "README.md")) -> None:
+    """Replace what lies between two marker lines of a Markdown file."""
+    with open(path, encoding="utf-8") as f:
+        readme = f.read()
+    if start not in readme or end not in readme:
+        raise SystemExit(f"{path} has no {start} … {end} markers to put the table between.")
+    before, rest = readme.split(start, 1)
+    after = rest.split(end, 1)[1]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{before}{start}\n{text}\n{end}{after}")
+
+
+def pm(value: tuple[float, float], digits: int = 2) -> str:
+    """``mean ± std`` for a table."""
+    return f"{value[0]:.{digits}f} ± {value[1]:.{digits}f}"
