@@ -7,6 +7,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 
+# Debian 12, Ubuntu 23.04 and later mark the system Python as externally managed (PEP 668): pip refuses to install
+# into it. Say so before pip does, with the way on.
+if "$PYTHON" - <<'PY'
+import os, sys, sysconfig
+in_venv = sys.prefix != sys.base_prefix
+managed = os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED"))
+sys.exit(0 if managed and not in_venv else 1)
+PY
+then
+  echo "scripts/setup.sh: $("$PYTHON" -c 'import sys; print(sys.executable)') is externally managed (PEP 668) and pip" \
+    "will not install into it. Create and activate a virtual environment first:" >&2
+  echo "  python3 -m venv .venv && . .venv/bin/activate && bash scripts/setup.sh $*" >&2
+  exit 1
+fi
+
 # torch first: 2.13.0 is the CPU build on this project's machines and the CUDA build on a stock GPU machine.
 "$PYTHON" -m pip install --quiet "torch==${TORCH_VERSION:-2.13.0}"
 "$PYTHON" -m pip install --quiet -r requirements.txt
