@@ -14,7 +14,13 @@ POOLER_TYPES = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
 OBJECTIVES = ("ifcl", "simcse", "conisi", "pcl", "micse")
 
 
+def uses_fraternal_twins(fraternal_loss_weight: float, twins_loss_weight: float) -> bool:
+    """Whether training needs the fraternal view at all (ℓ^F or ℓ^T has a weight)."""
+    return fraternal_loss_weight > 0 or twins_loss_weight > 0
+
+
 def check_ifcl_settings(
+    *,
     fusion_rate: float,
     queue_size: int,
     forgetting_rate: float,
@@ -127,14 +133,14 @@ class IFCLConfig(PretrainedConfig):
             queue_size, fraternal_loss_weight, twins_loss_weight = 0, 0.0, 0.0
             freeze_word_embeddings = freeze_fraternal_embeddings = False
         check_ifcl_settings(
-            fusion_rate,
-            queue_size,
-            forgetting_rate,
-            contrastive_temperature,
-            twins_loss_weight,
-            fraternal_loss_weight,
-            pooler_type,
-            eval_pooler_type,
+            fusion_rate=fusion_rate,
+            queue_size=queue_size,
+            forgetting_rate=forgetting_rate,
+            temperature=contrastive_temperature,
+            twins_loss_weight=twins_loss_weight,
+            fraternal_loss_weight=fraternal_loss_weight,
+            pooler_type=pooler_type,
+            eval_pooler_type=eval_pooler_type,
         )
         if queue_batch_size < 1:
             raise ValueError(f"queue_batch_size (N) must be ≥ 1, got {queue_batch_size}.")
@@ -165,7 +171,7 @@ class IFCLConfig(PretrainedConfig):
     @property
     def uses_fraternal_twins(self) -> bool:
         """Whether training needs the fraternal view at all (ℓ^F or ℓ^T has a weight)."""
-        return self.fraternal_loss_weight > 0 or self.twins_loss_weight > 0
+        return uses_fraternal_twins(self.fraternal_loss_weight, self.twins_loss_weight)
 
     def build_encoder_config(self) -> PretrainedConfig:
         """The wrapped encoder's own config object."""

@@ -179,7 +179,7 @@ class IFCLModel(PreTrainedModel):
     """
 
     config_class = IFCLConfig
-    base_model_prefix = "ifcl"
+    base_model_prefix = "encoder"  # the attribute that holds the wrapped encoder (PreTrainedModel.base_model)
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
 

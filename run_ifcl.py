@@ -25,7 +25,7 @@ import torch
 import transformers
 from transformers import HfArgumentParser, TrainingArguments, set_seed
 
-from configuration_ifcl import OBJECTIVES, POOLER_TYPES, check_ifcl_settings
+from configuration_ifcl import OBJECTIVES, POOLER_TYPES, check_ifcl_settings, uses_fraternal_twins
 from objectives import objective_class, settings_as_dict, settings_classes
 
 logger = logging.getLogger(__name__)
@@ -159,19 +159,15 @@ class IFCLArguments:
 
     def __post_init__(self) -> None:
         check_ifcl_settings(
-            self.fusion_rate,
-            self.queue_size,
-            self.forgetting_rate,
-            self.temperature,
-            self.twins_loss_weight,
-            self.fraternal_loss_weight,
-            self.pooler_type,
-            self.eval_pooler_type,
+            fusion_rate=self.fusion_rate,
+            queue_size=self.queue_size,
+            forgetting_rate=self.forgetting_rate,
+            temperature=self.temperature,
+            twins_loss_weight=self.twins_loss_weight,
+            fraternal_loss_weight=self.fraternal_loss_weight,
+            pooler_type=self.pooler_type,
+            eval_pooler_type=self.eval_pooler_type,
         )
-
-    @property
-    def uses_fraternal_twins(self) -> bool:
-        return self.fraternal_loss_weight > 0 or self.twins_loss_weight > 0
 
 
 # The embedded default: a budget that runs in minutes on two CPU cores; every value can be overridden.
@@ -371,7 +367,10 @@ def run(argv: list[str]):
     # Everything that can be wrong with the input is found before the model is loaded.
     push_at_end = take_over_push(training_args)
     with training_args.main_process_first(desc="reading training and STS data"):
-        train_text = load_training_text(data_args, is_ifcl and ifcl_args.uses_fraternal_twins)
+        needs_fraternal = is_ifcl and uses_fraternal_twins(
+            ifcl_args.fraternal_loss_weight, ifcl_args.twins_loss_weight
+        )
+        train_text = load_training_text(data_args, needs_fraternal)
         validation_sts, test_sts = load_sts_sets(data_args)
     if data_args.max_train_samples is not None:
         train_text = train_text.select(range(min(data_args.max_train_samples, len(train_text))))
@@ -379,7 +378,7 @@ def run(argv: list[str]):
 
     from modeling_ifcl import IFCLModel
     from objectives import build_objective
-    from trainer_ifcl import IFCLTrainer, ObjectiveDataCollator
+    from trainer_ifcl import IFCLTrainer
 
     model_name_or_path = model_args.model_name_or_path or embedded_model_path()
     global_batch_size = (
@@ -442,7 +441,6 @@ def run(argv: list[str]):
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset={task: validation_sts},
-        data_collator=ObjectiveDataCollator(objective, tokenizer, fraternal_tokenizer.pad_token_id),
         objective=objective,
     )
 

@@ -17,22 +17,7 @@ from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint, speed_metrics
 
 from evaluation_ifcl import STSEvaluator
-from objectives import Objective, build_objective, pad_features
-
-
-@dataclass
-class IFCLDataCollator:
-    """Pads the sentence fields and the fraternal fields of a batch, each to their own longest sequence.
-
-    The model pads the shorter of the two to the other's length when it fuses them (Eq. 3), so the anchors are
-    not padded to the (often longer) translations when the views are encoded separately.
-    """
-
-    pad_token_id: int
-    fraternal_pad_token_id: int | None = None
-
-    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        return pad_features(features, self.pad_token_id, self.fraternal_pad_token_id)
+from objectives import Objective, build_objective
 
 
 @dataclass
@@ -89,6 +74,12 @@ class IFCLTrainer(Trainer):
         if args is not None and args.remove_unused_columns:
             # Objectives read features that are not arguments of the model's forward (pair inputs, ...).
             args.remove_unused_columns = False
+        if not rest and kwargs.get("data_collator") is None:
+            # The objective's own collator (padding each feature group, per-batch augmentations).
+            tokenizer = kwargs.get("processing_class") or model.tokenizer
+            kwargs["data_collator"] = ObjectiveDataCollator(
+                self.objective, tokenizer, model.config.fraternal_pad_token_id
+            )
         super().__init__(model, args, *rest, **kwargs)
         # compute_loss returns a per-micro-batch mean: the Trainer divides it by the accumulation steps.
         self.loss_is_scaled_for_ga = False

@@ -184,8 +184,6 @@ def test_resumed_micse_run_restores_its_momentum_encoder_and_queue(tiny_encoder_
     from datasets import Dataset
     from transformers import TrainingArguments
 
-    from trainer_ifcl import IFCLDataCollator
-
     def fresh_trainer(output: str) -> IFCLTrainer:
         settings = {"micse_attention_layers": "top2", "micse_num_samples": 20, "micse_queue_size": 6}
         model = IFCLModel.from_encoder(
@@ -196,9 +194,7 @@ def test_resumed_micse_run_restores_its_momentum_encoder_and_queue(tiny_encoder_
             save_strategy="steps", save_steps=3, report_to="none", use_cpu=True, seed=0,
         )  # fmt: skip
         dataset = Dataset.from_dict(dict(model.tokenizer(ENGLISH)))
-        return IFCLTrainer(
-            model=model, args=args, train_dataset=dataset, data_collator=IFCLDataCollator(model.tokenizer.pad_token_id)
-        )
+        return IFCLTrainer(model=model, args=args, train_dataset=dataset)
 
     expected, got, uninterrupted, resumed = train_and_resume(fresh_trainer, tmp_path, "checkpoint-3")
     for step in (4, 5, 6):
