@@ -10,8 +10,16 @@ from typing import Any
 from transformers import AutoConfig, PretrainedConfig
 
 POOLER_TYPES = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
-# The training objectives (``objectives/``): IFCL and the methods it is compared with.
-OBJECTIVES = ("ifcl", "simcse", "conisi", "pcl", "micse")
+
+
+def registered_objectives() -> tuple[str, ...] | None:
+    """The names of the training objectives (``objectives.OBJECTIVES``, the one registry), or None where the
+    training code is not importable: a model loaded as remote code, whose config was checked when it was trained."""
+    try:
+        from objectives import OBJECTIVES
+    except ImportError:
+        return None
+    return tuple(OBJECTIVES)
 
 
 def uses_fraternal_twins(fraternal_loss_weight: float, twins_loss_weight: float) -> bool:
@@ -88,7 +96,7 @@ class IFCLConfig(PretrainedConfig):
         max_seq_length: truncation length of the training sentences (``encode`` truncates only at the encoder's limit).
         export_sentence_transformers: ``save_pretrained`` also writes the sentence-transformers modules (a copy of
             the encoder in ``0_Transformer/`` and the pooler), so the folder loads with ``SentenceTransformer``.
-        objective: the training objective the model was (or is being) trained with, one of ``OBJECTIVES``. For
+        objective: the training objective the model was (or is being) trained with, one of ``objectives.OBJECTIVES``. For
             other objectives than ``ifcl``, queue_size and the fraternal and Twins loss weights are set to 0 and
             no word table is frozen.
         objective_settings: that objective's own settings (``objectives.<name>``), as a dict.
@@ -124,8 +132,9 @@ class IFCLConfig(PretrainedConfig):
         objective_settings: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        if objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}.")
+        known = registered_objectives()
+        if known is not None and objective not in known:
+            raise ValueError(f"objective must be one of {', '.join(known)}; got {objective!r}.")
         if objective != "ifcl":
             # The queue, the fraternal and Twins losses and the frozen word table (IFCL's reading of BEL_S) are
             # IFCL's: the other objectives build neither the fraternal table nor the hippocampus queue and train the

@@ -25,8 +25,8 @@ import torch
 import transformers
 from transformers import HfArgumentParser, TrainingArguments, set_seed
 
-from configuration_ifcl import OBJECTIVES, POOLER_TYPES, check_ifcl_settings, uses_fraternal_twins
-from objectives import objective_class, settings_as_dict, settings_classes
+from configuration_ifcl import POOLER_TYPES, check_ifcl_settings, uses_fraternal_twins
+from objectives import OBJECTIVES, objective_class, settings_as_dict, settings_classes
 
 logger = logging.getLogger(__name__)
 
@@ -271,8 +271,51 @@ class RunArguments:
     training: TrainingArguments
 
 
+# Settings only ``--objective ifcl`` reads; every other objective's own settings are its settings dataclass's fields.
+IFCL_ONLY_SETTINGS = (
+    "fusion_rate",
+    "freeze_word_embeddings",
+    "freeze_fraternal_embeddings",
+    "queue_size",
+    "forgetting_rate",
+    "fraternal_loss_weight",
+    "twins_loss_weight",
+    "fraternal_model_name_or_path",
+    "fraternal_column",
+)
+
+
+def given_setting_names(argv: list[str]) -> set[str]:
+    """The settings a command line names (``--name value``, ``--name=value``, ``--no_name``, dashes or not)."""
+    names = set()
+    for token in argv:
+        if token.startswith("--") and len(token) > 2:
+            name = token[2:].split("=", 1)[0].replace("-", "_")
+            names.add(name[3:] if name.startswith("no_") else name)
+    return names
+
+
+def refuse_other_objectives_settings(objective: str, given: set[str]) -> None:
+    """Stop with a message when a setting of another objective than ``objective`` is given: it would be ignored."""
+    from dataclasses import fields
+
+    owners = {name: "ifcl" for name in IFCL_ONLY_SETTINGS}
+    for name, cls in OBJECTIVES.items():
+        if cls.settings_class is not None:
+            owners.update({f.name: name for f in fields(cls.settings_class)})
+    foreign = sorted(name for name in given if owners.get(name, objective) != objective)
+    if foreign:
+        listed = ", ".join(f"--{name} (--objective {owners[name]})" for name in foreign)
+        raise ValueError(
+            f"{listed}: a setting of another objective than --objective {objective}, which would ignore it. "
+            f"Remove it, or choose the objective it belongs to."
+        )
+
+
 def parse_arguments(argv: list[str]) -> RunArguments:
-    """Command line (or one .json file) → the argument dataclasses, with the embedded defaults beneath."""
+    """Command line (or one .json file) → the argument dataclasses, with the embedded defaults beneath.
+
+    A setting of an objective other than the chosen one is refused (it would be silently ignored)."""
     all_settings = settings_classes()
     parser = HfArgumentParser(
         (ModelArguments, DataArguments, IFCLArguments, ObjectiveArguments, *all_settings, TrainingArguments)
@@ -281,12 +324,15 @@ def parse_arguments(argv: list[str]) -> RunArguments:
         import json
 
         with open(argv[0], encoding="utf-8") as f:
-            values = {**TRAINING_DEFAULTS, **json.load(f)}
-        parsed = parser.parse_dict(values)
+            given = json.load(f)
+        parsed = parser.parse_dict({**TRAINING_DEFAULTS, **given})
+        given_names = set(given)
     else:
         parser.set_defaults(**TRAINING_DEFAULTS)
         parsed = parser.parse_args_into_dataclasses(args=argv)
+        given_names = given_setting_names(argv)
     model_args, data_args, ifcl_args, objective_args, *settings, training_args = parsed
+    refuse_other_objectives_settings(objective_args.objective, given_names)
     wanted = objective_class(objective_args.objective).settings_class
     chosen = next((s for s in settings if wanted is not None and isinstance(s, wanted)), None)
     return RunArguments(model_args, data_args, ifcl_args, objective_args, chosen, training_args)
@@ -483,6 +529,7 @@ def run(argv: list[str]):
         plot_training_curves(
             history + training_log,
             os.path.join(training_args.output_dir, "training_curves.png"),
+            loss_terms=objective.loss_terms,
             sts_metric=f"eval_{task}_spearman",
         )
 

@@ -28,6 +28,16 @@ def no_gather(local: torch.Tensor) -> tuple[torch.Tensor, int]:
     return local, 0
 
 
+@dataclass(frozen=True)
+class Paper:
+    """The paper an objective implements: how a model card names it, a one-line description with its link, and
+    the BibTeX entry to cite."""
+
+    title: str
+    description: str
+    citation: str
+
+
 @dataclass
 class ObjectiveOutput:
     """A batch's loss, its terms for the logs, and the rows to push into the objective's queue after the step."""
@@ -70,13 +80,17 @@ def pad_features(
 class Objective(nn.Module):
     """Base class of the training objectives (IFCL, SimCSE, ConIsI, PCL, miCSE).
 
-    Subclasses set ``name`` and ``settings_class`` (a dataclass of the objective's own command-line settings, each
-    field prefixed with the objective's name, checked in ``__post_init__``), and implement :meth:`forward`. They
-    are built from the model by :func:`objectives.build_objective`; they must not keep the model as an attribute
-    (they become its sub-module while training), only what they copy from it.
+    Subclasses set ``name`` (``--objective``), ``paper`` (model card and citation), ``loss_terms`` (the terms
+    :meth:`forward` logs, which the training-curve plot draws) and ``settings_class`` (a dataclass of the objective's
+    own command-line settings, each field prefixed with the objective's name, checked in ``__post_init__``), and
+    implement :meth:`forward`; :data:`objectives.OBJECTIVES` registers them. They are built from the model by
+    :func:`objectives.build_objective`; they must not keep the model as an attribute (they become its sub-module
+    while training), only what they copy from it.
     """
 
     name: ClassVar[str] = ""
+    paper: ClassVar[Paper]
+    loss_terms: ClassVar[tuple[str, ...]] = ()
     settings_class: ClassVar[type | None] = None
 
     def __init__(self, model: nn.Module, settings: Any = None) -> None:

@@ -11,7 +11,7 @@ from torch import nn
 
 from losses_ifcl import IFCLLoss
 
-from .base import Gather, Objective, ObjectiveOutput, no_gather
+from .base import Gather, Objective, ObjectiveOutput, Paper, no_gather
 
 
 class IFCLObjective(Objective):
@@ -22,6 +22,19 @@ class IFCLObjective(Objective):
     """
 
     name = "ifcl"
+    paper = Paper(
+        "IFCL",
+        "Identical and Fraternal Twins contrastive learning ([Xiao et al., 2023](https://arxiv.org/abs/2307.10932))",
+        """@inproceedings{xiao2023ifcl,
+  title     = {Identical and Fraternal Twins: Fine-Grained Semantic Contrastive Learning of Sentence Representations},
+  author    = {Xiao, Qingfa and Li, Shuangyin and Chen, Lei},
+  booktitle = {Proceedings of the 26th European Conference on Artificial Intelligence (ECAI)},
+  year      = {2023},
+  eprint    = {2307.10932},
+  archivePrefix = {arXiv}
+}""",
+    )
+    loss_terms = ("loss_identical", "loss_fraternal", "loss_twins")
 
     def __init__(self, model: nn.Module, settings=None) -> None:
         super().__init__(model, settings)

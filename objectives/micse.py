@@ -28,7 +28,7 @@ from torch import nn
 from losses_ifcl import float32_region, info_nce
 from modeling_ifcl import ALL_LAYER_POOLERS
 
-from .base import Gather, Objective, ObjectiveOutput, no_gather
+from .base import Gather, Objective, ObjectiveOutput, Paper, no_gather
 
 ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 LAYERS_SETTING = "micse_attention_layers"
@@ -395,6 +395,17 @@ class MiCSEObjective(Objective):
     """
 
     name = "micse"
+    paper = Paper(
+        "miCSE",
+        "mutual-information contrastive learning ([Klein and Nabi, 2023](https://arxiv.org/abs/2211.04928))",
+        """@inproceedings{klein2023micse,
+  title     = {{miCSE}: Mutual Information Contrastive Learning for Low-shot Sentence Embeddings},
+  author    = {Klein, Tassilo and Nabi, Moin},
+  booktitle = {Proceedings of ACL},
+  year      = {2023}
+}""",
+    )
+    loss_terms = ("loss_contrastive", "loss_attention", "attention_mutual_information")
     settings_class = MiCSESettings
 
     def __init__(self, model: nn.Module, settings: MiCSESettings | None = None) -> None:

@@ -23,7 +23,7 @@ from torch.nn import functional as F
 
 from losses_ifcl import float32_region
 
-from .base import TOKEN_FIELDS, Gather, Objective, ObjectiveOutput, no_gather
+from .base import TOKEN_FIELDS, Gather, Objective, ObjectiveOutput, Paper, no_gather
 
 # The five augmentations of Section 3.2 / Appendix A. "dropout" is the continuous one (Δ^(c)), the others are
 # discrete (Δ^(d)) and change the token ids.
@@ -400,6 +400,17 @@ class PCLObjective(Objective):
     """
 
     name = "pcl"
+    paper = Paper(
+        "PCL",
+        "Peer-Contrastive Learning with diverse augmentations ([Wu et al., 2022](https://arxiv.org/abs/2201.12093))",
+        """@inproceedings{wu2022pcl,
+  title     = {{PCL}: Peer-Contrastive Learning with Diverse Augmentations for Unsupervised Sentence Embeddings},
+  author    = {Wu, Qiyu and Tao, Chongyang and Shen, Tao and Xu, Can and Geng, Xiubo and Jiang, Daxin},
+  booktitle = {Proceedings of EMNLP},
+  year      = {2022}
+}""",
+    )
+    loss_terms = ("loss_kl_peer_peer", "loss_kl_peer_main", "loss_contrastive_main", "loss_contrastive_peer")
     settings_class = PCLSettings
 
     def __init__(self, model: nn.Module, settings: PCLSettings | None = None) -> None:
