@@ -32,9 +32,11 @@ from scipy.stats import pearsonr, spearmanr
 from torch import nn
 from torch.nn import functional as F
 
+from configuration_ifcl import POOLER_TYPES
+from modeling_ifcl import ALL_LAYER_POOLERS, max_input_length, pool_hidden_states
+
 logger = logging.getLogger(__name__)
 
-POOLER_TYPES = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
 MODEL_TYPES = ("auto", "ifcl", "transformers", "sentence-transformers")
 DEFAULT_TEMPERATURE = 0.05
 
@@ -153,38 +155,13 @@ def batch_starts(count: int, batch_size: int, show_progress_bar: bool, descripti
     return tqdm(starts, desc=description, unit="batch")
 
 
-def masked_mean(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``hidden`` [B, L, D] over the real tokens of ``attention_mask`` [B, L], in float32."""
-    mask = attention_mask.unsqueeze(-1).to(torch.float32)
-    return (hidden.to(torch.float32) * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-
-
 def pool_encoder_outputs(pooler_type: str, attention_mask: torch.Tensor, outputs: Any) -> torch.Tensor:
-    """Sentence embeddings from a plain encoder's outputs (no MLP: ``cls`` is the encoder's own ``pooler_output``).
-
-    ``hidden_states[0]`` is the embedding layer, so ``avg_first_last`` averages the first Transformer layer and
-    the last, as SimCSE's and ``IFCLModel.pool`` do.
-    """
+    """Float32 sentence embeddings from a plain encoder's outputs, pooled as :func:`modeling_ifcl.pool_hidden_states`
+    does, except ``cls``: a plain encoder has no SimCSE MLP, so ``cls`` is its own ``pooler_output``."""
     if pooler_type == "cls":
         return outputs.pooler_output.to(torch.float32)
-    if pooler_type == "cls_before_pooler":
-        return outputs.last_hidden_state[:, 0].to(torch.float32)
-    if pooler_type == "avg":
-        return masked_mean(outputs.last_hidden_state, attention_mask)
-    if pooler_type == "avg_first_last":
-        hidden_states = outputs.hidden_states
-        return masked_mean((hidden_states[1].float() + hidden_states[-1].float()) / 2.0, attention_mask)
-    if pooler_type == "avg_top2":
-        hidden_states = outputs.hidden_states
-        return masked_mean((hidden_states[-2].float() + hidden_states[-1].float()) / 2.0, attention_mask)
-    raise ValueError(f"Unknown pooler_type {pooler_type!r}; expected one of {POOLER_TYPES}.")
-
-
-def default_max_length(tokenizer, config) -> int | None:
-    """The longest input the model takes: the tokenizer's limit, capped by the position embeddings."""
-    limits = [getattr(tokenizer, "model_max_length", None), getattr(config, "max_position_embeddings", None)]
-    limits = [limit for limit in limits if isinstance(limit, int) and 0 < limit < 1_000_000]
-    return min(limits) if limits else None
+    hidden_states = outputs.hidden_states if pooler_type in ALL_LAYER_POOLERS else (outputs.last_hidden_state,)
+    return pool_hidden_states(pooler_type, attention_mask, [hidden.to(torch.float32) for hidden in hidden_states])
 
 
 class TransformersEncoder:
@@ -214,7 +191,7 @@ class TransformersEncoder:
         self.model = model
         self.tokenizer = tokenizer
         self.pooler_type = pooler_type
-        self.max_length = max_length or default_max_length(tokenizer, model.config)
+        self.max_length = max_length or max_input_length(tokenizer, model.config)
         self.show_progress_bar = show_progress_bar
 
     @classmethod
@@ -244,7 +221,7 @@ class TransformersEncoder:
 
     @property
     def needs_hidden_states(self) -> bool:
-        return self.pooler_type in ("avg_first_last", "avg_top2")
+        return self.pooler_type in ALL_LAYER_POOLERS
 
     def tokenize(self, sentences: Sequence[str]) -> dict[str, torch.Tensor]:
         """One padded batch on the model's device."""

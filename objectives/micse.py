@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from losses_ifcl import float32_region, info_nce
-from modeling_ifcl import ALL_LAYER_POOLERS
+from modeling_ifcl import ALL_LAYER_POOLERS, RingBufferQueue
 
 from .base import Gather, Objective, ObjectiveOutput, Paper, no_gather
 
@@ -328,40 +328,14 @@ class MomentumContrastiveLoss(nn.Module):
         return info_nce(first_views, second_views, self.temperature, queue, queue_log_weights, label_offset)
 
 
-class MomentumQueue(nn.Module):
-    """The queue Q of Eq. 2: the last ``size`` momentum-encoder embeddings, a ring buffer in registered buffers.
-
-    :meth:`push` writes rows in order at ``pointer``, wrapping around, so the oldest rows are overwritten first;
-    ``filled`` counts the rows written (at most ``size``). Rows fill from index 0, so the filled rows are always
-    the first ``filled``. Checkpoints carry all three buffers.
-    """
+class MomentumQueue(RingBufferQueue):
+    """The queue Q of Eq. 2: the last ``size`` momentum-encoder embeddings, one row per slot of the shared ring
+    buffer (:class:`modeling_ifcl.RingBufferQueue`), so the oldest rows are overwritten first and every row weighs
+    the same. Checkpoints carry its buffers."""
 
     def __init__(self, size: int, dim: int) -> None:
-        super().__init__()
+        super().__init__(num_slots=size, slot_size=1, dim=dim)
         self.size = size
-        self.register_buffer("embeddings", torch.zeros(size, dim))
-        self.register_buffer("filled", torch.tensor(0, dtype=torch.long))
-        self.register_buffer("pointer", torch.tensor(0, dtype=torch.long))
-
-    @torch.no_grad()
-    def push(self, rows: torch.Tensor) -> None:
-        """Add ``rows`` (the newest last). More rows than ``size``: the last ``size`` stay, as if pushed one by one."""
-        count = rows.shape[0]
-        kept = rows[-self.size :] if count > self.size else rows
-        first = self.pointer + (count - kept.shape[0])
-        positions = (first + torch.arange(kept.shape[0], device=self.embeddings.device)) % self.size
-        self.embeddings.index_copy_(0, positions, kept.detach().to(self.embeddings.dtype))
-        self.pointer.copy_((self.pointer + count) % self.size)
-        self.filled.copy_((self.filled + count).clamp(max=self.size))
-
-    def entries(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """All rows and their log weights: 0 for filled rows, −inf for empty ones (no host sync)."""
-        filled = torch.arange(self.size, device=self.embeddings.device) < self.filled
-        log_weights = torch.zeros(self.size, device=self.embeddings.device).masked_fill(~filled, float("-inf"))
-        return self.embeddings, log_weights
-
-    def __len__(self) -> int:
-        return int(self.filled)
 
 
 # ---------------------------------------------------------------------------------------------------- objective

@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from losses_ifcl import float32_region
+from modeling_ifcl import max_input_length
 
 from .base import TOKEN_FIELDS, Gather, Objective, ObjectiveOutput, Paper, no_gather
 
@@ -424,8 +425,7 @@ class PCLObjective(Objective):
             self.settings.pcl_cooperation_weight,
             self.settings.pcl_detach_kl_target,
         )
-        encoder_config = unwrapped.encoder.config
-        self.encoder_max_length = getattr(encoder_config, "max_position_embeddings", None) or 512
+        self.encoder_config = unwrapped.encoder.config
         # θ′: None when tied to θ. Untied, a trainable second IFCL model of the same config holding a copy of the
         # encoder (and of SimCSE's MLP for the cls pooler), so it pools exactly like θ. As a sub-module of the
         # objective it is optimized and checkpointed, and left out of the published model.
@@ -458,10 +458,7 @@ class PCLObjective(Objective):
 
     def view_max_length(self, tokenizer) -> int:
         """The longest view the encoder takes (word repetition makes views longer than their sentence)."""
-        limit = self.encoder_max_length
-        if tokenizer.model_max_length and tokenizer.model_max_length < 100_000:
-            limit = min(limit, tokenizer.model_max_length)
-        return limit
+        return max_input_length(tokenizer, self.encoder_config)
 
     def collate(self, features: list[dict[str, Any]], tokenizer, fraternal_pad_token_id: int | None = None):
         """Anchors and K augmented positives per sentence (Eq. 3), padded to one length.
