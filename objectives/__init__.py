@@ -12,7 +12,17 @@ from __future__ import annotations
 from dataclasses import asdict, fields, is_dataclass
 from typing import Any
 
-from .base import Gather, Objective, ObjectiveOutput, Paper, no_gather, pad_features
+from .base import (
+    Gather,
+    Objective,
+    ObjectiveOutput,
+    Paper,
+    RowGather,
+    no_gather,
+    no_row_gather,
+    pad_features,
+    unwrap_model,
+)
 from .conisi import ConIsIObjective
 from .ifcl import IFCLObjective
 from .micse import MiCSEObjective
@@ -64,10 +74,13 @@ __all__ = [
     "Objective",
     "ObjectiveOutput",
     "Paper",
+    "RowGather",
     "build_objective",
     "no_gather",
+    "no_row_gather",
     "objective_class",
     "pad_features",
     "settings_as_dict",
     "settings_classes",
+    "unwrap_model",
 ]

@@ -35,7 +35,7 @@ from torch import nn
 
 from losses_ifcl import float32_region, info_nce
 
-from .base import Gather, Objective, ObjectiveOutput, Paper, no_gather, pad_features
+from .base import Gather, Objective, ObjectiveOutput, Paper, no_gather, pad_features, unwrap_model
 from .wordnet import DEFAULT_WORDNET_PATH, AntonymLexicon, check_wordnet_folder, load_antonym_lexicon
 
 STRATEGIES = ("s", "o1", "o2")
@@ -392,7 +392,7 @@ class ConIsIObjective(Objective):
 
     def __init__(self, model: nn.Module, settings: ConIsISettings | None = None) -> None:
         super().__init__(model, settings)
-        unwrapped = getattr(model, "module", model)
+        unwrapped = unwrap_model(model)
         settings = self.settings
         self.strategy = settings.conisi_strategy
         self.temperature = unwrapped.config.contrastive_temperature

@@ -28,7 +28,7 @@ from torch import nn
 from losses_ifcl import float32_region, info_nce
 from modeling_ifcl import ALL_LAYER_POOLERS, RingBufferQueue
 
-from .base import Gather, Objective, ObjectiveOutput, Paper, no_gather
+from .base import Gather, Objective, ObjectiveOutput, Paper, RowGather, no_gather, no_row_gather, unwrap_model
 
 ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 LAYERS_SETTING = "micse_attention_layers"
@@ -385,7 +385,7 @@ class MiCSEObjective(Objective):
     def __init__(self, model: nn.Module, settings: MiCSESettings | None = None) -> None:
         super().__init__(model, settings)
         settings = self.settings
-        model = getattr(model, "module", model)
+        model = unwrap_model(model)
         encoder_config = model.encoder.config
         num_layers = getattr(encoder_config, "num_hidden_layers", None)
         num_heads = getattr(encoder_config, "num_attention_heads", None)
@@ -460,27 +460,27 @@ class MiCSEObjective(Objective):
             loss = loss + loss_attention
             components["loss_attention"] = loss_attention.detach()
             components["attention_mutual_information"] = mutual_information.detach()
-        enqueue = self.momentum_embeddings(model, inputs) if self.momentum_encoder is not None else None
-        return ObjectiveOutput(loss, components, enqueue)
+        if self.queue is not None and model.training:
+            self.queue_rows(self.momentum_embeddings(model, inputs))
+        return ObjectiveOutput(loss, components)
 
     @torch.no_grad()
     def momentum_embeddings(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The momentum encoder's embeddings of the batch (pooled with the training pooler), float32."""
-        unwrapped = getattr(model, "module", model)
+        unwrapped = unwrap_model(model)
         pooler_type = unwrapped.config.pooler_type
         all_hidden_states = pooler_type in ALL_LAYER_POOLERS
         outputs = self.momentum_encoder(**inputs, output_hidden_states=all_hidden_states, return_dict=True)
         hidden_states = outputs.hidden_states if all_hidden_states else (outputs.last_hidden_state,)
         return unwrapped.pool(pooler_type, inputs["attention_mask"], hidden_states).float()
 
-    def push_to_queue(self, model: nn.Module, rows: torch.Tensor) -> None:
-        if self.queue is None:
-            raise ValueError("micse_queue_size is 0: this miCSE objective has no queue to push rows into.")
-        self.queue.push(rows)
-
     @torch.no_grad()
-    def on_step_end(self, model: nn.Module) -> None:
-        """EMA of the momentum encoder: θ_m ← μ·θ_m + (1 − μ)·θ (Section 2.1, μ = ``micse_momentum``)."""
+    def on_step_end(self, model: nn.Module, gather_rows: RowGather = no_row_gather) -> None:
+        """The step's momentum embeddings, of all processes, enter the queue Q; then the EMA of the momentum
+        encoder: θ_m ← μ·θ_m + (1 − μ)·θ (Section 2.1, μ = ``micse_momentum``)."""
+        rows = self.step_rows(gather_rows)
+        if rows is not None:
+            self.queue.push(rows)
         if self.momentum_encoder is None:
             return
         online = dict(model.encoder.named_parameters())

@@ -24,7 +24,7 @@ from torch.nn import functional as F
 from losses_ifcl import float32_region
 from modeling_ifcl import max_input_length
 
-from .base import TOKEN_FIELDS, Gather, Objective, ObjectiveOutput, Paper, no_gather
+from .base import TOKEN_FIELDS, Gather, Objective, ObjectiveOutput, Paper, no_gather, unwrap_model
 
 # The five augmentations of Section 3.2 / Appendix A. "dropout" is the continuous one (Δ^(c)), the others are
 # discrete (Δ^(d)) and change the token ids.
@@ -416,7 +416,7 @@ class PCLObjective(Objective):
 
     def __init__(self, model: nn.Module, settings: PCLSettings | None = None) -> None:
         super().__init__(model, settings)
-        unwrapped = getattr(model, "module", model)
+        unwrapped = unwrap_model(model)
         self.temperature = unwrapped.config.contrastive_temperature
         self.positive_augmentations = self.settings.positive_augmentations()
         self.loss = PCLLoss(

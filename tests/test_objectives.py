@@ -70,7 +70,7 @@ def test_simcse_objective_is_in_batch_info_nce_over_dropout_twins():
     output = objective(GivenTwins(anchor, identical), inputs)
     assert output.loss.item() == pytest.approx(simcse_loss_by_hand(anchor, identical, 0.1), rel=1e-4, abs=1e-7)
     assert output.components["loss_contrastive"].item() == pytest.approx(output.loss.item())
-    assert output.enqueue is None
+    assert not objective.pending_rows
 
     # Candidates of another process come first: this process's positives start at the offset.
     others = torch.tensor([[0.3, -1.0, 0.2], [1.0, 1.0, 1.0]])
