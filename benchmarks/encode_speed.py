@@ -69,8 +69,8 @@ def build_encoders(args: BenchmarkArguments, model_path: str) -> tuple[dict, dic
     length."""
     from sentence_transformers import SentenceTransformer
 
-    from evaluation_ifcl import IFCLEncoder, TransformersEncoder
     from modeling_ifcl import IFCLModel
+    from sts_encoders import IFCLEncoder, TransformersEncoder
 
     st_model = SentenceTransformer(model_path, device=args.device)
     max_length = st_model.max_seq_length
