@@ -75,6 +75,14 @@ class ModelArguments:
     )
 
     def __post_init__(self) -> None:
+        from run_ifcl import RUN_IN_PROGRESS_FILE
+
+        if os.path.isfile(os.path.join(self.model_name_or_path, RUN_IN_PROGRESS_FILE)):
+            raise ValueError(
+                f"--model_name_or_path {self.model_name_or_path} holds an unfinished training run "
+                f"({RUN_IN_PROGRESS_FILE}: interrupted, or still going), so its weights may not be the final ones. "
+                f"Evaluate one of its checkpoint-* folders, or resume the run with --resume_from_checkpoint last."
+            )
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"--model_type must be one of {MODEL_TYPES}, got {self.model_type!r}.")
         if self.pooler_type is not None and self.pooler_type not in POOLER_TYPES:
