@@ -10,11 +10,25 @@ from typing import Any
 from transformers import AutoConfig, PretrainedConfig
 
 POOLER_TYPES = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
-# The training objectives (``objectives/``): IFCL and the methods it is compared with.
-OBJECTIVES = ("ifcl", "simcse", "conisi", "pcl", "micse")
+
+
+def registered_objectives() -> tuple[str, ...] | None:
+    """The names of the training objectives (``objectives.OBJECTIVES``, the one registry), or None where the
+    training code is not importable: a model loaded as remote code, whose config was checked when it was trained."""
+    try:
+        from objectives import OBJECTIVES
+    except ImportError:
+        return None
+    return tuple(OBJECTIVES)
+
+
+def uses_fraternal_twins(fraternal_loss_weight: float, twins_loss_weight: float) -> bool:
+    """Whether training needs the fraternal view at all (ℓ^F or ℓ^T has a weight)."""
+    return fraternal_loss_weight > 0 or twins_loss_weight > 0
 
 
 def check_ifcl_settings(
+    *,
     fusion_rate: float,
     queue_size: int,
     forgetting_rate: float,
@@ -82,7 +96,7 @@ class IFCLConfig(PretrainedConfig):
         max_seq_length: truncation length of the training sentences (``encode`` truncates only at the encoder's limit).
         export_sentence_transformers: ``save_pretrained`` also writes the sentence-transformers modules (a copy of
             the encoder in ``0_Transformer/`` and the pooler), so the folder loads with ``SentenceTransformer``.
-        objective: the training objective the model was (or is being) trained with, one of ``OBJECTIVES``. For
+        objective: the training objective the model was (or is being) trained with, one of ``objectives.OBJECTIVES``. For
             other objectives than ``ifcl``, queue_size and the fraternal and Twins loss weights are set to 0 and
             no word table is frozen.
         objective_settings: that objective's own settings (``objectives.<name>``), as a dict.
@@ -118,8 +132,9 @@ class IFCLConfig(PretrainedConfig):
         objective_settings: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        if objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}.")
+        known = registered_objectives()
+        if known is not None and objective not in known:
+            raise ValueError(f"objective must be one of {', '.join(known)}; got {objective!r}.")
         if objective != "ifcl":
             # The queue, the fraternal and Twins losses and the frozen word table (IFCL's reading of BEL_S) are
             # IFCL's: the other objectives build neither the fraternal table nor the hippocampus queue and train the
@@ -127,14 +142,14 @@ class IFCLConfig(PretrainedConfig):
             queue_size, fraternal_loss_weight, twins_loss_weight = 0, 0.0, 0.0
             freeze_word_embeddings = freeze_fraternal_embeddings = False
         check_ifcl_settings(
-            fusion_rate,
-            queue_size,
-            forgetting_rate,
-            contrastive_temperature,
-            twins_loss_weight,
-            fraternal_loss_weight,
-            pooler_type,
-            eval_pooler_type,
+            fusion_rate=fusion_rate,
+            queue_size=queue_size,
+            forgetting_rate=forgetting_rate,
+            temperature=contrastive_temperature,
+            twins_loss_weight=twins_loss_weight,
+            fraternal_loss_weight=fraternal_loss_weight,
+            pooler_type=pooler_type,
+            eval_pooler_type=eval_pooler_type,
         )
         if queue_batch_size < 1:
             raise ValueError(f"queue_batch_size (N) must be ≥ 1, got {queue_batch_size}.")
@@ -165,7 +180,7 @@ class IFCLConfig(PretrainedConfig):
     @property
     def uses_fraternal_twins(self) -> bool:
         """Whether training needs the fraternal view at all (ℓ^F or ℓ^T has a weight)."""
-        return self.fraternal_loss_weight > 0 or self.twins_loss_weight > 0
+        return uses_fraternal_twins(self.fraternal_loss_weight, self.twins_loss_weight)
 
     def build_encoder_config(self) -> PretrainedConfig:
         """The wrapped encoder's own config object."""

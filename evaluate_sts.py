@@ -8,7 +8,7 @@
 
 The model is a saved IFCL model (its remote code gives ``IFCLModel.encode``), a plain ``transformers`` encoder
 (``--pooler_type``) or a sentence-transformers model (a folder with ``modules.json``). Every figure goes through
-``evaluation_ifcl.STSEvaluator``, the Trainer's evaluator. Writes to ``--output_dir``: ``sts_results.md`` (the
+``evaluation_ifcl.STSEvaluator``, the Trainer's evaluator (encoders loaded by ``sts_encoders.py``). Writes to ``--output_dir``: ``sts_results.md`` (the
 paper's table layout), ``sts_results.json`` (every figure) and ``scatter_<task>.png`` (predicted cosine against gold,
 the paper's Fig. 4b). Task layouts and sources: ``sts_tasks.py`` and ``docs/evaluation.md``.
 """
@@ -27,7 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from evaluation_ifcl import MODEL_TYPES, POOLER_TYPES, STSEvaluator, mutual_information
+from configuration_ifcl import POOLER_TYPES
+from evaluation_ifcl import STSEvaluator
+from sts_encoders import MODEL_TYPES, mutual_information
 from sts_tasks import ENGLISH_TASKS, TASK_TITLES, STSData, load_requests, parse_task_requests
 
 logger = logging.getLogger("evaluate_sts")
@@ -73,6 +75,14 @@ class ModelArguments:
     )
 
     def __post_init__(self) -> None:
+        from run_ifcl import RUN_IN_PROGRESS_FILE
+
+        if os.path.isfile(os.path.join(self.model_name_or_path, RUN_IN_PROGRESS_FILE)):
+            raise ValueError(
+                f"--model_name_or_path {self.model_name_or_path} holds an unfinished training run "
+                f"({RUN_IN_PROGRESS_FILE}: interrupted, or still going), so its weights may not be the final ones. "
+                f"Evaluate one of its checkpoint-* folders, or resume the run with --resume_from_checkpoint last."
+            )
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"--model_type must be one of {MODEL_TYPES}, got {self.model_type!r}.")
         if self.pooler_type is not None and self.pooler_type not in POOLER_TYPES:
@@ -312,7 +322,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import torch
 
-    from evaluation_ifcl import MutualInformationEvaluator, load_encoder
+    from sts_encoders import MutualInformationEvaluator, load_encoder
 
     dtype = torch.bfloat16 if eval_args.bf16 else torch.float16 if eval_args.fp16 else None
     loaded = load_encoder(

@@ -7,65 +7,6 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-IFCL_CITATION = """@inproceedings{xiao2023ifcl,
-  title     = {Identical and Fraternal Twins: Fine-Grained Semantic Contrastive Learning of Sentence Representations},
-  author    = {Xiao, Qingfa and Li, Shuangyin and Chen, Lei},
-  booktitle = {Proceedings of the 26th European Conference on Artificial Intelligence (ECAI)},
-  year      = {2023},
-  eprint    = {2307.10932},
-  archivePrefix = {arXiv}
-}"""
-
-# Each training objective: how the card names it, its paper, and the BibTeX to cite.
-OBJECTIVE_PAPERS = {
-    "ifcl": (
-        "IFCL",
-        "Identical and Fraternal Twins contrastive learning ([Xiao et al., 2023](https://arxiv.org/abs/2307.10932))",
-        IFCL_CITATION,
-    ),
-    "simcse": (
-        "SimCSE",
-        "unsupervised SimCSE ([Gao et al., 2021](https://arxiv.org/abs/2104.08821))",
-        """@inproceedings{gao2021simcse,
-  title     = {{SimCSE}: Simple Contrastive Learning of Sentence Embeddings},
-  author    = {Gao, Tianyu and Yao, Xingcheng and Chen, Danqi},
-  booktitle = {Proceedings of EMNLP},
-  year      = {2021}
-}""",
-    ),
-    "conisi": (
-        "ConIsI",
-        "ConIsI, a contrastive framework with inter-sentence interaction (Sun and Huang, CCL 2022)",
-        """@inproceedings{sun2022conisi,
-  title     = {{ConIsI}: A Contrastive Framework with Inter-sentence Interaction for Self-supervised Sentence Representation},
-  author    = {Sun, Meng and Huang, Degen},
-  booktitle = {Proceedings of the 21st China National Conference on Computational Linguistics},
-  pages     = {748--760},
-  year      = {2022}
-}""",
-    ),
-    "pcl": (
-        "PCL",
-        "Peer-Contrastive Learning with diverse augmentations ([Wu et al., 2022](https://arxiv.org/abs/2201.12093))",
-        """@inproceedings{wu2022pcl,
-  title     = {{PCL}: Peer-Contrastive Learning with Diverse Augmentations for Unsupervised Sentence Embeddings},
-  author    = {Wu, Qiyu and Tao, Chongyang and Shen, Tao and Xu, Can and Geng, Xiubo and Jiang, Daxin},
-  booktitle = {Proceedings of EMNLP},
-  year      = {2022}
-}""",
-    ),
-    "micse": (
-        "miCSE",
-        "mutual-information contrastive learning ([Klein and Nabi, 2023](https://arxiv.org/abs/2211.04928))",
-        """@inproceedings{klein2023micse,
-  title     = {{miCSE}: Mutual Information Contrastive Learning for Low-shot Sentence Embeddings},
-  author    = {Klein, Tassilo and Nabi, Moin},
-  booktitle = {Proceedings of ACL},
-  year      = {2023}
-}""",
-    ),
-}
-
 SETTINGS = (
     "fusion_rate",
     "freeze_word_embeddings",
@@ -168,7 +109,10 @@ def write_model_card(
         )
         if results.get("train_steps") is None and getattr(training_args, "max_steps", -1) > 0:
             settings += f"\n| `max_steps` | `{training_args.max_steps}` |"
-    objective, method, citation = OBJECTIVE_PAPERS[objective_name]
+    from objectives import objective_class
+
+    paper = objective_class(objective_name).paper
+    objective, method, citation = paper.title, paper.description, paper.citation
     if objective_name == "ifcl" and not config.uses_fraternal_twins and config.queue_size == 0:
         objective = "SimCSE (IFCL without fraternal twins, Twins loss and queue)"
     repo = model_name if "/" in model_name else f"<user>/{model_name}"

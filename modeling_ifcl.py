@@ -18,9 +18,9 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 try:  # loaded as remote code (a package made by transformers)
-    from .configuration_ifcl import IFCLConfig
+    from .configuration_ifcl import POOLER_TYPES, IFCLConfig
 except ImportError:  # imported from a checkout of the project
-    from configuration_ifcl import IFCLConfig
+    from configuration_ifcl import POOLER_TYPES, IFCLConfig
 
 FRATERNAL_TOKENIZER_FOLDER = "fraternal_tokenizer"
 SENTENCE_TRANSFORMERS_ENCODER_FOLDER = "0_Transformer"
@@ -35,6 +35,37 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
     """Mean of ``hidden`` [B, L, D] over the real tokens of ``attention_mask`` [B, L]."""
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+
+
+def pool_hidden_states(
+    pooler_type: str,
+    attention_mask: torch.Tensor,
+    hidden_states: Sequence[torch.Tensor],
+    cls_head: nn.Module | None = None,
+) -> torch.Tensor:
+    """Sentence representation from an encoder's hidden states (``hidden_states[0]`` the embedding layer; for the
+    last-layer poolers a 1-tuple of the last layer will do). ``cls`` passes [CLS] through ``cls_head``."""
+    last = hidden_states[-1]
+    if pooler_type == "cls":
+        return cls_head(last[:, 0])
+    if pooler_type == "cls_before_pooler":
+        return last[:, 0]
+    if pooler_type == "avg":
+        return mean_pool(last, attention_mask)
+    if pooler_type == "avg_first_last":
+        return mean_pool((hidden_states[1] + last) / 2.0, attention_mask)
+    if pooler_type == "avg_top2":
+        return mean_pool((hidden_states[-2] + last) / 2.0, attention_mask)
+    raise ValueError(f"Unknown pooler_type {pooler_type!r}; expected one of {', '.join(POOLER_TYPES)}.")
+
+
+def max_input_length(tokenizer: PreTrainedTokenizerBase, encoder_config) -> int:
+    """The longest input an encoder takes: its tokenizer's limit, capped by its position embeddings (512 when
+    neither says). Tokenizers without a limit report a huge ``model_max_length``, which does not count."""
+    limit = getattr(encoder_config, "max_position_embeddings", None) or 512
+    if tokenizer.model_max_length and tokenizer.model_max_length < 100_000:
+        limit = min(limit, tokenizer.model_max_length)
+    return limit
 
 
 def pad_to_length(tensor: torch.Tensor, length: int, value: int) -> torch.Tensor:
@@ -55,20 +86,20 @@ class SimCSEMLP(nn.Module):
         return self.activation(self.dense(features))
 
 
-class HippocampusQueue(nn.Module):
-    """Queue of the anchors of the last k optimizer steps, the extra negatives of ℓ^I (Section 3.2, Eq. 4).
+class RingBufferQueue(nn.Module):
+    """A queue of past embeddings in registered buffers (so checkpoints carry it): k slots of N rows, a ring buffer.
 
-    Stored as k slots of N rows (N = anchors per step), a ring buffer: a push overwrites the oldest slot in place,
-    so no step copies the whole queue. Entry m (m = 1 the newest) lies in the slot of age a = ⌈m/N⌉ and has the
-    forgetting coefficient p_m = 1 − λ·a. Rows never written (the first k steps, or a short last batch) are marked
-    invalid and take no part. All state is in registered buffers, so checkpoints carry it.
+    A push of ``count`` rows fills the next ⌈count/N⌉ slots in place, overwriting the oldest ones, so no step copies
+    the whole queue; the rows of a last partial slot that were not written are marked invalid and take no part,
+    like slots never written. More rows than the queue holds keep the newest, as if pushed one slot at a time.
+    IFCL's hippocampus queue takes one slot per optimizer step (N = the global batch); miCSE's queue of momentum
+    embeddings takes one row per slot (N = 1).
     """
 
-    def __init__(self, num_slots: int, slot_size: int, dim: int, forgetting_rate: float) -> None:
+    def __init__(self, num_slots: int, slot_size: int, dim: int) -> None:
         super().__init__()
         self.num_slots = num_slots
         self.slot_size = slot_size
-        self.forgetting_rate = forgetting_rate
         self.register_buffer("embeddings", torch.zeros(num_slots, slot_size, dim))
         self.register_buffer("valid", torch.zeros(num_slots, slot_size, dtype=torch.bool))
         # Index of the newest slot; -1 before the first push.
@@ -81,6 +112,51 @@ class HippocampusQueue(nn.Module):
         self.head.fill_(-1)
 
     @torch.no_grad()
+    def push(self, rows: torch.Tensor) -> None:
+        """Put ``rows`` (the newest last) in front."""
+        count = rows.shape[0]
+        if count == 0:
+            return
+        num_new = -(-count // self.slot_size)
+        skipped = max(num_new - self.num_slots, 0)  # slots that would be overwritten within this push
+        rows = rows[skipped * self.slot_size :]
+        kept = num_new - skipped
+        padded = torch.zeros(kept * self.slot_size, self.embeddings.shape[-1], device=self.embeddings.device,
+                             dtype=self.embeddings.dtype)  # fmt: skip
+        padded[: rows.shape[0]] = rows.detach().to(padded.dtype)
+        row_valid = torch.arange(kept * self.slot_size, device=padded.device) < rows.shape[0]
+        slots = (self.head + 1 + skipped + torch.arange(kept, device=padded.device)) % self.num_slots
+        self.embeddings.index_copy_(0, slots, padded.view(kept, self.slot_size, -1))
+        self.valid.index_copy_(0, slots, row_valid.view(kept, self.slot_size))
+        self.head.copy_((self.head + num_new) % self.num_slots)
+
+    def slot_ages(self) -> torch.Tensor:
+        """Age in pushes of every slot, 1 for the newest (``⌈m/N⌉`` of its entries)."""
+        slots = torch.arange(self.num_slots, device=self.head.device)
+        return (self.head - slots) % self.num_slots + 1
+
+    def entries(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All k·N rows and their log weights, 0 for written rows and −inf for empty ones, in storage order (no host
+        sync, no copy)."""
+        log_weights = torch.zeros(self.valid.shape, device=self.embeddings.device)
+        return self.embeddings.flatten(0, 1), log_weights.masked_fill(~self.valid, float("-inf")).flatten()
+
+    def __len__(self) -> int:
+        return int(self.valid.sum())
+
+
+class HippocampusQueue(RingBufferQueue):
+    """Queue of the anchors of the last k optimizer steps, the extra negatives of ℓ^I (Section 3.2, Eq. 4).
+
+    One slot of N rows per optimizer step (N = anchors per step). Entry m (m = 1 the newest) lies in the slot of age
+    a = ⌈m/N⌉ and has the forgetting coefficient p_m = 1 − λ·a.
+    """
+
+    def __init__(self, num_slots: int, slot_size: int, dim: int, forgetting_rate: float) -> None:
+        super().__init__(num_slots, slot_size, dim)
+        self.forgetting_rate = forgetting_rate
+
+    @torch.no_grad()
     def push(self, anchors: torch.Tensor) -> None:
         """Put the anchors of one optimizer step (at most N rows, already gathered from all processes) in front."""
         count = anchors.shape[0]
@@ -90,18 +166,7 @@ class HippocampusQueue(nn.Module):
                 f"(IFCLConfig.queue_batch_size). Set it to the global batch: per-device batch × processes × "
                 f"gradient accumulation steps."
             )
-        slot = (self.head + 1) % self.num_slots
-        rows = torch.zeros_like(self.embeddings[0])
-        rows[:count] = anchors.detach().to(rows.dtype)
-        row_valid = torch.arange(self.slot_size, device=rows.device) < count
-        self.embeddings.index_copy_(0, slot.view(1), rows.unsqueeze(0))
-        self.valid.index_copy_(0, slot.view(1), row_valid.unsqueeze(0))
-        self.head.copy_(slot)
-
-    def slot_ages(self) -> torch.Tensor:
-        """Age in steps of every slot, 1 for the newest (``⌈m/N⌉`` of its entries)."""
-        slots = torch.arange(self.num_slots, device=self.head.device)
-        return (self.head - slots) % self.num_slots + 1
+        super().push(anchors)
 
     def entries(self) -> tuple[torch.Tensor, torch.Tensor]:
         """All k·N rows and their log forgetting coefficients (−inf for empty rows), in storage order.
@@ -119,9 +184,6 @@ class HippocampusQueue(nn.Module):
         embeddings, valid = self.embeddings[order].flatten(0, 1), self.valid[order].flatten()
         ages = self.slot_ages()[order].repeat_interleave(self.slot_size)
         return embeddings[valid], (1.0 - self.forgetting_rate * ages.to(embeddings.dtype))[valid]
-
-    def __len__(self) -> int:
-        return int(self.valid.sum())
 
 
 @dataclass
@@ -179,7 +241,7 @@ class IFCLModel(PreTrainedModel):
     """
 
     config_class = IFCLConfig
-    base_model_prefix = "ifcl"
+    base_model_prefix = "encoder"  # the attribute that holds the wrapped encoder (PreTrainedModel.base_model)
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
 
@@ -256,7 +318,7 @@ class IFCLModel(PreTrainedModel):
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
-        if isinstance(module, HippocampusQueue):
+        if isinstance(module, RingBufferQueue):
             init.zeros_(module.embeddings)
             init.zeros_(module.valid)
             init.constant_(module.head, -1)
@@ -455,19 +517,9 @@ class IFCLModel(PreTrainedModel):
         attention_mask: torch.Tensor,
         hidden_states: Sequence[torch.Tensor],
     ) -> torch.Tensor:
-        """Sentence representation from the encoder's hidden states (``hidden_states[0]`` is the embedding layer)."""
-        last = hidden_states[-1]
-        if pooler_type == "cls":
-            return self.mlp(last[:, 0])
-        if pooler_type == "cls_before_pooler":
-            return last[:, 0]
-        if pooler_type == "avg":
-            return mean_pool(last, attention_mask)
-        if pooler_type == "avg_first_last":
-            return mean_pool((hidden_states[1] + last) / 2.0, attention_mask)
-        if pooler_type == "avg_top2":
-            return mean_pool((hidden_states[-2] + last) / 2.0, attention_mask)
-        raise ValueError(f"Unknown pooler_type {pooler_type!r}.")
+        """Sentence representation from the encoder's hidden states (:func:`pool_hidden_states`; ``cls`` goes
+        through SimCSE's MLP)."""
+        return pool_hidden_states(pooler_type, attention_mask, hidden_states, self.mlp)
 
     def fraternal_word_embeddings(self, fraternal_input_ids: torch.Tensor) -> torch.Tensor:
         """BEL_F(x⁻) at the encoder's width."""
@@ -622,11 +674,8 @@ class IFCLModel(PreTrainedModel):
         return self.config.stack_views
 
     def max_input_length(self, tokenizer: PreTrainedTokenizerBase) -> int:
-        """The longest input the encoder takes: the tokenizer's limit, else the position embeddings'."""
-        limit = getattr(self.encoder.config, "max_position_embeddings", None) or 512
-        if tokenizer.model_max_length and tokenizer.model_max_length < 100_000:
-            limit = min(limit, tokenizer.model_max_length)
-        return limit
+        """The longest input the encoder takes (:func:`max_input_length`)."""
+        return max_input_length(tokenizer, self.encoder.config)
 
     @torch.no_grad()
     def encode(

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-LOSS_TERMS = ("loss", "loss_identical", "loss_fraternal", "loss_twins")
 
+def plot_training_curves(
+    log_history: list[dict[str, Any]],
+    path: str,
+    loss_terms: Sequence[str],
+    sts_metric: str = "eval_stsb_spearman",
+) -> list[str]:
+    """Draw ``log_history`` (``trainer.state.log_history``) into ``path``; returns the curves drawn on the left.
 
-def plot_training_curves(log_history: list[dict[str, Any]], path: str, sts_metric: str = "eval_stsb_spearman") -> str:
-    """Draw ``log_history`` (``trainer.state.log_history``) into ``path``; returns the path.
-
-    Left: each logged loss term. Right: ``sts_metric`` at each evaluation, the best one marked.
+    Left: the total ``loss`` and each of ``loss_terms`` (the objective's own, ``Objective.loss_terms``) that was
+    logged. Right: ``sts_metric`` at each evaluation, the best one marked.
     """
     import matplotlib
 
@@ -18,11 +23,13 @@ def plot_training_curves(log_history: list[dict[str, Any]], path: str, sts_metri
     import matplotlib.pyplot as plt
 
     figure, (loss_axes, sts_axes) = plt.subplots(1, 2, figsize=(11, 4))
-    for term in LOSS_TERMS:
+    drawn = []
+    for term in ("loss", *loss_terms):
         points = [(entry["step"], entry[term]) for entry in log_history if term in entry and "step" in entry]
         if points:
             steps, values = zip(*points)
             loss_axes.plot(steps, values, label=term, linewidth=2 if term == "loss" else 1)
+            drawn.append(term)
     loss_axes.set(xlabel="optimizer step", ylabel="loss", title="Training loss terms")
     loss_axes.set_yscale("symlog", linthresh=1e-3)
     loss_axes.legend()
@@ -40,4 +47,4 @@ def plot_training_curves(log_history: list[dict[str, Any]], path: str, sts_metri
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
-    return path
+    return drawn

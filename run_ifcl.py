@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,8 +26,8 @@ import torch
 import transformers
 from transformers import HfArgumentParser, TrainingArguments, set_seed
 
-from configuration_ifcl import OBJECTIVES, POOLER_TYPES, check_ifcl_settings
-from objectives import objective_class, settings_as_dict, settings_classes
+from configuration_ifcl import POOLER_TYPES, check_ifcl_settings, uses_fraternal_twins
+from objectives import OBJECTIVES, objective_class, settings_as_dict, settings_classes
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,19 @@ class DataArguments:
 
 
 @dataclass
+class OutputArguments:
+    """What may happen to an output folder that already holds a run."""
+
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Delete the run already in --output_dir (its model, checkpoints and results) and train anew. "
+            "Without it such a folder is refused; --resume_from_checkpoint last continues it instead."
+        },
+    )
+
+
+@dataclass
 class ObjectiveArguments:
     """Which training objective: IFCL, or one of the methods it is compared with (``objectives/``)."""
 
@@ -159,19 +173,15 @@ class IFCLArguments:
 
     def __post_init__(self) -> None:
         check_ifcl_settings(
-            self.fusion_rate,
-            self.queue_size,
-            self.forgetting_rate,
-            self.temperature,
-            self.twins_loss_weight,
-            self.fraternal_loss_weight,
-            self.pooler_type,
-            self.eval_pooler_type,
+            fusion_rate=self.fusion_rate,
+            queue_size=self.queue_size,
+            forgetting_rate=self.forgetting_rate,
+            temperature=self.temperature,
+            twins_loss_weight=self.twins_loss_weight,
+            fraternal_loss_weight=self.fraternal_loss_weight,
+            pooler_type=self.pooler_type,
+            eval_pooler_type=self.eval_pooler_type,
         )
-
-    @property
-    def uses_fraternal_twins(self) -> bool:
-        return self.fraternal_loss_weight > 0 or self.twins_loss_weight > 0
 
 
 # The embedded default: a budget that runs in minutes on two CPU cores; every value can be overridden.
@@ -273,27 +283,167 @@ class RunArguments:
     objective: ObjectiveArguments
     objective_settings: Any  # the chosen objective's settings dataclass (None for ifcl and simcse)
     training: TrainingArguments
+    output: OutputArguments
+
+
+# Settings only ``--objective ifcl`` reads; every other objective's own settings are its settings dataclass's fields.
+IFCL_ONLY_SETTINGS = (
+    "fusion_rate",
+    "freeze_word_embeddings",
+    "freeze_fraternal_embeddings",
+    "queue_size",
+    "forgetting_rate",
+    "fraternal_loss_weight",
+    "twins_loss_weight",
+    "fraternal_model_name_or_path",
+    "fraternal_column",
+)
+
+
+def given_setting_names(argv: list[str]) -> set[str]:
+    """The settings a command line names (``--name value``, ``--name=value``, ``--no_name``, dashes or not)."""
+    names = set()
+    for token in argv:
+        if token.startswith("--") and len(token) > 2:
+            name = token[2:].split("=", 1)[0].replace("-", "_")
+            names.add(name[3:] if name.startswith("no_") else name)
+    return names
+
+
+def refuse_other_objectives_settings(objective: str, given: set[str]) -> None:
+    """Stop with a message when a setting of another objective than ``objective`` is given: it would be ignored."""
+    from dataclasses import fields
+
+    owners = {name: "ifcl" for name in IFCL_ONLY_SETTINGS}
+    for name, cls in OBJECTIVES.items():
+        if cls.settings_class is not None:
+            owners.update({f.name: name for f in fields(cls.settings_class)})
+    foreign = sorted(name for name in given if owners.get(name, objective) != objective)
+    if foreign:
+        listed = ", ".join(f"--{name} (--objective {owners[name]})" for name in foreign)
+        raise ValueError(
+            f"{listed}: a setting of another objective than --objective {objective}, which would ignore it. "
+            f"Remove it, or choose the objective it belongs to."
+        )
 
 
 def parse_arguments(argv: list[str]) -> RunArguments:
-    """Command line (or one .json file) → the argument dataclasses, with the embedded defaults beneath."""
+    """Command line (or one .json file) → the argument dataclasses, with the embedded defaults beneath.
+
+    A setting of an objective other than the chosen one is refused (it would be silently ignored)."""
     all_settings = settings_classes()
     parser = HfArgumentParser(
-        (ModelArguments, DataArguments, IFCLArguments, ObjectiveArguments, *all_settings, TrainingArguments)
-    )
+        (ModelArguments, DataArguments, IFCLArguments, ObjectiveArguments, OutputArguments, *all_settings,
+         TrainingArguments)
+    )  # fmt: skip
     if len(argv) == 1 and argv[0].endswith(".json"):
         import json
 
         with open(argv[0], encoding="utf-8") as f:
-            values = {**TRAINING_DEFAULTS, **json.load(f)}
-        parsed = parser.parse_dict(values)
+            given = json.load(f)
+        parsed = parser.parse_dict({**TRAINING_DEFAULTS, **given})
+        given_names = set(given)
     else:
         parser.set_defaults(**TRAINING_DEFAULTS)
         parsed = parser.parse_args_into_dataclasses(args=argv)
-    model_args, data_args, ifcl_args, objective_args, *settings, training_args = parsed
+        given_names = given_setting_names(argv)
+    model_args, data_args, ifcl_args, objective_args, output_args, *settings, training_args = parsed
+    refuse_other_objectives_settings(objective_args.objective, given_names)
     wanted = objective_class(objective_args.objective).settings_class
     chosen = next((s for s in settings if wanted is not None and isinstance(s, wanted)), None)
-    return RunArguments(model_args, data_args, ifcl_args, objective_args, chosen, training_args)
+    return RunArguments(model_args, data_args, ifcl_args, objective_args, chosen, training_args, output_args)
+
+
+# Written into the output folder when a run starts and removed once its results, model card and plots are saved:
+# a folder that still holds it is an unfinished run (interrupted, or still going).
+RUN_IN_PROGRESS_FILE = "run_in_progress.json"
+RESULT_FILES = ("all_results.json", "model.safetensors", "pytorch_model.bin", RUN_IN_PROGRESS_FILE)
+LAST_CHECKPOINT = ("last", "true")
+
+
+class OutputFolderError(ValueError):
+    """The output folder holds a run that this one would overwrite, or cannot be written."""
+
+
+def earlier_run(folder: str) -> list[str]:
+    """What in ``folder`` shows an earlier run: results, weights, checkpoints, an unfinished run's marker."""
+    if not os.path.isdir(folder):
+        return []
+    names = sorted(os.listdir(folder))
+    return [
+        n
+        for n in names
+        if n in RESULT_FILES or (n.startswith("checkpoint-") and os.path.isdir(os.path.join(folder, n)))
+    ]
+
+
+def check_output_folder(training_args: TrainingArguments, output_args: OutputArguments) -> None:
+    """Refuse a folder that holds a run, unless resuming it or asked to overwrite it, and resolve
+    ``--resume_from_checkpoint last``; reads only, before any data or model is loaded."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    folder = training_args.output_dir
+    resume = training_args.resume_from_checkpoint
+    if resume is not None and str(resume).lower() in LAST_CHECKPOINT:
+        last = get_last_checkpoint(folder) if os.path.isdir(folder) else None
+        if last is None:
+            raise OutputFolderError(f"--resume_from_checkpoint {resume}: {folder} holds no checkpoint-* folder.")
+        training_args.resume_from_checkpoint = resume = last
+    if resume is not None and not os.path.isfile(os.path.join(resume, "trainer_state.json")):
+        raise OutputFolderError(
+            f"--resume_from_checkpoint {resume}: not a checkpoint folder (no trainer_state.json there)."
+        )
+    found = earlier_run(folder)
+    if found and resume is None and not output_args.overwrite_output_dir:
+        shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+        raise OutputFolderError(
+            f"--output_dir {folder} already holds a run ({shown}). Choose another --output_dir, continue it with "
+            f"--resume_from_checkpoint last, or replace it with --overwrite_output_dir."
+        )
+
+
+def start_run_in_output_folder(training_args: TrainingArguments, output_args: OutputArguments) -> None:
+    """Once the input is checked, before any model is loaded: delete the earlier run when asked to overwrite it,
+    make the folder (an unwritable one is found here) and mark the run as in progress."""
+    folder = training_args.output_dir
+    # The process that saves does it before the others go on.
+    with training_args.main_process_first(desc="preparing the output folder"):
+        if not training_args.should_save:
+            return
+        if output_args.overwrite_output_dir and training_args.resume_from_checkpoint is None and earlier_run(folder):
+            import shutil
+
+            logger.warning(f"--overwrite_output_dir: deleting the earlier run in {folder}.")
+            shutil.rmtree(folder)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            write_json_atomically(
+                os.path.join(folder, RUN_IN_PROGRESS_FILE),
+                {"command": " ".join(sys.argv), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S")},
+            )
+        except OSError as error:
+            raise OutputFolderError(f"--output_dir {folder} cannot be written: {error}") from error
+
+
+def write_json_atomically(path: str, content: Any) -> None:
+    """Write ``content`` as JSON to a temporary file beside ``path``, then rename it over ``path``: a reader sees the
+    old file or the whole new one, never half of it. NaN and infinities (a correlation over constant scores) are
+    written as null, so the file stays valid JSON."""
+    import json
+
+    def finite(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [finite(v) for v in value]
+        return value
+
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8") as f:
+        json.dump(finite(content), f, indent=2, sort_keys=True, allow_nan=False)
+    os.replace(temporary, path)
 
 
 def load_training_text(data_args: DataArguments, needs_fraternal: bool) -> datasets.Dataset:
@@ -369,17 +519,22 @@ def run(argv: list[str]):
         training_args.metric_for_best_model = task_metric
 
     # Everything that can be wrong with the input is found before the model is loaded.
+    check_output_folder(training_args, arguments.output)
     push_at_end = take_over_push(training_args)
     with training_args.main_process_first(desc="reading training and STS data"):
-        train_text = load_training_text(data_args, is_ifcl and ifcl_args.uses_fraternal_twins)
+        needs_fraternal = is_ifcl and uses_fraternal_twins(
+            ifcl_args.fraternal_loss_weight, ifcl_args.twins_loss_weight
+        )
+        train_text = load_training_text(data_args, needs_fraternal)
         validation_sts, test_sts = load_sts_sets(data_args)
     if data_args.max_train_samples is not None:
         train_text = train_text.select(range(min(data_args.max_train_samples, len(train_text))))
     logger.info(f"{len(train_text)} training sentences; STS dev {len(validation_sts)}, test {len(test_sts)} pairs")
+    start_run_in_output_folder(training_args, arguments.output)
 
     from modeling_ifcl import IFCLModel
     from objectives import build_objective
-    from trainer_ifcl import IFCLTrainer, ObjectiveDataCollator
+    from trainer_ifcl import IFCLTrainer
 
     model_name_or_path = model_args.model_name_or_path or embedded_model_path()
     global_batch_size = (
@@ -442,7 +597,6 @@ def run(argv: list[str]):
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset={task: validation_sts},
-        data_collator=ObjectiveDataCollator(objective, tokenizer, fraternal_tokenizer.pad_token_id),
         objective=objective,
     )
 
@@ -458,7 +612,9 @@ def run(argv: list[str]):
     train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     training_log = list(trainer.state.log_history)  # before the final evaluations of the best checkpoint
     trainer.save_model()
-    trainer.save_metrics("init", init_metrics)
+    # Each results file is this run's own figures (the Trainer's save_metrics would merge them into an
+    # all_results.json already there); all_results.json is written last, atomically.
+    trainer.save_metrics("init", init_metrics, combined=False)
     all_metrics: dict[str, float] = dict(init_metrics)
     metrics = train_result.metrics
     metrics["train_samples"] = len(train_dataset)
@@ -467,15 +623,17 @@ def run(argv: list[str]):
     if torch.cuda.is_available():
         metrics["train_peak_gpu_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
     trainer.log_metrics("train", metrics)
-    trainer.save_metrics("train", metrics)
+    trainer.save_metrics("train", metrics, combined=False)
     trainer.save_state()
     all_metrics.update(metrics)
 
     metrics = trainer.evaluate()
     metrics.update(trainer.evaluate(eval_dataset={task: test_sts}, metric_key_prefix="test"))
     trainer.log_metrics("eval", metrics)
-    trainer.save_metrics("eval", metrics)
+    trainer.save_metrics("eval", metrics, combined=False)
     all_metrics.update(metrics)
+    if trainer.is_world_process_zero():
+        write_json_atomically(os.path.join(training_args.output_dir, "all_results.json"), all_metrics)
 
     if trainer.is_world_process_zero():
         from plots_ifcl import plot_training_curves
@@ -485,11 +643,14 @@ def run(argv: list[str]):
         plot_training_curves(
             history + training_log,
             os.path.join(training_args.output_dir, "training_curves.png"),
+            loss_terms=objective.loss_terms,
             sts_metric=f"eval_{task}_spearman",
         )
 
     dataset_tags = data_args.dataset_name or ("trans-de-en" if data_args.train_file is None else None)
     trainer.create_model_card(dataset=dataset_tags, model_name=training_args.hub_model_id)
+    if trainer.is_world_process_zero():  # results, card and plots are saved: the run is finished
+        os.remove(os.path.join(training_args.output_dir, RUN_IN_PROGRESS_FILE))
     if push_at_end and trainer.is_world_process_zero():
         push_output_folder(training_args)
     for key in ("init_eval", "eval", "init_test", "test"):

@@ -17,22 +17,7 @@ from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint, speed_metrics
 
 from evaluation_ifcl import STSEvaluator
-from objectives import Objective, build_objective, pad_features
-
-
-@dataclass
-class IFCLDataCollator:
-    """Pads the sentence fields and the fraternal fields of a batch, each to their own longest sequence.
-
-    The model pads the shorter of the two to the other's length when it fuses them (Eq. 3), so the anchors are
-    not padded to the (often longer) translations when the views are encoded separately.
-    """
-
-    pad_token_id: int
-    fraternal_pad_token_id: int | None = None
-
-    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        return pad_features(features, self.pad_token_id, self.fraternal_pad_token_id)
+from objectives import Objective, build_objective, unwrap_model
 
 
 @dataclass
@@ -61,8 +46,7 @@ class ObjectiveStepCallback(TrainerCallback):
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.trainer.update_queue()
-        self.trainer.objective.on_step_end(self.trainer.accelerator.unwrap_model(self.trainer.model))
+        self.trainer.objective.on_step_end(unwrap_model(self.trainer.model), self.trainer.gather_rows)
         if control.should_save:
             self.trainer.check_finite_loss(state.global_step)
 
@@ -75,7 +59,8 @@ class IFCLTrainer(Trainer):
       weights are optimized and checkpointed; :meth:`save_model` leaves it out of the published model.
     - ``compute_loss``: the objective's loss; its terms are logged (``loss_identical``, ``loss_fraternal``,
       ``loss_twins`` for IFCL).
-    - The queue takes the rows (IFCL: the anchors) of all processes after every optimizer step.
+    - After every optimizer step the objective's ``on_step_end`` gets the unwrapped model and :meth:`gather_rows`
+      (IFCL pushes the anchors of all processes into its queue, miCSE its momentum embeddings).
     - ``eval_dataset``: STS sets (``datasets.Dataset`` with sentence1, sentence2, score, or :class:`STSEvaluator`),
       a dict of them gives ``eval_<name>_spearman`` (× 100), usable as ``metric_for_best_model``.
     """
@@ -89,10 +74,15 @@ class IFCLTrainer(Trainer):
         if args is not None and args.remove_unused_columns:
             # Objectives read features that are not arguments of the model's forward (pair inputs, ...).
             args.remove_unused_columns = False
+        if not rest and kwargs.get("data_collator") is None:
+            # The objective's own collator (padding each feature group, per-batch augmentations).
+            tokenizer = kwargs.get("processing_class") or model.tokenizer
+            kwargs["data_collator"] = ObjectiveDataCollator(
+                self.objective, tokenizer, model.config.fraternal_pad_token_id
+            )
         super().__init__(model, args, *rest, **kwargs)
         # compute_loss returns a per-micro-batch mean: the Trainer divides it by the accumulation steps.
         self.loss_is_scaled_for_ga = False
-        self._pending_rows: list[torch.Tensor] = []
         self._loss_sums: dict[str, torch.Tensor] = {}
         self._loss_count = 0
         self._last_checked_step = 0
@@ -103,8 +93,6 @@ class IFCLTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         output = self.objective(model, inputs, self.gather_candidates)
         if model.training:
-            if output.enqueue is not None:
-                self._pending_rows.append(output.enqueue.detach())
             for name, value in output.components.items():
                 self._loss_sums[name] = self._loss_sums.get(name, 0.0) + value
             self._loss_count += 1
@@ -125,12 +113,9 @@ class IFCLTrainer(Trainer):
         return torch.cat(all_gather(local.contiguous())), self.accelerator.process_index * local.shape[0]
 
     @torch.no_grad()
-    def update_queue(self) -> None:
-        """Push the rows the objective asked to enqueue in the step just finished, from all processes."""
-        if not self._pending_rows:
-            return
-        rows = torch.cat(self._pending_rows)
-        self._pending_rows.clear()
+    def gather_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The rows of all processes in rank order, without gradient (what an objective pushes into its queue);
+        processes may hold different numbers of rows."""
         if self.accelerator.num_processes > 1:
             count = torch.tensor([rows.shape[0]], device=rows.device)
             counts = self.accelerator.gather(count)
@@ -138,7 +123,7 @@ class IFCLTrainer(Trainer):
             gathered = self.accelerator.gather(padded).view(len(counts), padded.shape[0], -1)
             keep = torch.arange(padded.shape[0], device=rows.device) < counts.unsqueeze(1)
             rows = gathered[keep]
-        self.objective.push_to_queue(self.accelerator.unwrap_model(self.model), rows)
+        return rows
 
     def check_finite_loss(self, step: int) -> None:
         """Stop with a message naming the step and the loss term when a term went NaN or infinite.
@@ -187,7 +172,7 @@ class IFCLTrainer(Trainer):
             dataset = self.eval_dataset[dataset]
         evaluator = dataset if isinstance(dataset, STSEvaluator) else STSEvaluator.from_dataset(dataset)
         start = time.time()
-        model = self.accelerator.unwrap_model(self.model)
+        model = unwrap_model(self.model)
         scores = evaluator(model, batch_size=self.args.per_device_eval_batch_size)
         metrics = {f"{metric_key_prefix}_{name}": value for name, value in scores.items()}
         metrics.update(speed_metrics(metric_key_prefix, start, num_samples=len(evaluator)))
@@ -200,7 +185,7 @@ class IFCLTrainer(Trainer):
     @contextmanager
     def published_model(self) -> Iterator[torch.nn.Module]:
         """The model without the objective's own modules (heads, peer network, momentum encoder), restored after."""
-        model = self.accelerator.unwrap_model(self.model)
+        model = unwrap_model(self.model)
         objective = model._modules.pop("training_objective", None)
         try:
             yield model
@@ -229,7 +214,7 @@ class IFCLTrainer(Trainer):
                 results = json.load(f)
         write_model_card(
             self.args.output_dir,
-            self.accelerator.unwrap_model(self.model).config,
+            unwrap_model(self.model).config,
             results,
             training_args=self.args,
             model_name=model_name or self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir)),

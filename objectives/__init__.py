@@ -1,14 +1,7 @@
 """The training objectives ``run_ifcl.py --objective`` chooses from, all run by the same ``IFCLTrainer``.
 
-====== ================================================= =============================================
-name   method                                            module
-====== ================================================= =============================================
-ifcl   Identical and Fraternal Twins (Xiao et al. 2023)   :mod:`objectives.ifcl`
-simcse unsupervised SimCSE (Gao et al. 2021)               :mod:`objectives.simcse`
-conisi ConIsI (Sun et al. 2023)                            :mod:`objectives.conisi`
-pcl    Peer-Contrastive Learning (Wu et al. 2022)          :mod:`objectives.pcl`
-micse  miCSE (Klein & Nabi 2023)                           :mod:`objectives.micse`
-====== ================================================= =============================================
+Each objective is a module here (``ifcl``, ``simcse``, ``conisi``, ``pcl``, ``micse``) whose class carries its name,
+its paper and its loss terms; :data:`OBJECTIVES` registers them, and everything else reads them from there.
 
 Only what training needs lives here: a published model embeds with ``modeling_ifcl.py`` alone, whatever the
 objective it was trained with.
@@ -16,36 +9,43 @@ objective it was trained with.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import asdict, fields, is_dataclass
 from typing import Any
 
-from configuration_ifcl import OBJECTIVES
+from .base import (
+    Gather,
+    Objective,
+    ObjectiveOutput,
+    Paper,
+    RowGather,
+    no_gather,
+    no_row_gather,
+    pad_features,
+    unwrap_model,
+)
+from .conisi import ConIsIObjective
+from .ifcl import IFCLObjective
+from .micse import MiCSEObjective
+from .pcl import PCLObjective
+from .simcse import SimCSEObjective
 
-from .base import Gather, Objective, ObjectiveOutput, no_gather, pad_features
-
-# name -> (module, class); imported on first use.
-OBJECTIVE_CLASSES: dict[str, tuple[str, str]] = {
-    "ifcl": ("objectives.ifcl", "IFCLObjective"),
-    "simcse": ("objectives.simcse", "SimCSEObjective"),
-    "conisi": ("objectives.conisi", "ConIsIObjective"),
-    "pcl": ("objectives.pcl", "PCLObjective"),
-    "micse": ("objectives.micse", "MiCSEObjective"),
+# The one registry: ``--objective`` name -> class. Each class carries its paper, its loss terms and its settings;
+# the config's valid names, the command line's choices, the model card and the training-curve plot read them here.
+OBJECTIVES: dict[str, type[Objective]] = {
+    cls.name: cls for cls in (IFCLObjective, SimCSEObjective, ConIsIObjective, PCLObjective, MiCSEObjective)
 }
-assert tuple(OBJECTIVE_CLASSES) == OBJECTIVES
 
 
 def objective_class(name: str) -> type[Objective]:
     """The class of objective ``name``."""
-    if name not in OBJECTIVE_CLASSES:
-        raise ValueError(f"Unknown objective {name!r}; choose one of {', '.join(OBJECTIVE_CLASSES)}.")
-    module, cls = OBJECTIVE_CLASSES[name]
-    return getattr(importlib.import_module(module), cls)
+    if name not in OBJECTIVES:
+        raise ValueError(f"Unknown objective {name!r}; choose one of {', '.join(OBJECTIVES)}.")
+    return OBJECTIVES[name]
 
 
 def settings_classes() -> list[type]:
     """Every objective's settings dataclass (for ``HfArgumentParser``), in registry order."""
-    classes = [objective_class(name).settings_class for name in OBJECTIVE_CLASSES]
+    classes = [cls.settings_class for cls in OBJECTIVES.values()]
     return [cls for cls in classes if cls is not None]
 
 
@@ -69,14 +69,18 @@ def build_objective(model) -> Objective:
 
 
 __all__ = [
-    "OBJECTIVE_CLASSES",
+    "OBJECTIVES",
     "Gather",
     "Objective",
     "ObjectiveOutput",
+    "Paper",
+    "RowGather",
     "build_objective",
     "no_gather",
+    "no_row_gather",
     "objective_class",
     "pad_features",
     "settings_as_dict",
     "settings_classes",
+    "unwrap_model",
 ]

@@ -1,8 +1,8 @@
 """What every training objective is: a module that turns a batch and the model into a loss.
 
 ``IFCLTrainer`` runs any objective the same way: the data collator calls :meth:`Objective.collate`, ``compute_loss``
-calls the objective, the rows it asks to enqueue are gathered from all processes and pushed after each optimizer
-step, and :meth:`Objective.on_step_end` runs after each optimizer step (momentum updates). An objective's own
+calls the objective, and :meth:`Objective.on_step_end` runs after each optimizer step with the unwrapped model and a
+gather across processes (queue pushes, momentum updates). An objective's own
 modules (heads, a peer network, a momentum encoder) are a sub-module of the model while it trains, so the
 optimizer, data parallelism and checkpoints take them like any weight; the published model leaves them out.
 """
@@ -18,6 +18,8 @@ from torch import nn
 
 # (local rows) -> (rows of all processes in rank order, where this process's rows start). Keeps the autograd graph.
 Gather = Callable[[torch.Tensor], tuple[torch.Tensor, int]]
+# (local rows, any number) -> the rows of all processes in rank order, without gradient: what a queue takes.
+RowGather = Callable[[torch.Tensor], torch.Tensor]
 
 # Fields of a tokenized feature that are padded per group: "<prefix>input_ids" leads its group.
 TOKEN_FIELDS = ("input_ids", "attention_mask", "token_type_ids")
@@ -28,13 +30,34 @@ def no_gather(local: torch.Tensor) -> tuple[torch.Tensor, int]:
     return local, 0
 
 
+def no_row_gather(local: torch.Tensor) -> torch.Tensor:
+    """The one-process :data:`RowGather`: the rows themselves."""
+    return local
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The model inside a data-parallel, DeepSpeed or compiled wrapper (the model itself when unwrapped)."""
+    from accelerate.utils import extract_model_from_parallel
+
+    return extract_model_from_parallel(model)
+
+
+@dataclass(frozen=True)
+class Paper:
+    """The paper an objective implements: how a model card names it, a one-line description with its link, and
+    the BibTeX entry to cite."""
+
+    title: str
+    description: str
+    citation: str
+
+
 @dataclass
 class ObjectiveOutput:
-    """A batch's loss, its terms for the logs, and the rows to push into the objective's queue after the step."""
+    """A batch's loss and its terms for the logs."""
 
     loss: torch.Tensor
     components: dict[str, torch.Tensor] = field(default_factory=dict)
-    enqueue: torch.Tensor | None = None
 
 
 def pad_features(
@@ -70,13 +93,17 @@ def pad_features(
 class Objective(nn.Module):
     """Base class of the training objectives (IFCL, SimCSE, ConIsI, PCL, miCSE).
 
-    Subclasses set ``name`` and ``settings_class`` (a dataclass of the objective's own command-line settings, each
-    field prefixed with the objective's name, checked in ``__post_init__``), and implement :meth:`forward`. They
-    are built from the model by :func:`objectives.build_objective`; they must not keep the model as an attribute
-    (they become its sub-module while training), only what they copy from it.
+    Subclasses set ``name`` (``--objective``), ``paper`` (model card and citation), ``loss_terms`` (the terms
+    :meth:`forward` logs, which the training-curve plot draws) and ``settings_class`` (a dataclass of the objective's
+    own command-line settings, each field prefixed with the objective's name, checked in ``__post_init__``), and
+    implement :meth:`forward`; :data:`objectives.OBJECTIVES` registers them. They are built from the model by
+    :func:`objectives.build_objective`; they must not keep the model as an attribute (they become its sub-module
+    while training), only what they copy from it.
     """
 
     name: ClassVar[str] = ""
+    paper: ClassVar[Paper]
+    loss_terms: ClassVar[tuple[str, ...]] = ()
     settings_class: ClassVar[type | None] = None
 
     def __init__(self, model: nn.Module, settings: Any = None) -> None:
@@ -84,6 +111,8 @@ class Objective(nn.Module):
         if settings is None and self.settings_class is not None:
             settings = self.settings_class()
         self.settings = settings
+        # Rows this process's micro-batches queued since the last optimizer step (see :meth:`queue_rows`).
+        self.pending_rows: list[torch.Tensor] = []
 
     # ------------------------------------------------------------------ data
 
@@ -108,10 +137,20 @@ class Objective(nn.Module):
         data parallelism sees the forward. ``gather`` brings in-batch candidates from all processes."""
         raise NotImplementedError
 
-    def push_to_queue(self, model: nn.Module, rows: torch.Tensor) -> None:
-        """Store rows (of one optimizer step, all processes) as future negatives. ``model`` is unwrapped."""
-        raise NotImplementedError(f"The {self.name} objective has no queue, but its output asked to enqueue rows.")
+    def queue_rows(self, rows: torch.Tensor) -> None:
+        """Keep ``rows`` of a training micro-batch for the queue; :meth:`step_rows` hands them over after the
+        optimizer step, so a queue takes a whole step's rows once, whatever the gradient accumulation."""
+        self.pending_rows.append(rows.detach())
+
+    def step_rows(self, gather_rows: RowGather) -> torch.Tensor | None:
+        """The rows queued since the last optimizer step, of all processes (None when there are none)."""
+        if not self.pending_rows:
+            return None
+        rows = torch.cat(self.pending_rows)
+        self.pending_rows.clear()
+        return gather_rows(rows)
 
     @torch.no_grad()
-    def on_step_end(self, model: nn.Module) -> None:
-        """After each optimizer step (``model`` unwrapped): momentum updates and the like. Nothing by default."""
+    def on_step_end(self, model: nn.Module, gather_rows: RowGather = no_row_gather) -> None:
+        """After each optimizer step, with the unwrapped ``model`` and a gather of rows across processes: queue
+        pushes (:meth:`step_rows`), momentum updates and the like. Nothing by default."""

@@ -35,7 +35,7 @@ from torch import nn
 
 from losses_ifcl import float32_region, info_nce
 
-from .base import Gather, Objective, ObjectiveOutput, no_gather, pad_features
+from .base import Gather, Objective, ObjectiveOutput, Paper, no_gather, pad_features, unwrap_model
 from .wordnet import DEFAULT_WORDNET_PATH, AntonymLexicon, check_wordnet_folder, load_antonym_lexicon
 
 STRATEGIES = ("s", "o1", "o2")
@@ -376,11 +376,23 @@ class ConIsIObjective(Objective):
     """
 
     name = "conisi"
+    paper = Paper(
+        "ConIsI",
+        "ConIsI, a contrastive framework with inter-sentence interaction (Sun and Huang, CCL 2022)",
+        """@inproceedings{sun2022conisi,
+  title     = {{ConIsI}: A Contrastive Framework with Inter-sentence Interaction for Self-supervised Sentence Representation},
+  author    = {Sun, Meng and Huang, Degen},
+  booktitle = {Proceedings of the 21st China National Conference on Computational Linguistics},
+  pages     = {748--760},
+  year      = {2022}
+}""",
+    )
+    loss_terms = ("loss_contrastive", "loss_interactive")
     settings_class = ConIsISettings
 
     def __init__(self, model: nn.Module, settings: ConIsISettings | None = None) -> None:
         super().__init__(model, settings)
-        unwrapped = getattr(model, "module", model)
+        unwrapped = unwrap_model(model)
         settings = self.settings
         self.strategy = settings.conisi_strategy
         self.temperature = unwrapped.config.contrastive_temperature

@@ -11,7 +11,7 @@ from torch import nn
 
 from losses_ifcl import IFCLLoss
 
-from .base import Gather, Objective, ObjectiveOutput, no_gather
+from .base import Gather, Objective, ObjectiveOutput, Paper, RowGather, no_gather, no_row_gather, unwrap_model
 
 
 class IFCLObjective(Objective):
@@ -22,6 +22,19 @@ class IFCLObjective(Objective):
     """
 
     name = "ifcl"
+    paper = Paper(
+        "IFCL",
+        "Identical and Fraternal Twins contrastive learning ([Xiao et al., 2023](https://arxiv.org/abs/2307.10932))",
+        """@inproceedings{xiao2023ifcl,
+  title     = {Identical and Fraternal Twins: Fine-Grained Semantic Contrastive Learning of Sentence Representations},
+  author    = {Xiao, Qingfa and Li, Shuangyin and Chen, Lei},
+  booktitle = {Proceedings of the 26th European Conference on Artificial Intelligence (ECAI)},
+  year      = {2023},
+  eprint    = {2307.10932},
+  archivePrefix = {arXiv}
+}""",
+    )
+    loss_terms = ("loss_identical", "loss_fraternal", "loss_twins")
 
     def __init__(self, model: nn.Module, settings=None) -> None:
         super().__init__(model, settings)
@@ -39,7 +52,7 @@ class IFCLObjective(Objective):
     def forward(
         self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
     ) -> ObjectiveOutput:
-        unwrapped = getattr(model, "module", model)
+        unwrapped = unwrap_model(model)
         if self.uses_fraternal_twins and "fraternal_input_ids" not in inputs:
             raise ValueError(
                 "The batch has no fraternal_input_ids, but fraternal_loss_weight or twins_loss_weight is > 0: "
@@ -53,8 +66,13 @@ class IFCLObjective(Objective):
         loss, components = self.loss(
             twins, queue_embeddings, queue_log_coefficients, identical_candidates, fraternal_candidates, label_offset
         )
-        enqueue = twins.anchor.detach().float() if queue is not None else None
-        return ObjectiveOutput(loss, components, enqueue)
+        if queue is not None and model.training:
+            self.queue_rows(twins.anchor.float())
+        return ObjectiveOutput(loss, components)
 
-    def push_to_queue(self, model: nn.Module, rows: torch.Tensor) -> None:
-        model.queue.push(rows)
+    @torch.no_grad()
+    def on_step_end(self, model: nn.Module, gather_rows: RowGather = no_row_gather) -> None:
+        """The anchors of the step just taken, of all processes, enter the hippocampus queue (Section 3.2)."""
+        rows = self.step_rows(gather_rows)
+        if rows is not None:
+            model.queue.push(rows)

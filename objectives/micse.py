@@ -26,9 +26,9 @@ import torch
 from torch import nn
 
 from losses_ifcl import float32_region, info_nce
-from modeling_ifcl import ALL_LAYER_POOLERS
+from modeling_ifcl import ALL_LAYER_POOLERS, RingBufferQueue
 
-from .base import Gather, Objective, ObjectiveOutput, no_gather
+from .base import Gather, Objective, ObjectiveOutput, Paper, RowGather, no_gather, no_row_gather, unwrap_model
 
 ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 LAYERS_SETTING = "micse_attention_layers"
@@ -328,40 +328,14 @@ class MomentumContrastiveLoss(nn.Module):
         return info_nce(first_views, second_views, self.temperature, queue, queue_log_weights, label_offset)
 
 
-class MomentumQueue(nn.Module):
-    """The queue Q of Eq. 2: the last ``size`` momentum-encoder embeddings, a ring buffer in registered buffers.
-
-    :meth:`push` writes rows in order at ``pointer``, wrapping around, so the oldest rows are overwritten first;
-    ``filled`` counts the rows written (at most ``size``). Rows fill from index 0, so the filled rows are always
-    the first ``filled``. Checkpoints carry all three buffers.
-    """
+class MomentumQueue(RingBufferQueue):
+    """The queue Q of Eq. 2: the last ``size`` momentum-encoder embeddings, one row per slot of the shared ring
+    buffer (:class:`modeling_ifcl.RingBufferQueue`), so the oldest rows are overwritten first and every row weighs
+    the same. Checkpoints carry its buffers."""
 
     def __init__(self, size: int, dim: int) -> None:
-        super().__init__()
+        super().__init__(num_slots=size, slot_size=1, dim=dim)
         self.size = size
-        self.register_buffer("embeddings", torch.zeros(size, dim))
-        self.register_buffer("filled", torch.tensor(0, dtype=torch.long))
-        self.register_buffer("pointer", torch.tensor(0, dtype=torch.long))
-
-    @torch.no_grad()
-    def push(self, rows: torch.Tensor) -> None:
-        """Add ``rows`` (the newest last). More rows than ``size``: the last ``size`` stay, as if pushed one by one."""
-        count = rows.shape[0]
-        kept = rows[-self.size :] if count > self.size else rows
-        first = self.pointer + (count - kept.shape[0])
-        positions = (first + torch.arange(kept.shape[0], device=self.embeddings.device)) % self.size
-        self.embeddings.index_copy_(0, positions, kept.detach().to(self.embeddings.dtype))
-        self.pointer.copy_((self.pointer + count) % self.size)
-        self.filled.copy_((self.filled + count).clamp(max=self.size))
-
-    def entries(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """All rows and their log weights: 0 for filled rows, −inf for empty ones (no host sync)."""
-        filled = torch.arange(self.size, device=self.embeddings.device) < self.filled
-        log_weights = torch.zeros(self.size, device=self.embeddings.device).masked_fill(~filled, float("-inf"))
-        return self.embeddings, log_weights
-
-    def __len__(self) -> int:
-        return int(self.filled)
 
 
 # ---------------------------------------------------------------------------------------------------- objective
@@ -395,12 +369,23 @@ class MiCSEObjective(Objective):
     """
 
     name = "micse"
+    paper = Paper(
+        "miCSE",
+        "mutual-information contrastive learning ([Klein and Nabi, 2023](https://arxiv.org/abs/2211.04928))",
+        """@inproceedings{klein2023micse,
+  title     = {{miCSE}: Mutual Information Contrastive Learning for Low-shot Sentence Embeddings},
+  author    = {Klein, Tassilo and Nabi, Moin},
+  booktitle = {Proceedings of ACL},
+  year      = {2023}
+}""",
+    )
+    loss_terms = ("loss_contrastive", "loss_attention", "attention_mutual_information")
     settings_class = MiCSESettings
 
     def __init__(self, model: nn.Module, settings: MiCSESettings | None = None) -> None:
         super().__init__(model, settings)
         settings = self.settings
-        model = getattr(model, "module", model)
+        model = unwrap_model(model)
         encoder_config = model.encoder.config
         num_layers = getattr(encoder_config, "num_hidden_layers", None)
         num_heads = getattr(encoder_config, "num_attention_heads", None)
@@ -475,27 +460,27 @@ class MiCSEObjective(Objective):
             loss = loss + loss_attention
             components["loss_attention"] = loss_attention.detach()
             components["attention_mutual_information"] = mutual_information.detach()
-        enqueue = self.momentum_embeddings(model, inputs) if self.momentum_encoder is not None else None
-        return ObjectiveOutput(loss, components, enqueue)
+        if self.queue is not None and model.training:
+            self.queue_rows(self.momentum_embeddings(model, inputs))
+        return ObjectiveOutput(loss, components)
 
     @torch.no_grad()
     def momentum_embeddings(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The momentum encoder's embeddings of the batch (pooled with the training pooler), float32."""
-        unwrapped = getattr(model, "module", model)
+        unwrapped = unwrap_model(model)
         pooler_type = unwrapped.config.pooler_type
         all_hidden_states = pooler_type in ALL_LAYER_POOLERS
         outputs = self.momentum_encoder(**inputs, output_hidden_states=all_hidden_states, return_dict=True)
         hidden_states = outputs.hidden_states if all_hidden_states else (outputs.last_hidden_state,)
         return unwrapped.pool(pooler_type, inputs["attention_mask"], hidden_states).float()
 
-    def push_to_queue(self, model: nn.Module, rows: torch.Tensor) -> None:
-        if self.queue is None:
-            raise ValueError("micse_queue_size is 0: this miCSE objective has no queue to push rows into.")
-        self.queue.push(rows)
-
     @torch.no_grad()
-    def on_step_end(self, model: nn.Module) -> None:
-        """EMA of the momentum encoder: θ_m ← μ·θ_m + (1 − μ)·θ (Section 2.1, μ = ``micse_momentum``)."""
+    def on_step_end(self, model: nn.Module, gather_rows: RowGather = no_row_gather) -> None:
+        """The step's momentum embeddings, of all processes, enter the queue Q; then the EMA of the momentum
+        encoder: θ_m ← μ·θ_m + (1 − μ)·θ (Section 2.1, μ = ``micse_momentum``)."""
+        rows = self.step_rows(gather_rows)
+        if rows is not None:
+            self.queue.push(rows)
         if self.momentum_encoder is None:
             return
         online = dict(model.encoder.named_parameters())

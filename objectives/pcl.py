@@ -22,8 +22,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from losses_ifcl import float32_region
+from modeling_ifcl import max_input_length
 
-from .base import TOKEN_FIELDS, Gather, Objective, ObjectiveOutput, no_gather
+from .base import TOKEN_FIELDS, Gather, Objective, ObjectiveOutput, Paper, no_gather, unwrap_model
 
 # The five augmentations of Section 3.2 / Appendix A. "dropout" is the continuous one (Δ^(c)), the others are
 # discrete (Δ^(d)) and change the token ids.
@@ -400,11 +401,22 @@ class PCLObjective(Objective):
     """
 
     name = "pcl"
+    paper = Paper(
+        "PCL",
+        "Peer-Contrastive Learning with diverse augmentations ([Wu et al., 2022](https://arxiv.org/abs/2201.12093))",
+        """@inproceedings{wu2022pcl,
+  title     = {{PCL}: Peer-Contrastive Learning with Diverse Augmentations for Unsupervised Sentence Embeddings},
+  author    = {Wu, Qiyu and Tao, Chongyang and Shen, Tao and Xu, Can and Geng, Xiubo and Jiang, Daxin},
+  booktitle = {Proceedings of EMNLP},
+  year      = {2022}
+}""",
+    )
+    loss_terms = ("loss_kl_peer_peer", "loss_kl_peer_main", "loss_contrastive_main", "loss_contrastive_peer")
     settings_class = PCLSettings
 
     def __init__(self, model: nn.Module, settings: PCLSettings | None = None) -> None:
         super().__init__(model, settings)
-        unwrapped = getattr(model, "module", model)
+        unwrapped = unwrap_model(model)
         self.temperature = unwrapped.config.contrastive_temperature
         self.positive_augmentations = self.settings.positive_augmentations()
         self.loss = PCLLoss(
@@ -413,8 +425,7 @@ class PCLObjective(Objective):
             self.settings.pcl_cooperation_weight,
             self.settings.pcl_detach_kl_target,
         )
-        encoder_config = unwrapped.encoder.config
-        self.encoder_max_length = getattr(encoder_config, "max_position_embeddings", None) or 512
+        self.encoder_config = unwrapped.encoder.config
         # θ′: None when tied to θ. Untied, a trainable second IFCL model of the same config holding a copy of the
         # encoder (and of SimCSE's MLP for the cls pooler), so it pools exactly like θ. As a sub-module of the
         # objective it is optimized and checkpointed, and left out of the published model.
@@ -447,10 +458,7 @@ class PCLObjective(Objective):
 
     def view_max_length(self, tokenizer) -> int:
         """The longest view the encoder takes (word repetition makes views longer than their sentence)."""
-        limit = self.encoder_max_length
-        if tokenizer.model_max_length and tokenizer.model_max_length < 100_000:
-            limit = min(limit, tokenizer.model_max_length)
-        return limit
+        return max_input_length(tokenizer, self.encoder_config)
 
     def collate(self, features: list[dict[str, Any]], tokenizer, fraternal_pad_token_id: int | None = None):
         """Anchors and K augmented positives per sentence (Eq. 3), padded to one length.

@@ -14,13 +14,24 @@ from torch import nn
 
 from losses_ifcl import info_nce
 
-from .base import Gather, Objective, ObjectiveOutput, no_gather
+from .base import Gather, Objective, ObjectiveOutput, Paper, no_gather
 
 
 class SimCSEObjective(Objective):
     """Dropout twins with in-batch negatives; τ is the model config's ``contrastive_temperature``."""
 
     name = "simcse"
+    paper = Paper(
+        "SimCSE",
+        "unsupervised SimCSE ([Gao et al., 2021](https://arxiv.org/abs/2104.08821))",
+        """@inproceedings{gao2021simcse,
+  title     = {{SimCSE}: Simple Contrastive Learning of Sentence Embeddings},
+  author    = {Gao, Tianyu and Yao, Xingcheng and Chen, Danqi},
+  booktitle = {Proceedings of EMNLP},
+  year      = {2021}
+}""",
+    )
+    loss_terms = ("loss_contrastive",)
 
     def __init__(self, model: nn.Module, settings=None) -> None:
         super().__init__(model, settings)

@@ -1,4 +1,4 @@
-"""evaluate_sts.py, sts_tasks.py and the encoders of evaluation_ifcl.py.
+"""evaluate_sts.py, sts_tasks.py, the evaluator of evaluation_ifcl.py and the encoders of sts_encoders.py.
 
 Each layout is written here by hand, read back, and its Spearman checked against ``scipy.stats.spearmanr`` of
 cosines computed here from the encoder run one sentence at a time (no padding, no sorting): an independent path.
@@ -19,13 +19,8 @@ from torch.nn import functional as F
 import evaluate_sts
 import sts_tasks
 from data_ifcl import DataFormatError
-from evaluation_ifcl import (
-    MutualInformationEvaluator,
-    STSEvaluator,
-    TransformersEncoder,
-    load_encoder,
-    mutual_information,
-)
+from evaluation_ifcl import STSEvaluator
+from sts_encoders import MutualInformationEvaluator, TransformersEncoder, load_encoder, mutual_information
 from sts_tasks import TaskDataNotFoundError, load_task, parse_task_requests
 
 SENTENCES = ENGLISH + GERMAN
@@ -462,7 +457,7 @@ def test_saved_ifcl_model_gives_the_same_figure_through_sentence_transformers(if
 
 
 def test_task_mutual_information_takes_all_top_score_pairs_as_one_batch_by_default():
-    from evaluation_ifcl import mutual_information
+    from sts_encoders import mutual_information
     from sts_tasks import STSData
 
     class LookupEncoder:
@@ -490,3 +485,17 @@ def test_task_mutual_information_takes_all_top_score_pairs_as_one_batch_by_defau
     capped = evaluate_sts.task_mutual_information(encoder, data, 2, 0.05, 4)
     assert capped["batch_size"] == 2 and capped["num_batches"] == 2  # the fifth pair's short batch is left out
     assert evaluate_sts.parse_arguments(["--model_name_or_path", "m"])[2].mi_task_batch_size is None
+
+
+def test_the_trainer_imports_the_evaluator_without_the_model_loading_and_mi_code():
+    """``trainer_ifcl`` needs only the STS evaluator: importing it loads neither ``sts_encoders`` (loading arbitrary
+    models, sentence-transformers, mutual information) nor ``evaluate_sts``."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = "import sys, trainer_ifcl; print(sorted(m for m in ('sts_encoders', 'evaluate_sts', 'sts_tasks') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"

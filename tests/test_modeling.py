@@ -140,6 +140,15 @@ def test_encode_restores_training_mode(model):
     model.eval()
 
 
+def test_base_model_prefix_names_the_encoder_and_a_saved_model_loads_with_every_weight(model, tmp_path):
+    assert model.base_model_prefix == "encoder" and model.base_model is model.encoder
+    model.save_pretrained(tmp_path / "saved")
+    loaded, info = IFCLModel.from_pretrained(tmp_path / "saved", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert loaded.base_model is loaded.encoder
+    assert torch.allclose(loaded.encode(ENGLISH), model.encode(ENGLISH), atol=1e-6)
+
+
 @pytest.mark.slow
 def test_save_and_load_in_a_fresh_interpreter_gives_the_same_embeddings(model, tmp_path):
     folder = tmp_path / "saved"
@@ -163,6 +172,7 @@ def test_save_and_load_in_a_fresh_interpreter_gives_the_same_embeddings(model, t
             "module": type(model).__module__,
             "max_abs_diff": (embeddings - expected).abs().max().item(),
             "queue_entries": len(model.queue),
+            "base_model_is_encoder": model.base_model is model.encoder,
             "fusion_rate": model.config.fusion_rate,
             "german_ids": german,
         }}))
@@ -180,6 +190,7 @@ def test_save_and_load_in_a_fresh_interpreter_gives_the_same_embeddings(model, t
     assert report["module"].startswith("transformers_modules")
     assert report["max_abs_diff"] <= 1e-5
     assert report["queue_entries"] == 4
+    assert report["base_model_is_encoder"]
     assert report["fusion_rate"] == 0.3
     assert report["german_ids"] == model.fraternal_tokenizer(GERMAN[:1])["input_ids"]
 

@@ -148,14 +148,14 @@ def test_queue_pushes_in_order_and_overwrites_the_oldest():
     queue = MomentumQueue(size=5, dim=1)
     column = lambda *values: torch.tensor(values, dtype=torch.float).unsqueeze(1)  # noqa: E731
     queue.push(column(0, 1, 2))
-    assert len(queue) == 3 and queue.pointer.item() == 3
+    assert len(queue) == 3 and queue.head.item() == 2
     assert queue.entries()[1].tolist() == [0, 0, 0, float("-inf"), float("-inf")]
     queue.push(column(3, 4, 5))  # 5 overwrites 0, the oldest
     assert queue.embeddings.flatten().tolist() == [5, 1, 2, 3, 4]
-    assert len(queue) == 5 and queue.pointer.item() == 1 and torch.isfinite(queue.entries()[1]).all()
+    assert len(queue) == 5 and queue.head.item() == 0 and torch.isfinite(queue.entries()[1]).all()
     queue.push(column(*range(6, 13)))  # more rows than the queue: the last 5, as if pushed one by one
-    assert queue.embeddings.flatten().tolist() == [10, 11, 12, 8, 9] and queue.pointer.item() == 3
-    assert set(dict(queue.named_buffers())) == {"embeddings", "filled", "pointer"}
+    assert queue.embeddings.flatten().tolist() == [10, 11, 12, 8, 9] and queue.head.item() == 2
+    assert set(dict(queue.named_buffers())) == {"embeddings", "valid", "head"}
 
 
 def test_momentum_encoder_follows_the_ema_formula(tiny_encoder_dir):
@@ -194,15 +194,16 @@ def test_objective_reads_attentions_and_fills_its_queue(tiny_encoder_dir):
 
     output = objective(model, inputs)
     assert {"loss_contrastive", "loss_attention", "attention_mutual_information"} <= set(output.components)
-    assert output.components["loss_attention"] < 0 and output.enqueue.shape == (4, model.hidden_size)
+    assert output.components["loss_attention"] < 0
+    assert len(objective.pending_rows) == 1 and objective.pending_rows[0].shape == (4, model.hidden_size)
     output.loss.backward()
     assert model.encoder.encoder.layer[0].attention.self.query.weight.grad.abs().sum() > 0
     assert all(p.grad is None for p in objective.momentum_encoder.parameters())
 
-    objective.push_to_queue(model, output.enqueue)
-    assert len(objective.queue) == 4
+    objective.on_step_end(model)  # the step's momentum embeddings enter the queue
+    assert len(objective.queue) == 4 and not objective.pending_rows
     state = model.state_dict()
-    assert "training_objective.queue.embeddings" in state and "training_objective.queue.filled" in state
+    assert "training_objective.queue.embeddings" in state and "training_objective.queue.valid" in state
     assert any(key.startswith("training_objective.momentum_encoder.") for key in state)
 
 
@@ -212,7 +213,7 @@ def test_without_attention_weight_or_queue_it_is_simcse_plus_the_other_term(tiny
     assert objective.momentum_encoder is None and objective.queue is None
     assert model.encoder.config._attn_implementation != "eager"  # nothing needs attention maps
     output = objective(model, dict(model.tokenizer(ENGLISH[:3], padding=True, return_tensors="pt")))
-    assert set(output.components) == {"loss_contrastive"} and output.enqueue is None
+    assert set(output.components) == {"loss_contrastive"} and not objective.pending_rows
 
 
 # ---------------------------------------------------------------------------------------------------- settings

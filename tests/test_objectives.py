@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +15,7 @@ from torch import nn
 
 import run_ifcl
 from modeling_ifcl import IFCLModel, IFCLTwinsOutput
-from objectives import OBJECTIVE_CLASSES, build_objective, objective_class, pad_features
+from objectives import OBJECTIVES, build_objective, objective_class, pad_features
 from objectives.simcse import SimCSEObjective
 from trainer_ifcl import IFCLTrainer, ObjectiveDataCollator
 
@@ -69,7 +70,7 @@ def test_simcse_objective_is_in_batch_info_nce_over_dropout_twins():
     output = objective(GivenTwins(anchor, identical), inputs)
     assert output.loss.item() == pytest.approx(simcse_loss_by_hand(anchor, identical, 0.1), rel=1e-4, abs=1e-7)
     assert output.components["loss_contrastive"].item() == pytest.approx(output.loss.item())
-    assert output.enqueue is None
+    assert not objective.pending_rows
 
     # Candidates of another process come first: this process's positives start at the offset.
     others = torch.tensor([[0.3, -1.0, 0.2], [1.0, 1.0, 1.0]])
@@ -80,10 +81,51 @@ def test_simcse_objective_is_in_batch_info_nce_over_dropout_twins():
 
 
 def test_every_registered_objective_is_importable_with_its_name():
-    for name in OBJECTIVE_CLASSES:
+    for name in OBJECTIVES:
         assert objective_class(name).name == name
     with pytest.raises(ValueError, match="Unknown objective 'moco'"):
         objective_class("moco")
+
+
+def test_the_config_and_the_command_line_take_their_objective_names_from_the_registry():
+    from configuration_ifcl import IFCLConfig, registered_objectives
+
+    assert registered_objectives() == tuple(OBJECTIVES) == ("ifcl", "simcse", "conisi", "pcl", "micse")
+    with pytest.raises(ValueError, match="objective must be one of ifcl, simcse, conisi, pcl, micse"):
+        IFCLConfig(objective="moco")
+    for name, cls in OBJECTIVES.items():
+        assert cls.paper.title and "@" in cls.paper.citation and cls.loss_terms
+        assert IFCLConfig(objective=name).objective == name
+
+
+@pytest.mark.parametrize("name", list(OBJECTIVES))
+def test_each_objective_logs_the_loss_terms_it_declares(tiny_encoder_dir, name):
+    """The plot and the logs rely on ``loss_terms``: one step of each objective logs exactly those terms."""
+    from conftest import GERMAN
+
+    from trainer_ifcl import ObjectiveDataCollator
+
+    settings = {"micse": {"micse_attention_layers": "top2", "micse_num_samples": 20}}.get(name)
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), objective=name, objective_settings=settings, queue_size=2,
+                                   queue_batch_size=6)  # fmt: skip
+    objective = build_objective(model)
+    model.training_objective = objective
+    features = objective.tokenize({"sentence": ENGLISH[:6], "fraternal": GERMAN[:6]}, model.tokenizer, 16)
+    rows = [dict(zip(features, values)) for values in zip(*features.values())]
+    batch = ObjectiveDataCollator(objective, model.tokenizer, model.config.fraternal_pad_token_id)(rows)
+    torch.manual_seed(0)
+    output = objective(model.train(), batch)
+    assert set(output.components) == set(objective.loss_terms)
+
+
+def test_training_curves_draw_the_objectives_own_loss_terms(tmp_path):
+    from plots_ifcl import plot_training_curves
+
+    history = [{"step": s, "loss": 1.0 / s, "loss_contrastive": 1.0 / s} for s in (1, 2, 3)]
+    history.append({"step": 3, "eval_stsb_spearman": 70.0})
+    drawn = plot_training_curves(history, str(tmp_path / "curves.png"), objective_class("simcse").loss_terms)
+    assert drawn == ["loss", "loss_contrastive"]
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
 class ProjectedSimCSE(SimCSEObjective):
@@ -157,6 +199,33 @@ def test_simcse_objective_end_to_end(tiny_encoder_dir, english_sts_data, tmp_pat
     assert "**SimCSE**" in card and "gao2021simcse" in card and "| `objective` | `simcse` |" in card
 
 
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--objective", "simcse", "--pcl_beta", "2"], "--pcl_beta (--objective pcl)"),
+        (["--objective", "pcl", "--fusion_rate=0.3"], "--fusion_rate (--objective ifcl)"),
+        (["--objective", "micse", "--no-freeze-word-embeddings"], "--freeze_word_embeddings (--objective ifcl)"),
+        (["--conisi_lambda", "0.5"], "--conisi_lambda (--objective conisi)"),
+    ],
+)
+def test_settings_of_another_objective_are_refused(tmp_path, argv, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        run_ifcl.parse_arguments([*argv, "--output_dir", str(tmp_path)])
+
+
+def test_settings_of_the_chosen_objective_and_shared_ones_pass(tmp_path):
+    for argv in (
+        ["--objective", "pcl", "--pcl_beta", "2", "--temperature", "0.1"],
+        ["--fusion_rate", "0.3", "--queue_size", "0", "--pooler_type", "cls"],
+        ["--objective", "simcse", "--learning_rate", "3e-5"],
+    ):
+        run_ifcl.parse_arguments([*argv, "--output_dir", str(tmp_path)])
+    arguments = tmp_path / "args.json"
+    arguments.write_text(json.dumps({"objective": "simcse", "queue_size": 2, "output_dir": str(tmp_path)}))
+    with pytest.raises(ValueError, match=re.escape("--queue_size (--objective ifcl)")):
+        run_ifcl.parse_arguments([str(arguments)])
+
+
 def test_unknown_objective_is_refused_before_anything_is_loaded(tmp_path):
     with pytest.raises(SystemExit):
         run_ifcl.parse_arguments(["--objective", "moco", "--output_dir", str(tmp_path)])
@@ -184,8 +253,6 @@ def test_resumed_micse_run_restores_its_momentum_encoder_and_queue(tiny_encoder_
     from datasets import Dataset
     from transformers import TrainingArguments
 
-    from trainer_ifcl import IFCLDataCollator
-
     def fresh_trainer(output: str) -> IFCLTrainer:
         settings = {"micse_attention_layers": "top2", "micse_num_samples": 20, "micse_queue_size": 6}
         model = IFCLModel.from_encoder(
@@ -196,9 +263,7 @@ def test_resumed_micse_run_restores_its_momentum_encoder_and_queue(tiny_encoder_
             save_strategy="steps", save_steps=3, report_to="none", use_cpu=True, seed=0,
         )  # fmt: skip
         dataset = Dataset.from_dict(dict(model.tokenizer(ENGLISH)))
-        return IFCLTrainer(
-            model=model, args=args, train_dataset=dataset, data_collator=IFCLDataCollator(model.tokenizer.pad_token_id)
-        )
+        return IFCLTrainer(model=model, args=args, train_dataset=dataset)
 
     expected, got, uninterrupted, resumed = train_and_resume(fresh_trainer, tmp_path, "checkpoint-3")
     for step in (4, 5, 6):

@@ -107,3 +107,21 @@ def test_largest_valid_forgetting_rate_is_accepted():
 def test_other_impossible_settings_are_rejected(setting, message):
     with pytest.raises(ValueError, match=message):
         IFCLConfig(**setting)
+
+
+def test_ring_buffer_fills_whole_slots_and_keeps_the_newest_rows():
+    """The ring buffer both queues share: a push fills ⌈count/N⌉ slots, a partial last slot's unwritten rows are
+    invalid, and a push larger than the queue keeps the newest rows in the slots they would have reached."""
+    from modeling_ifcl import RingBufferQueue
+
+    queue = RingBufferQueue(num_slots=3, slot_size=2, dim=1)
+    column = lambda *values: torch.tensor(values, dtype=torch.float).unsqueeze(1)  # noqa: E731
+    queue.push(column(1, 2, 3))  # slots 0 and 1, the second half empty
+    assert queue.valid.tolist() == [[True, True], [True, False], [False, False]] and queue.head.item() == 1
+    assert queue.slot_ages().tolist() == [2, 1, 3]
+    embeddings, log_weights = queue.entries()
+    assert embeddings.flatten().tolist()[:3] == [1, 2, 3] and log_weights.tolist()[2:] == [0] + [float("-inf")] * 3
+    # 8 rows, 4 slots for a queue of 3: one slot at a time, (4, 5) would go to slot 2 and be overwritten by (10, 11)
+    queue.push(column(*range(4, 12)))
+    assert queue.embeddings.flatten().tolist() == [6, 7, 8, 9, 10, 11] and queue.valid.all()
+    assert queue.head.item() == 2 and len(queue) == 6

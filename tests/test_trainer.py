@@ -10,7 +10,8 @@ from torch import nn
 from transformers import TrainingArguments
 
 from modeling_ifcl import IFCLModel
-from trainer_ifcl import IFCLDataCollator, IFCLTrainer
+from objectives import pad_features
+from trainer_ifcl import IFCLTrainer
 
 
 def tokenized(model: IFCLModel, with_fraternal: bool) -> datasets.Dataset:
@@ -37,8 +38,8 @@ def make_trainer(model, dataset, tmp_path, **overrides) -> IFCLTrainer:
         seed=0,
     )
     settings.update(overrides)
-    collator = IFCLDataCollator(model.tokenizer.pad_token_id, model.fraternal_tokenizer.pad_token_id)
-    return IFCLTrainer(model=model, args=TrainingArguments(**settings), train_dataset=dataset, data_collator=collator)
+    # No data collator given: the trainer uses the objective's own.
+    return IFCLTrainer(model=model, args=TrainingArguments(**settings), train_dataset=dataset)
 
 
 def test_queue_takes_all_anchors_of_each_optimizer_step_once(tiny_encoder_dir, tmp_path):
@@ -57,7 +58,7 @@ def test_queue_takes_all_anchors_of_each_optimizer_step_once(tiny_encoder_dir, t
 
     model.eval()
     with torch.no_grad():
-        batch = IFCLDataCollator(model.tokenizer.pad_token_id)([dict(model.tokenizer(s)) for s in ENGLISH])
+        batch = pad_features([dict(model.tokenizer(s)) for s in ENGLISH], model.tokenizer.pad_token_id)
         reference = model(**batch, return_twins=True).anchor
     distances = torch.cdist(entries, reference)
     nearest = distances.argmin(dim=1)
