@@ -534,7 +534,7 @@ def run(argv: list[str]):
 
     from modeling_ifcl import IFCLModel
     from objectives import build_objective
-    from trainer_ifcl import IFCLTrainer
+    from trainer_ifcl import IFCLTrainer, tokenize_training_text
 
     model_name_or_path = model_args.model_name_or_path or embedded_model_path()
     global_batch_size = (
@@ -565,30 +565,14 @@ def run(argv: list[str]):
     tokenizer, fraternal_tokenizer = model.tokenizer, model.fraternal_tokenizer
     objective = build_objective(model)
 
-    def tokenize(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
-        return objective.tokenize(batch, tokenizer, data_args.max_seq_length, fraternal_tokenizer)
-
-    # The tokenize function holds the objective, whose modules (a peer network, a momentum encoder) datasets would
-    # otherwise pickle to fingerprint the map: the fingerprint is made from what the features depend on instead.
-    from datasets.fingerprint import Hasher
-
-    fingerprint = Hasher.hash(
-        [
-            train_text._fingerprint,
-            objective_name,
-            objective_settings,
-            [(t.name_or_path, len(t)) for t in (tokenizer, fraternal_tokenizer)],
-            data_args.max_seq_length,
-        ]
-    )
     with training_args.main_process_first(desc="tokenizing the training set"):
-        train_dataset = train_text.map(
-            tokenize,
-            batched=True,
-            remove_columns=train_text.column_names,
+        train_dataset = tokenize_training_text(
+            train_text,
+            objective,
+            tokenizer,
+            fraternal_tokenizer,
+            data_args.max_seq_length,
             num_proc=data_args.preprocessing_num_workers,
-            desc="Tokenizing",
-            new_fingerprint=fingerprint,
         )
 
     task = data_args.sts_task_name

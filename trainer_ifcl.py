@@ -4,6 +4,7 @@ STS evaluation."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -19,6 +20,8 @@ from transformers.trainer_utils import get_last_checkpoint, speed_metrics
 from evaluation_ifcl import STSEvaluator
 from objectives import Objective, build_objective, unwrap_model
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class ObjectiveDataCollator:
@@ -31,6 +34,52 @@ class ObjectiveDataCollator:
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         return self.objective.collate(features, self.tokenizer, self.fraternal_pad_token_id)
+
+
+def tokenize_training_text(
+    dataset,
+    objective: Objective,
+    tokenizer: PreTrainedTokenizerBase,
+    fraternal_tokenizer: PreTrainedTokenizerBase | None,
+    max_length: int,
+    num_proc: int | None = None,
+):
+    """The training features of a text ``datasets.Dataset`` (columns sentence[, fraternal]), made by the objective's
+    :meth:`~objectives.Objective.tokenize` hook.
+
+    The hook holds the objective, whose modules (a peer network, a momentum encoder) datasets would otherwise pickle
+    to fingerprint the map: the fingerprint is made from what the features depend on instead.
+    """
+    from datasets.fingerprint import Hasher
+
+    from objectives import settings_as_dict
+
+    def tokenize(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
+        return objective.tokenize(batch, tokenizer, max_length, fraternal_tokenizer)
+
+    fingerprint = Hasher.hash(
+        [
+            dataset._fingerprint,
+            objective.name,
+            settings_as_dict(objective.settings),
+            [(t.name_or_path, len(t)) for t in (tokenizer, fraternal_tokenizer or tokenizer)],
+            max_length,
+        ]
+    )
+    return dataset.map(
+        tokenize,
+        batched=True,
+        remove_columns=dataset.column_names,
+        num_proc=num_proc,
+        desc="Tokenizing",
+        new_fingerprint=fingerprint,
+    )
+
+
+def is_text_dataset(dataset) -> bool:
+    """A ``datasets.Dataset`` of training text (a ``sentence`` column, no token ids yet)."""
+    columns = getattr(dataset, "column_names", None)
+    return isinstance(columns, list) and "sentence" in columns and "input_ids" not in columns
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -74,19 +123,57 @@ class IFCLTrainer(Trainer):
         if args is not None and args.remove_unused_columns:
             # Objectives read features that are not arguments of the model's forward (pair inputs, ...).
             args.remove_unused_columns = False
-        if not rest and kwargs.get("data_collator") is None:
-            # The objective's own collator (padding each feature group, per-batch augmentations).
+        if not rest:
             tokenizer = kwargs.get("processing_class") or model.tokenizer
-            kwargs["data_collator"] = ObjectiveDataCollator(
-                self.objective, tokenizer, model.config.fraternal_pad_token_id
-            )
+            if kwargs.get("data_collator") is None:
+                # The objective's own collator (padding each feature group, per-batch augmentations).
+                kwargs["data_collator"] = ObjectiveDataCollator(
+                    self.objective, tokenizer, model.config.fraternal_pad_token_id
+                )
+            if is_text_dataset(kwargs.get("train_dataset")):
+                kwargs["train_dataset"] = self.tokenize_text(kwargs["train_dataset"], model, tokenizer)
         super().__init__(model, args, *rest, **kwargs)
+        self.size_queue_for_global_batch()
         # compute_loss returns a per-micro-batch mean: the Trainer divides it by the accumulation steps.
         self.loss_is_scaled_for_ga = False
         self._loss_sums: dict[str, torch.Tensor] = {}
         self._loss_count = 0
         self._last_checked_step = 0
         self.add_callback(ObjectiveStepCallback(self))
+
+    def tokenize_text(self, dataset, model, tokenizer: PreTrainedTokenizerBase):
+        """Tokenize a text training set with the objective's own hook (``model.config.max_seq_length``)."""
+        needs_fraternal = self.objective.name == "ifcl" and model.config.uses_fraternal_twins
+        if needs_fraternal and "fraternal" not in dataset.column_names:
+            raise ValueError(
+                f"The training set has columns {dataset.column_names}, but IFCL with fraternal twins needs a "
+                f"'fraternal' column (the translations) beside 'sentence'. Add one, or build the model with "
+                f"fraternal_loss_weight=0 and twins_loss_weight=0."
+            )
+        if not needs_fraternal and "fraternal" in dataset.column_names:
+            dataset = dataset.remove_columns("fraternal")
+        fraternal_tokenizer = model.fraternal_tokenizer if needs_fraternal else None
+        return tokenize_training_text(
+            dataset, self.objective, tokenizer, fraternal_tokenizer, model.config.max_seq_length
+        )
+
+    def size_queue_for_global_batch(self) -> None:
+        """Give the hippocampus queue one slot of N rows per optimizer step, N the global batch (per-device batch
+        × processes × gradient accumulation), when the model was built for another N."""
+        model = unwrap_model(self.model)
+        queue = getattr(model, "queue", None)
+        global_batch = (
+            self.args.per_device_train_batch_size * self.args.world_size * self.args.gradient_accumulation_steps
+        )
+        if queue is None or queue.slot_size == global_batch:
+            return
+        if len(queue):
+            logger.warning(f"The hippocampus queue held {len(queue)} rows of N = {queue.slot_size}; it starts empty.")
+        logger.info(f"Hippocampus queue: {queue.num_slots} slots of the global batch N = {global_batch}.")
+        model.queue = type(queue)(queue.num_slots, global_batch, model.hidden_size, queue.forgetting_rate).to(
+            queue.embeddings.device
+        )
+        model.config.queue_batch_size = global_batch
 
     # ---------------------------------------------------------------- training
 

@@ -140,3 +140,60 @@ def test_non_finite_loss_stops_naming_step_and_term_and_keeps_the_last_good_chec
         trainer.train()
     out = tmp_path / "out"
     assert (out / "checkpoint-2").is_dir() and not (out / "checkpoint-4").exists()
+
+
+@pytest.mark.parametrize("objective", ["ifcl", "simcse", "pcl"])
+def test_trainer_takes_a_text_dataset_as_it_is(tiny_encoder_dir, tiny_fraternal_dir, tmp_path, objective):
+    """The Python API: a text Dataset, TrainingArguments and the model; the trainer tokenizes with the objective's
+    hook, builds its collator and sizes the queue from the global batch (here 2 × 2 accumulation steps)."""
+    from conftest import GERMAN, write_sts_file
+    from datasets import Dataset
+
+    model = IFCLModel.from_encoder(
+        str(tiny_encoder_dir), str(tiny_fraternal_dir) if objective == "ifcl" else None, objective=objective,
+        queue_size=3, queue_batch_size=64, max_seq_length=16,
+    )  # fmt: skip
+    text = Dataset.from_dict({"sentence": ENGLISH, "fraternal": GERMAN})
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=3,
+        report_to="none", use_cpu=True, save_strategy="no", logging_steps=1,
+    )  # fmt: skip
+    trainer = IFCLTrainer(model=model, args=args, train_dataset=text)
+    trainer.train()
+    assert any("loss" in entry for entry in trainer.state.log_history)
+    if objective == "ifcl":
+        assert model.queue.slot_size == 4 and model.config.queue_batch_size == 4 and len(model.queue) == 12
+        assert any("loss_twins" in entry for entry in trainer.state.log_history)
+    write_sts_file(tmp_path / "sts.tsv")
+    from data_ifcl import load_sts_file
+
+    metrics = trainer.evaluate({"mine": load_sts_file(str(tmp_path / "sts.tsv"))})
+    assert "eval_mine_spearman" in metrics
+
+
+def test_text_dataset_without_translations_names_the_missing_column(tiny_encoder_dir, tmp_path):
+    from datasets import Dataset
+
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True)
+    with pytest.raises(ValueError, match="'fraternal' column"):
+        IFCLTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"sentence": ENGLISH}))
+
+
+@pytest.mark.slow
+def test_the_readme_python_example_runs(tmp_path):
+    """The README's Python example, as written (all-MiniLM-L6-v2 for two steps, STS-B dev)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("<!-- python-api:start -->", 1)[1].split("<!-- python-api:end -->", 1)[0]
+    code = block.split("```python", 1)[1].split("```", 1)[0]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "eval_stsb_spearman" in result.stdout
+    assert (tmp_path / "outputs" / "python-api" / "config.json").is_file()
