@@ -44,15 +44,12 @@ SETTINGS: dict[str, tuple[str, dict[str, str]]] = {
     "centre": ("ε 0.5, both tables frozen, lr 1e-5, 200 steps", {}),
     "eps0.3": ("ε 0.3", {"--fusion_rate": "0.3"}),
     "eps0.7": ("ε 0.7", {"--fusion_rate": "0.7"}),
+    "eps0.9": ("ε 0.9", {"--fusion_rate": "0.9"}),
     "trained": ("both word tables trained", {"--freeze_word_embeddings": "False",
                                              "--freeze_fraternal_embeddings": "False"}),
     "lr3e-5": ("lr 3e-5", {"--learning_rate": "3e-5"}),
-    "lr5e-6": ("lr 5e-6", {"--learning_rate": "5e-6"}),
     "steps100": ("100 steps", {"--max_steps": "100"}),
-    "steps400": ("400 steps", {"--max_steps": "400"}),
     "twins2": ("Twins loss weight 2", {"--twins_loss_weight": "2"}),
-    "tau0.1": ("τ 0.1", {"--temperature": "0.1"}),
-    "warmup": ("10% linear warm-up", {"--warmup_ratio": "0.1"}),
 }  # fmt: skip
 
 
