@@ -13,10 +13,10 @@ POOLER_TYPES = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
 
 
 def registered_objectives() -> tuple[str, ...] | None:
-    """The names of the training objectives (``objectives.OBJECTIVES``, the one registry), or None where the
+    """The names of the training objectives (``ifcl_objectives.OBJECTIVES``, the one registry), or None where the
     training code is not importable: a model loaded as remote code, whose config was checked when it was trained."""
     try:
-        from objectives import OBJECTIVES
+        from ifcl_objectives import OBJECTIVES
     except ImportError:
         return None
     return tuple(OBJECTIVES)
@@ -96,10 +96,10 @@ class IFCLConfig(PretrainedConfig):
         max_seq_length: truncation length of the training sentences (``encode`` truncates only at the encoder's limit).
         export_sentence_transformers: ``save_pretrained`` also writes the sentence-transformers modules (a copy of
             the encoder in ``0_Transformer/`` and the pooler), so the folder loads with ``SentenceTransformer``.
-        objective: the training objective the model was (or is being) trained with, one of ``objectives.OBJECTIVES``. For
+        objective: the training objective the model was (or is being) trained with, one of ``ifcl_objectives.OBJECTIVES``. For
             other objectives than ``ifcl``, queue_size and the fraternal and Twins loss weights are set to 0 and
             no word table is frozen.
-        objective_settings: that objective's own settings (``objectives.<name>``), as a dict.
+        objective_settings: that objective's own settings (``ifcl_objectives.<name>``), as a dict.
         stack_views: encode the three training views in one encoder call (True), in two (False: anchors and
             identical twins, then fraternal twins), or choose by device (None: one call on accelerators, two on CPU).
     """

@@ -448,7 +448,8 @@ def format_mutual_information(mi_results: dict[str, Any]) -> str:
     )
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Command-line entry (``ifcl-evaluate-sts``): problems with files or settings end with a one-line message."""
     from data_ifcl import DataFormatError
     from sts_tasks import TaskDataNotFoundError
 
@@ -456,3 +457,7 @@ if __name__ == "__main__":
         main()
     except (TaskDataNotFoundError, DataFormatError, FileNotFoundError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
+
+
+if __name__ == "__main__":
+    cli()

@@ -109,7 +109,7 @@ def write_model_card(
         )
         if results.get("train_steps") is None and getattr(training_args, "max_steps", -1) > 0:
             settings += f"\n| `max_steps` | `{training_args.max_steps}` |"
-    from objectives import objective_class
+    from ifcl_objectives import objective_class
 
     paper = objective_class(objective_name).paper
     objective, method, citation = paper.title, paper.description, paper.citation

@@ -27,7 +27,7 @@ import transformers
 from transformers import HfArgumentParser, TrainingArguments, set_seed
 
 from configuration_ifcl import POOLER_TYPES, check_ifcl_settings, uses_fraternal_twins
-from objectives import OBJECTIVES, objective_class, settings_as_dict, settings_classes
+from ifcl_objectives import OBJECTIVES, objective_class, settings_as_dict, settings_classes
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class OutputArguments:
 
 @dataclass
 class ObjectiveArguments:
-    """Which training objective: IFCL, or one of the methods it is compared with (``objectives/``)."""
+    """Which training objective: IFCL, or one of the methods it is compared with (``ifcl_objectives/``)."""
 
     objective: str = field(
         default="ifcl",
@@ -532,8 +532,8 @@ def run(argv: list[str]):
     logger.info(f"{len(train_text)} training sentences; STS dev {len(validation_sts)}, test {len(test_sts)} pairs")
     start_run_in_output_folder(training_args, arguments.output)
 
+    from ifcl_objectives import build_objective
     from modeling_ifcl import IFCLModel
-    from objectives import build_objective
     from trainer_ifcl import IFCLTrainer, tokenize_training_text
 
     model_name_or_path = model_args.model_name_or_path or embedded_model_path()

@@ -18,14 +18,14 @@ from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint, speed_metrics
 
 from evaluation_ifcl import STSEvaluator
-from objectives import Objective, build_objective, unwrap_model
+from ifcl_objectives import Objective, build_objective, unwrap_model
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class ObjectiveDataCollator:
-    """The data collator of an objective: its :meth:`~objectives.Objective.collate` hook (padding, and the
+    """The data collator of an objective: its :meth:`~ifcl_objectives.Objective.collate` hook (padding, and the
     augmentations some objectives make per batch)."""
 
     objective: Objective
@@ -45,14 +45,14 @@ def tokenize_training_text(
     num_proc: int | None = None,
 ):
     """The training features of a text ``datasets.Dataset`` (columns sentence[, fraternal]), made by the objective's
-    :meth:`~objectives.Objective.tokenize` hook.
+    :meth:`~ifcl_objectives.Objective.tokenize` hook.
 
     The hook holds the objective, whose modules (a peer network, a momentum encoder) datasets would otherwise pickle
     to fingerprint the map: the fingerprint is made from what the features depend on instead.
     """
     from datasets.fingerprint import Hasher
 
-    from objectives import settings_as_dict
+    from ifcl_objectives import settings_as_dict
 
     def tokenize(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
         return objective.tokenize(batch, tokenizer, max_length, fraternal_tokenizer)
@@ -103,7 +103,7 @@ class ObjectiveStepCallback(TrainerCallback):
 class IFCLTrainer(Trainer):
     """Trainer for IFCL (Eq. 9), its ablations and the peer objectives, with STS Spearman evaluation.
 
-    - ``objective``: the training objective (``objectives/``); by default the one the model's config names
+    - ``objective``: the training objective (``ifcl_objectives/``); by default the one the model's config names
       (``IFCLConfig.objective``). It becomes the model's sub-module ``training_objective`` while training, so its own
       weights are optimized and checkpointed; :meth:`save_model` leaves it out of the published model.
     - ``compute_loss``: the objective's loss; its terms are logged (``loss_identical``, ``loss_fraternal``,

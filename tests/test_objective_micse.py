@@ -12,9 +12,8 @@ import pytest
 import torch
 from conftest import ENGLISH, objective_run_args, saved_weight_names
 
-from modeling_ifcl import IFCLModel
-from objectives import build_objective, settings_as_dict
-from objectives.micse import (
+from ifcl_objectives import build_objective, settings_as_dict
+from ifcl_objectives.micse import (
     AttentionMutualInformationLoss,
     MiCSEObjective,
     MiCSESettings,
@@ -25,6 +24,7 @@ from objectives.micse import (
     sample_attention_positions,
     valid_attention_positions,
 )
+from modeling_ifcl import IFCLModel
 
 
 def tiny_micse_model(encoder_dir: Path, **settings) -> IFCLModel:

@@ -15,9 +15,8 @@ from conftest import ENGLISH, objective_run_args, saved_weight_names
 from torch import nn
 
 import run_ifcl
-from modeling_ifcl import IFCLModel
-from objectives import build_objective
-from objectives.pcl import (
+from ifcl_objectives import build_objective
+from ifcl_objectives.pcl import (
     PCLLoss,
     PCLObjective,
     PCLSettings,
@@ -27,6 +26,7 @@ from objectives.pcl import (
     augment_sentence,
     split_units,
 )
+from modeling_ifcl import IFCLModel
 
 CLS, SEP = 101, 102
 # [CLS] w0 w1 w2 ... [SEP] with ten one-token words 10..19.

@@ -14,9 +14,9 @@ from conftest import ENGLISH, objective_run_args, saved_weight_names, train_and_
 from torch import nn
 
 import run_ifcl
+from ifcl_objectives import OBJECTIVES, build_objective, objective_class, pad_features
+from ifcl_objectives.simcse import SimCSEObjective
 from modeling_ifcl import IFCLModel, IFCLTwinsOutput
-from objectives import OBJECTIVES, build_objective, objective_class, pad_features
-from objectives.simcse import SimCSEObjective
 from trainer_ifcl import IFCLTrainer, ObjectiveDataCollator
 
 
@@ -138,8 +138,8 @@ class ProjectedSimCSE(SimCSEObjective):
 
     def forward(self, model, inputs, gather=None):
         twins = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], return_twins=True)
+        from ifcl_objectives import ObjectiveOutput
         from losses_ifcl import info_nce
-        from objectives import ObjectiveOutput
 
         loss = info_nce(self.head(twins.anchor), self.head(twins.identical), self.temperature)
         return ObjectiveOutput(loss, {"loss_contrastive": loss.detach()})

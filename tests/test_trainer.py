@@ -9,8 +9,8 @@ from conftest import ENGLISH, GERMAN, train_and_resume
 from torch import nn
 from transformers import TrainingArguments
 
+from ifcl_objectives import pad_features
 from modeling_ifcl import IFCLModel
-from objectives import pad_features
 from trainer_ifcl import IFCLTrainer
 
 

@@ -96,8 +96,8 @@ class Objective(nn.Module):
     Subclasses set ``name`` (``--objective``), ``paper`` (model card and citation), ``loss_terms`` (the terms
     :meth:`forward` logs, which the training-curve plot draws) and ``settings_class`` (a dataclass of the objective's
     own command-line settings, each field prefixed with the objective's name, checked in ``__post_init__``), and
-    implement :meth:`forward`; :data:`objectives.OBJECTIVES` registers them. They are built from the model by
-    :func:`objectives.build_objective`; they must not keep the model as an attribute (they become its sub-module
+    implement :meth:`forward`; :data:`ifcl_objectives.OBJECTIVES` registers them. They are built from the model by
+    :func:`ifcl_objectives.build_objective`; they must not keep the model as an attribute (they become its sub-module
     while training), only what they copy from it.
     """
 
