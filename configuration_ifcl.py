@@ -5,6 +5,7 @@ This file travels with every saved model as remote code, beside ``modeling_ifcl.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
@@ -42,6 +43,15 @@ def check_ifcl_settings(
 
     Shared by :class:`IFCLConfig` and ``run_ifcl.py`` so that a bad command line stops before any model loads.
     """
+    for name, value in (
+        ("fusion_rate", fusion_rate),
+        ("forgetting_rate", forgetting_rate),
+        ("temperature", temperature),
+        ("twins_loss_weight", twins_loss_weight),
+        ("fraternal_loss_weight", fraternal_loss_weight),
+    ):
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value}.")  # fmt: skip
     if not 0.0 <= fusion_rate <= 1.0:
         raise ValueError(f"fusion_rate must lie in [0, 1] (Eq. 3 mixes ε·y + (1−ε)·y⁻), got {fusion_rate}.")
     if queue_size < 0:

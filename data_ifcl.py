@@ -354,8 +354,14 @@ class _StsRows:
         return score
 
     def dataset(self) -> datasets.Dataset:
-        if not self.columns["score"]:
-            raise _format_error(self.path, "no STS rows")
+        scores = self.columns["score"]
+        if len(scores) < 2:
+            raise _format_error(self.path, f"{len(scores)} STS row(s); a correlation needs at least 2")
+        if len(set(scores)) == 1:
+            raise _format_error(
+                self.path,
+                f"every score is {scores[0]}: Spearman's correlation is undefined when the scores do not vary",
+            )
         return datasets.Dataset.from_dict(self.columns, features=_STS_FEATURES)
 
 

@@ -101,6 +101,8 @@ class DataArguments:
                 raise FileNotFoundError(f"--{name} {path}: no such file.")
         if self.max_seq_length < 1:
             raise ValueError(f"--max_seq_length must be ≥ 1, got {self.max_seq_length}.")
+        if self.max_train_samples is not None and self.max_train_samples < 1:
+            raise ValueError(f"--max_train_samples must be ≥ 1, got {self.max_train_samples}.")
 
 
 @dataclass
@@ -339,8 +341,13 @@ def parse_arguments(argv: list[str]) -> RunArguments:
     if len(argv) == 1 and argv[0].endswith(".json"):
         import json
 
-        with open(argv[0], encoding="utf-8") as f:
-            given = json.load(f)
+        try:
+            with open(argv[0], encoding="utf-8") as f:
+                given = json.load(f)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{argv[0]}: not valid JSON ({error})") from None
+        if not isinstance(given, dict):
+            raise ValueError(f"{argv[0]}: expected a JSON object of argument names and values.")
         parsed = parser.parse_dict({**TRAINING_DEFAULTS, **given})
         given_names = set(given)
     else:
@@ -446,6 +453,63 @@ def write_json_atomically(path: str, content: Any) -> None:
     os.replace(temporary, path)
 
 
+def check_training_settings(training_args: TrainingArguments) -> None:
+    """Sizes and rates that the Trainer would only reject late, or unclearly."""
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+        value = getattr(training_args, name)
+        if value < 1:
+            raise ValueError(f"--{name} must be ≥ 1, got {value}.")
+    if not math.isfinite(training_args.learning_rate) or training_args.learning_rate < 0:
+        raise ValueError(f"--learning_rate must be a finite number ≥ 0, got {training_args.learning_rate}.")
+
+
+def check_data_size(train_size: int, training_args: TrainingArguments, queue_size: int) -> None:
+    """Refuse training data smaller than one global batch, or than the k·N rows of the queue when it is on."""
+    global_batch = (
+        training_args.per_device_train_batch_size
+        * training_args.world_size
+        * training_args.gradient_accumulation_steps
+    )
+    if train_size < global_batch:
+        raise ValueError(
+            f"{train_size} training sentences are fewer than one global batch of {global_batch} (per-device batch × "
+            f"processes × gradient accumulation): lower --per_device_train_batch_size or give more data."
+        )
+    if queue_size > 0 and train_size < queue_size * global_batch:
+        raise ValueError(
+            f"{train_size} training sentences are fewer than the hippocampus queue holds (k·N = {queue_size} × "
+            f"{global_batch}): its negatives would repeat the batch's own sentences. Lower --queue_size or give more data."
+        )
+
+
+def check_model_paths(model_args: ModelArguments) -> None:
+    """A Hub id is ``name`` or ``owner/name``: any other model path that is not a folder here is a mistyped one."""
+    for name in ("model_name_or_path", "fraternal_model_name_or_path"):
+        path = getattr(model_args, name)
+        looks_local = path is not None and (path.startswith((".", "/", "~")) or path.count("/") > 1)
+        if looks_local and not os.path.isdir(os.path.expanduser(path)):
+            raise FileNotFoundError(f"--{name} {path}: no such folder (and not a Hub id of the form owner/name).")
+
+
+def check_max_seq_length(model_name_or_path: str, max_seq_length: int, objective: str) -> None:
+    """``--max_seq_length`` within the encoder's limit, read from its config and tokenizer (no weights loaded);
+    ConIsI's sentence pairs are about twice as long."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from modeling_ifcl import max_input_length
+
+    tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
+    limit = max_input_length(tokenizer, AutoConfig.from_pretrained(model_name_or_path))
+    length, what = max_seq_length, "--max_seq_length"
+    if objective == "conisi":
+        length = tokenizer.num_special_tokens_to_add(pair=True) + 2 * (
+            max_seq_length - tokenizer.num_special_tokens_to_add(pair=False)
+        )
+        what = f"ConIsI's sentence pairs ({length} tokens for --max_seq_length {max_seq_length})"
+    if length > limit:
+        raise ValueError(f"{what}: longer than the {limit} tokens {model_name_or_path} takes.")
+
+
 def load_training_text(data_args: DataArguments, needs_fraternal: bool) -> datasets.Dataset:
     """The training sentences (and translations) as a Dataset with columns sentence[, fraternal]."""
     from data_ifcl import DataFormatError, load_train_dataset, load_trans_de_en_dataset
@@ -519,6 +583,8 @@ def run(argv: list[str]):
         training_args.metric_for_best_model = task_metric
 
     # Everything that can be wrong with the input is found before the model is loaded.
+    RUN_STATE.update(training=False, output_dir=training_args.output_dir)
+    check_training_settings(training_args)
     check_output_folder(training_args, arguments.output)
     push_at_end = take_over_push(training_args)
     with training_args.main_process_first(desc="reading training and STS data"):
@@ -530,13 +596,16 @@ def run(argv: list[str]):
     if data_args.max_train_samples is not None:
         train_text = train_text.select(range(min(data_args.max_train_samples, len(train_text))))
     logger.info(f"{len(train_text)} training sentences; STS dev {len(validation_sts)}, test {len(test_sts)} pairs")
+    check_data_size(len(train_text), training_args, ifcl_args.queue_size if is_ifcl else 0)
+    check_model_paths(model_args)
+    model_name_or_path = model_args.model_name_or_path or embedded_model_path()
+    check_max_seq_length(model_name_or_path, data_args.max_seq_length, objective_name)
     start_run_in_output_folder(training_args, arguments.output)
 
     from ifcl_objectives import build_objective
     from modeling_ifcl import IFCLModel
     from trainer_ifcl import IFCLTrainer, tokenize_training_text
 
-    model_name_or_path = model_args.model_name_or_path or embedded_model_path()
     global_batch_size = (
         training_args.per_device_train_batch_size
         * training_args.world_size
@@ -593,6 +662,7 @@ def run(argv: list[str]):
         f"test {init_metrics[f'init_test_{task}_spearman']:.2f} (Spearman × 100)"
     )
 
+    RUN_STATE["training"] = True
     train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     training_log = list(trainer.state.log_history)  # before the final evaluations of the best checkpoint
     trainer.save_model()
@@ -644,8 +714,33 @@ def run(argv: list[str]):
     return trainer, all_metrics
 
 
+# Whether the run got as far as training: errors before it are the input's (a message, exit code 2), errors after it
+# are failures of the run (a traceback, exit code 1).
+RUN_STATE = {"training": False, "output_dir": None}
+
+
 def main() -> None:
-    run(sys.argv[1:])
+    """Command-line entry: a bad input ends with ``run_ifcl.py: error: <message>`` and exit code 2 (the traceback
+    with ``IFCL_DEBUG=1``); Ctrl-C names the newest checkpoint and the command that resumes from it."""
+    try:
+        run(sys.argv[1:])
+    except KeyboardInterrupt:
+        from transformers.trainer_utils import get_last_checkpoint
+
+        folder = RUN_STATE["output_dir"]
+        last = get_last_checkpoint(folder) if folder and os.path.isdir(folder) else None
+        where = (
+            f"the newest checkpoint is {last}; continue with: {' '.join(sys.argv)} --resume_from_checkpoint last"
+            if last
+            else "no checkpoint was written yet"
+        )
+        print(f"\nrun_ifcl.py: interrupted; {where}", file=sys.stderr)
+        raise SystemExit(130) from None
+    except (ValueError, OSError) as error:
+        if RUN_STATE["training"] or os.environ.get("IFCL_DEBUG"):
+            raise
+        print(f"run_ifcl.py: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

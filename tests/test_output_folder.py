@@ -18,7 +18,7 @@ def test_a_second_run_into_a_finished_folder_is_refused_before_any_model_loads(t
     (folder / "all_results.json").write_text('{"test_stsb_spearman": 80.0}')
     (folder / "checkpoint-50").mkdir()
     with pytest.raises(run_ifcl.OutputFolderError) as error:
-        run_ifcl.run(["--model_name_or_path", str(tmp_path / "no-such-model"), "--output_dir", str(folder)])
+        run_ifcl.run(["--model_name_or_path", "owner/not-loaded", "--output_dir", str(folder)])
     message = str(error.value)
     assert str(folder) in message and "all_results.json" in message and "checkpoint-50" in message
     assert "--resume_from_checkpoint last" in message and "--overwrite_output_dir" in message
