@@ -162,8 +162,12 @@ def main() -> None:
                 print(f"--equal_time: no {key} runs at equal steps yet, so no equal-time {key} runs.")
                 continue
             steps[key] = max(4, round(budget / result["seconds_per_step"][0]))
-        timed = {}
+        # IFCL's equal-time runs are its equal-step runs: the budget is their time.
+        steps["ifcl"] = DEFAULT_STEPS
+        timed = {"ifcl": equal_steps["ifcl"]}
         for key in steps:
+            if key == "ifcl":
+                continue
             evaluate_every = str(max(1, steps[key] // 4))
             budget_flags = [
                 "--max_steps",
