@@ -30,7 +30,19 @@ import os
 import statistics
 
 import runs as benchmark_runs
-from runs import RESULTS, Run, machine, package_versions, paired, pm, relative, summary, train_all, verdict
+from runs import (
+    RESULTS,
+    Run,
+    machine,
+    package_versions,
+    paired,
+    pm,
+    read_finished,
+    relative,
+    summary,
+    train_all,
+    verdict,
+)
 
 README_START, README_END = "<!-- objectives-table:start -->", "<!-- objectives-table:end -->"
 EQUAL_TIME_START, EQUAL_TIME_END = "<!-- equal-time-table:start -->", "<!-- equal-time-table:end -->"
@@ -117,6 +129,7 @@ def main() -> None:
     parser.add_argument("--equal_time", action="store_true", help="Also the equal-time table (IFCL, SimCSE, PCL).")
     parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (each gets cores / jobs threads).")
     parser.add_argument("--redo", action="store_true", help="Train finished runs again.")
+    parser.add_argument("--report", action="store_true", help="Train nothing: the tables of the finished runs.")
     parser.add_argument("--readme", action="store_true", help="Put the tables into README.md between their markers.")
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
@@ -128,11 +141,10 @@ def main() -> None:
     names = {key: name for key, name, *_ in RUNS}
 
     equal_steps = objective_runs(keys, args.seeds, extra)
+    if args.report:
+        wanted = []
     train_all([run for run in by_seed(equal_steps) if run.key in wanted], jobs=args.jobs, redo=args.redo)
-    for key_runs in equal_steps.values():  # read what earlier calls finished
-        for run in key_runs:
-            if run.finished and not run.results:
-                benchmark_runs.train(run)
+    read_finished(by_seed(equal_steps))  # and what earlier calls finished
     shown = {key: runs for key, runs in equal_steps.items() if any(run.results for run in runs)}
     text, records = table(shown, names)
     how = f"{args.jobs} runs at a time, {max(1, (os.cpu_count() or 1) // args.jobs)} thread(s) each"
@@ -181,10 +193,7 @@ def main() -> None:
                 key
             ]
         train_all([run for run in by_seed(timed) if run.key in wanted], jobs=args.jobs, redo=args.redo)
-        for key_runs in timed.values():
-            for run in key_runs:
-                if run.finished and not run.results:
-                    benchmark_runs.train(run)
+        read_finished(by_seed(timed))
         equal_time_text, equal_time_records = table(timed, names, steps)
         equal_time_caption = (
             f"Equal time: each objective trains for IFCL's mean training time at {DEFAULT_STEPS} steps "

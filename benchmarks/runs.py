@@ -8,6 +8,7 @@ interrupted benchmark continues where it stopped (``--redo`` trains again).
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import shutil
@@ -119,9 +120,18 @@ def train_all(runs: Sequence[Run], jobs: int = 1, redo: bool = False) -> None:
         list(pool.map(lambda run: train(run, threads, redo), runs))
 
 
+def read_finished(runs: Sequence[Run]) -> None:
+    """Read the results of the runs an earlier call finished (trains nothing)."""
+    for run in runs:
+        if run.finished and not run.results:
+            train(run)
+
+
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for a single value)."""
-    values = list(values)
+    """Mean and sample standard deviation (0 for a single value) of the values that are numbers (NaN: none)."""
+    values = [value for value in values if not math.isnan(value)]
+    if not values:
+        return float("nan"), float("nan")
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 

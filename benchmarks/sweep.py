@@ -29,6 +29,7 @@ from runs import (
     paired,
     pm,
     put_into_readme,
+    read_finished,
     relative,
     summary,
     train_all,
@@ -64,12 +65,15 @@ def main() -> None:
     parser.add_argument("--only", default=None, help=f"Comma-separated settings: {', '.join(SETTINGS)}.")
     parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (each gets cores / jobs threads).")
     parser.add_argument("--redo", action="store_true", help="Train finished runs again.")
+    parser.add_argument("--report", action="store_true", help="Train nothing: the table of the finished runs.")
     parser.add_argument("--readme", action="store_true", help="Put the table into README.md between its markers.")
     args = parser.parse_args()
     wanted = args.only.split(",") if args.only else list(SETTINGS)
     unknown = set(wanted) - set(SETTINGS)
     if unknown:
         raise SystemExit(f"--only: unknown setting(s) {sorted(unknown)}; choose from {list(SETTINGS)}.")
+    if args.report:
+        wanted = list(SETTINGS)
     keys = ["centre"] + [key for key in SETTINGS if key in wanted and key != "centre"]
 
     runs = {
@@ -81,8 +85,9 @@ def main() -> None:
     }
     # Seed by seed across settings, so that a stopped sweep has whole seeds rather than whole settings.
     order = [runs[key][i] for i in range(len(args.seeds)) for key in keys]
-    to_train = [run for run in order if run.key in wanted or run.key == "centre"]
-    train_all(to_train, jobs=args.jobs, redo=args.redo)
+    if not args.report:
+        train_all(order, jobs=args.jobs, redo=args.redo)
+    read_finished(order)
 
     centre = runs["centre"]
     centre_spread = summary(centre).get("dev", (0.0, 0.0))[1]
