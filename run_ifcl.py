@@ -465,11 +465,9 @@ def check_training_settings(training_args: TrainingArguments) -> None:
 
 def check_data_size(train_size: int, training_args: TrainingArguments, queue_size: int) -> None:
     """Refuse training data smaller than one global batch, or than the k·N rows of the queue when it is on."""
-    global_batch = (
-        training_args.per_device_train_batch_size
-        * training_args.world_size
-        * training_args.gradient_accumulation_steps
-    )
+    from trainer_ifcl import global_batch_size
+
+    global_batch = global_batch_size(training_args)
     if train_size < global_batch:
         raise ValueError(
             f"{train_size} training sentences are fewer than one global batch of {global_batch} (per-device batch × "
@@ -502,9 +500,9 @@ def check_max_seq_length(model_name_or_path: str, max_seq_length: int, objective
     limit = max_input_length(tokenizer, AutoConfig.from_pretrained(model_name_or_path))
     length, what = max_seq_length, "--max_seq_length"
     if objective == "conisi":
-        length = tokenizer.num_special_tokens_to_add(pair=True) + 2 * (
-            max_seq_length - tokenizer.num_special_tokens_to_add(pair=False)
-        )
+        from ifcl_objectives.conisi import pair_max_length
+
+        length = pair_max_length(tokenizer, max_seq_length)
         what = f"ConIsI's sentence pairs ({length} tokens for --max_seq_length {max_seq_length})"
     if length > limit:
         raise ValueError(f"{what}: longer than the {limit} tokens {model_name_or_path} takes.")
@@ -604,13 +602,8 @@ def run(argv: list[str]):
 
     from ifcl_objectives import build_objective
     from modeling_ifcl import IFCLModel
-    from trainer_ifcl import IFCLTrainer, tokenize_training_text
+    from trainer_ifcl import IFCLTrainer, global_batch_size, tokenize_training_text
 
-    global_batch_size = (
-        training_args.per_device_train_batch_size
-        * training_args.world_size
-        * training_args.gradient_accumulation_steps
-    )
     model = IFCLModel.from_encoder(
         model_name_or_path,
         model_args.fraternal_model_name_or_path if is_ifcl else None,
@@ -618,7 +611,7 @@ def run(argv: list[str]):
         freeze_word_embeddings=ifcl_args.freeze_word_embeddings,
         freeze_fraternal_embeddings=ifcl_args.freeze_fraternal_embeddings,
         queue_size=ifcl_args.queue_size,
-        queue_batch_size=global_batch_size,
+        queue_batch_size=global_batch_size(training_args),
         forgetting_rate=ifcl_args.forgetting_rate,
         contrastive_temperature=ifcl_args.temperature,
         fraternal_loss_weight=ifcl_args.fraternal_loss_weight,

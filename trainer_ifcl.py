@@ -76,6 +76,11 @@ def tokenize_training_text(
     )
 
 
+def global_batch_size(args) -> int:
+    """Sentences per optimizer step over all processes: per-device batch × processes × gradient accumulation."""
+    return args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
+
+
 def is_text_dataset(dataset) -> bool:
     """A ``datasets.Dataset`` of training text (a ``sentence`` column, no token ids yet)."""
     columns = getattr(dataset, "column_names", None)
@@ -162,9 +167,7 @@ class IFCLTrainer(Trainer):
         × processes × gradient accumulation), when the model was built for another N."""
         model = unwrap_model(self.model)
         queue = getattr(model, "queue", None)
-        global_batch = (
-            self.args.per_device_train_batch_size * self.args.world_size * self.args.gradient_accumulation_steps
-        )
+        global_batch = global_batch_size(self.args)
         if queue is None or queue.slot_size == global_batch:
             return
         if len(queue):

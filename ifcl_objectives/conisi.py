@@ -412,12 +412,8 @@ class ConIsIObjective(Objective):
                 "--objective conisi needs a fast tokenizer (its sequence ids locate the second sentence of a pair); "
                 f"{type(tokenizer).__name__} is not one."
             )
-        # Y_i's two halves hold the same tokens as x_i alone: the max_length - (special tokens of one sentence)
-        # tokens of x_i's truncation, each. (A pair limit of 2·max_length would leave the halves one token apart
-        # whenever the special tokens are odd in number, as BERT's three.)
-        content_length = max_length - tokenizer.num_special_tokens_to_add(pair=False)
-        pair_length = tokenizer.num_special_tokens_to_add(pair=True) + 2 * content_length
-        if content_length < 1:
+        pair_length = pair_max_length(tokenizer, max_length)
+        if max_length - tokenizer.num_special_tokens_to_add(pair=False) < 1:
             raise ValueError(
                 f"--max_seq_length {max_length} is too short for ConIsI: a truncated sentence must keep at least one "
                 f"token besides its special tokens."
@@ -509,6 +505,15 @@ class ConIsIObjective(Objective):
             single, pair_candidates, self.head.score(positive), self.head.score(negative), label_offset
         )
         return ObjectiveOutput(loss, components)
+
+
+def pair_max_length(tokenizer, max_length: int) -> int:
+    """Length of the pair [x_i ; x_i] whose two halves hold the same tokens as x_i alone (truncated to
+    ``max_length``): the pair's special tokens plus twice x_i's other tokens. (A limit of 2·max_length would leave
+    the halves one token apart whenever the special tokens are odd in number, as BERT's three.)"""
+    return tokenizer.num_special_tokens_to_add(pair=True) + 2 * (
+        max_length - tokenizer.num_special_tokens_to_add(pair=False)
+    )
 
 
 def pair_group(encoding, prefix: str) -> dict[str, list]:
