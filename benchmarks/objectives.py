@@ -141,6 +141,9 @@ def main() -> None:
     names = {key: name for key, name, *_ in RUNS}
 
     equal_steps = objective_runs(keys, args.seeds, extra)
+    recorded = os.path.join(RESULTS, "objectives.json")
+    if not args.redo:
+        benchmark_runs.restore_recorded(by_seed(equal_steps), recorded)
     if args.report:
         wanted = []
     train_all([run for run in by_seed(equal_steps) if run.key in wanted], jobs=args.jobs, redo=args.redo)
@@ -192,6 +195,8 @@ def main() -> None:
             timed[key] = objective_runs([key], args.seeds, [*extra, *budget_flags], folder="objectives-equal-time")[
                 key
             ]
+        if not args.redo:
+            benchmark_runs.restore_recorded(by_seed(timed), recorded)
         train_all([run for run in by_seed(timed) if run.key in wanted], jobs=args.jobs, redo=args.redo)
         read_finished(by_seed(timed))
         equal_time_text, equal_time_records = table(timed, names, steps)

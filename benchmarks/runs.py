@@ -105,7 +105,9 @@ def train(run: Run, threads: int | None = None, redo: bool = False, log: Callabl
         return run.results
     with open(results_path, encoding="utf-8") as f:
         results = json.load(f)
-    results.update(wall_seconds=wall, peak_rss_mb=usage.ru_maxrss / 1024, threads=threads)  # Linux: KiB
+    results.update(
+        wall_seconds=wall, peak_rss_mb=usage.ru_maxrss / 1024, threads=threads or env.get("OMP_NUM_THREADS")
+    )  # Linux: KiB
     prune(run.output_dir)
     with open(results_path, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
@@ -118,6 +120,38 @@ def train_all(runs: Sequence[Run], jobs: int = 1, redo: bool = False) -> None:
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(lambda run: train(run, threads, redo), runs))
+
+
+def recorded_runs(document: object) -> dict[str, tuple[list[str], dict]]:
+    """Every run a results JSON file records: its output folder (relative) -> (its flags, its results)."""
+    found: dict[str, tuple[list[str], dict]] = {}
+    if isinstance(document, dict):
+        if isinstance(document.get("flags"), list) and isinstance(document.get("runs"), dict):
+            for entry in document["runs"].values():
+                if isinstance(entry, dict) and "output_dir" in entry and "results" in entry:
+                    found[entry["output_dir"]] = (document["flags"], entry["results"])
+        for value in document.values():
+            found.update(recorded_runs(value))
+    return found
+
+
+def restore_recorded(runs: Sequence[Run], path: str) -> None:
+    """Give back their results folder to the runs that ``path`` records but whose folder is gone.
+
+    The run folders are not committed, so in a fresh clone only the JSON files hold the finished runs: a run with
+    the same output folder and the same flags counts as finished and is not trained again (``--redo`` does).
+    """
+    if not os.path.isfile(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        recorded = recorded_runs(json.load(f))
+    for run in runs:
+        flags, results = recorded.get(relative(run.output_dir), (None, None))
+        if run.finished or flags != run.flags:
+            continue
+        os.makedirs(run.output_dir, exist_ok=True)
+        with open(os.path.join(run.output_dir, "all_results.json"), "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=2)
 
 
 def read_finished(runs: Sequence[Run]) -> None:

@@ -31,6 +31,7 @@ from runs import (
     put_into_readme,
     read_finished,
     relative,
+    restore_recorded,
     summary,
     train_all,
     verdict,
@@ -85,6 +86,9 @@ def main() -> None:
     }
     # Seed by seed across settings, so that a stopped sweep has whole seeds rather than whole settings.
     order = [runs[key][i] for i in range(len(args.seeds)) for key in keys]
+    path = os.path.join(RESULTS, "sweep.json")
+    if not args.redo:
+        restore_recorded(order, path)
     if not args.report:
         train_all(order, jobs=args.jobs, redo=args.redo)
     read_finished(order)
@@ -129,7 +133,6 @@ def main() -> None:
     )
     text = caption + "\n\n" + "\n".join(lines)
     print("\n" + text)
-    path = os.path.join(RESULTS, "sweep.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"machine": machine(), "packages": package_versions(), "seeds": args.seeds, "centre": CENTRE,
                    "settings": records}, f, indent=2)  # fmt: skip
