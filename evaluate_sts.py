@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from cli_ifcl import Command
 from configuration_ifcl import POOLER_TYPES
 from evaluation_ifcl import STSEvaluator
 from sts_encoders import MODEL_TYPES, mutual_information
@@ -336,6 +337,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         trust_remote_code=model_args.trust_remote_code,
     )
     encoder = loaded.encoder
+    COMMAND.running = True  # the input is checked and the model loaded: what fails now is the run
     if dtype is not None and encoder.device.type == "cpu":
         logger.warning(f"--{'bf16' if eval_args.bf16 else 'fp16'} on the CPU: half precision is meant for GPUs.")
     label = model_label(model_args.model_name_or_path, loaded.pooler_type)
@@ -448,15 +450,13 @@ def format_mutual_information(mi_results: dict[str, Any]) -> str:
     )
 
 
-def cli() -> None:
-    """Command-line entry (``ifcl-evaluate-sts``): problems with files or settings end with a one-line message."""
-    from data_ifcl import DataFormatError
-    from sts_tasks import TaskDataNotFoundError
+COMMAND = Command("evaluate_sts.py")
 
-    try:
-        main()
-    except (TaskDataNotFoundError, DataFormatError, FileNotFoundError, ValueError) as error:
-        raise SystemExit(f"error: {error}") from None
+
+def cli() -> None:
+    """Command-line entry (``ifcl-evaluate-sts``): a bad input ends with ``evaluate_sts.py: error: <message>`` and
+    exit code 2, a failure once the model is loaded with exit code 1 (the traceback with ``IFCL_DEBUG=1``)."""
+    COMMAND.main(main)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from cli_ifcl import Command
 from data_ifcl import DataFormatError, _iter_lines
 
 logger = logging.getLogger(__name__)
@@ -516,6 +517,7 @@ def run(argv: list[str]) -> PrepareSummary:
         + f"; {len(todo)} to translate"
     )
     translator = Translator.from_arguments(args) if todo else None
+    COMMAND.running = True  # the input, the output and the model are checked: what fails now is the run
     with OrderedOutput(args.output_file, sentences, summary.already_translated, waiting) as output:
         if translator is not None:
             from tqdm.auto import tqdm
@@ -536,15 +538,16 @@ def run(argv: list[str]) -> PrepareSummary:
     return summary
 
 
+COMMAND = Command("prepare_fraternal.py")
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Command-line entry: problems with files or settings, and Ctrl-C, end with a one-line message."""
-    try:
-        run(sys.argv[1:] if argv is None else argv)
-    except (DataFormatError, SettingsError, FileNotFoundError) as error:
-        raise SystemExit(f"prepare_fraternal.py: error: {error}") from None
-    except KeyboardInterrupt:
-        print("\nprepare_fraternal.py: interrupted; run the same command again to continue.", file=sys.stderr)
-        raise SystemExit(130) from None
+    """Command-line entry: a bad input ends with ``prepare_fraternal.py: error: <message>`` and exit code 2, a
+    failure once translation began with exit code 1 (the traceback with ``IFCL_DEBUG=1``); Ctrl-C says how to go on."""
+    COMMAND.main(
+        lambda: run(sys.argv[1:] if argv is None else argv),
+        on_interrupt=lambda: "interrupted; run the same command again to continue.",
+    )
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import torch
 import transformers
 from transformers import HfArgumentParser, TrainingArguments, set_seed
 
+from cli_ifcl import Command
 from configuration_ifcl import POOLER_TYPES, check_ifcl_settings, uses_fraternal_twins
 from ifcl_objectives import OBJECTIVES, objective_class, settings_as_dict, settings_classes
 
@@ -581,7 +582,8 @@ def run(argv: list[str]):
         training_args.metric_for_best_model = task_metric
 
     # Everything that can be wrong with the input is found before the model is loaded.
-    RUN_STATE.update(training=False, output_dir=training_args.output_dir)
+    COMMAND.running = False
+    COMMAND.details["output_dir"] = training_args.output_dir
     check_training_settings(training_args)
     check_output_folder(training_args, arguments.output)
     push_at_end = take_over_push(training_args)
@@ -655,7 +657,7 @@ def run(argv: list[str]):
         f"test {init_metrics[f'init_test_{task}_spearman']:.2f} (Spearman × 100)"
     )
 
-    RUN_STATE["training"] = True
+    COMMAND.running = True
     train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     training_log = list(trainer.state.log_history)  # before the final evaluations of the best checkpoint
     trainer.save_model()
@@ -707,33 +709,26 @@ def run(argv: list[str]):
     return trainer, all_metrics
 
 
-# Whether the run got as far as training: errors before it are the input's (a message, exit code 2), errors after it
-# are failures of the run (a traceback, exit code 1).
-RUN_STATE = {"training": False, "output_dir": None}
+# Errors before training are the input's (exit code 2); after it begins, failures of the run (exit code 1).
+COMMAND = Command("run_ifcl.py")
+
+
+def interrupted_message() -> str:
+    """What Ctrl-C prints: the newest checkpoint and the command that resumes from it."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    folder = COMMAND.details.get("output_dir")
+    last = get_last_checkpoint(folder) if isinstance(folder, str) and os.path.isdir(folder) else None
+    if last is None:
+        return "interrupted; no checkpoint was written yet"
+    return f"interrupted; the newest checkpoint is {last}; continue with: {' '.join(sys.argv)} --resume_from_checkpoint last"
 
 
 def main() -> None:
-    """Command-line entry: a bad input ends with ``run_ifcl.py: error: <message>`` and exit code 2 (the traceback
-    with ``IFCL_DEBUG=1``); Ctrl-C names the newest checkpoint and the command that resumes from it."""
-    try:
-        run(sys.argv[1:])
-    except KeyboardInterrupt:
-        from transformers.trainer_utils import get_last_checkpoint
-
-        folder = RUN_STATE["output_dir"]
-        last = get_last_checkpoint(folder) if folder and os.path.isdir(folder) else None
-        where = (
-            f"the newest checkpoint is {last}; continue with: {' '.join(sys.argv)} --resume_from_checkpoint last"
-            if last
-            else "no checkpoint was written yet"
-        )
-        print(f"\nrun_ifcl.py: interrupted; {where}", file=sys.stderr)
-        raise SystemExit(130) from None
-    except (ValueError, OSError) as error:
-        if RUN_STATE["training"] or os.environ.get("IFCL_DEBUG"):
-            raise
-        print(f"run_ifcl.py: error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+    """Command-line entry: a bad input ends with ``run_ifcl.py: error: <message>`` and exit code 2 (a failure
+    during training with exit code 1; the traceback with ``IFCL_DEBUG=1``); Ctrl-C names the newest checkpoint and
+    the command that resumes from it."""
+    COMMAND.main(lambda: run(sys.argv[1:]), on_interrupt=interrupted_message)
 
 
 if __name__ == "__main__":

@@ -282,7 +282,7 @@ def test_max_sentences_then_continue(marian_dir, input_file, reference_output, t
     assert output.read_bytes() == reference_output.read_bytes()
 
 
-def test_output_of_another_input_is_refused(marian_dir, input_file, reference_output, tmp_path, monkeypatch):
+def test_output_of_another_input_is_refused(marian_dir, input_file, reference_output, tmp_path, monkeypatch, capsys):
     output = tmp_path / "pairs.txt"
     reference_lines = reference_output.read_text(encoding="utf-8").splitlines(keepends=True)
     started = "".join(reference_lines[:3]) + reference_lines[3][:10]  # an interrupted run of the first input
@@ -296,8 +296,10 @@ def test_output_of_another_input_is_refused(marian_dir, input_file, reference_ou
     assert f"{output}: line 3:" in message and f"{other_input} (line 4:" in message
     assert "Another third sentence." in message and SENTENCES[2] in message
     assert output.read_text(encoding="utf-8") == started, "the output is left as it was"
-    with pytest.raises(SystemExit, match="prepare_fraternal.py: error: .*line 3"):
+    with pytest.raises(SystemExit) as exit_info:
         prepare_fraternal.main(tool_args(other_input, output, marian_dir))
+    assert exit_info.value.code == 2
+    assert re.search("prepare_fraternal.py: error: .*line 3", capsys.readouterr().err)
     # A shorter input than the output: refused too.
     short_input = tmp_path / "short.txt"
     short_input.write_text(SENTENCES[0] + "\n", encoding="utf-8")
@@ -311,16 +313,19 @@ def test_output_of_another_input_is_refused(marian_dir, input_file, reference_ou
     assert [sentence for sentence, _ in read_pairs(output)] == [*SENTENCES[:2], "Another third sentence."]
 
 
-def test_bad_input_files(marian_dir, tmp_path):
+def test_bad_input_files(marian_dir, tmp_path, capsys):
     missing = tmp_path / "missing.txt"
-    with pytest.raises(SystemExit, match=re.escape(f"input file not found: {missing}")):
+    with pytest.raises(SystemExit) as exit_info:
         prepare_fraternal.main(tool_args(missing, tmp_path / "out.txt", marian_dir))
+    assert exit_info.value.code == 2
+    assert f"prepare_fraternal.py: error: input file not found: {missing}" in capsys.readouterr().err
     blank = tmp_path / "blank.txt"
     blank.write_text("\n   \n\t\n", encoding="utf-8")
     with pytest.raises(DataFormatError, match=re.escape(f"{blank}: no sentences")):
         prepare_fraternal.run(tool_args(blank, tmp_path / "out.txt", marian_dir))
-    with pytest.raises(SystemExit, match="must end in .txt"):
+    with pytest.raises(SystemExit) as exit_info:
         prepare_fraternal.main(tool_args(blank, tmp_path / "out.tsv", marian_dir))
+    assert exit_info.value.code == 2 and "must end in .txt" in capsys.readouterr().err
     not_ours = tmp_path / "not_ours.txt"
     not_ours.write_text(SENTENCES[0] + "\n", encoding="utf-8")
     source = tmp_path / "source.txt"
