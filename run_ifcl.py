@@ -410,6 +410,77 @@ def check_output_folder(training_args: TrainingArguments, output_args: OutputArg
         )
 
 
+# The settings a checkpoint cannot be resumed with other values of: config key -> the flag that sets it. The
+# queue's shape and the optimizer's state depend on the first three; the others would make the card describe
+# settings the weights were not trained with.
+RESUME_SETTINGS = {
+    "objective": "--objective",
+    "queue_size": "--queue_size",
+    "queue_batch_size": "global batch (--per_device_train_batch_size × processes × --gradient_accumulation_steps)",
+    "fusion_rate": "--fusion_rate",
+    "contrastive_temperature": "--temperature",
+    "forgetting_rate": "--forgetting_rate",
+    "fraternal_loss_weight": "--fraternal_loss_weight",
+    "twins_loss_weight": "--twins_loss_weight",
+    "objective_settings": "the objective's own settings",
+}
+
+
+def check_checkpoint_files(checkpoint: str) -> dict[str, Any]:
+    """Read every file of a checkpoint that resuming needs, naming the first that is missing or broken; return its
+    config. Runs before any data or model is loaded."""
+    import json
+    import zipfile
+
+    def broken(name: str, why: str) -> OutputFolderError:
+        return OutputFolderError(
+            f"--resume_from_checkpoint {checkpoint}: {os.path.join(checkpoint, name)} {why}; resume from an earlier "
+            "checkpoint (a checkpoint-* folder there), or start over with --overwrite_output_dir."
+        )
+
+    contents: dict[str, Any] = {}
+    for name in ("trainer_state.json", "config.json"):
+        path = os.path.join(checkpoint, name)
+        if not os.path.isfile(path):
+            raise broken(name, "is missing")
+        try:
+            with open(path, encoding="utf-8") as f:
+                contents[name] = json.load(f)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise broken(name, f"is not valid JSON ({error})") from None
+    weights = [n for n in ("model.safetensors", "pytorch_model.bin") if os.path.isfile(os.path.join(checkpoint, n))]
+    if not weights:
+        raise broken("model.safetensors", "is missing")
+    if weights[0] == "model.safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(os.path.join(checkpoint, "model.safetensors"), framework="pt") as f:
+                f.keys()
+        except Exception as error:  # safetensors raises its own error type for a cut or damaged file
+            raise broken("model.safetensors", f"cannot be read ({error})") from None
+    # torch.save writes zip archives, whose directory is at the end: a cut file is not a zip any more.
+    for name in sorted(os.listdir(checkpoint)):
+        if name.endswith((".pt", ".pth", ".bin")) and not zipfile.is_zipfile(os.path.join(checkpoint, name)):
+            raise broken(name, "is cut short or damaged (not a complete torch.save file)")
+    return contents["config.json"]
+
+
+def check_resume_settings(checkpoint: str, saved: dict[str, Any], wanted: dict[str, Any]) -> None:
+    """Name every setting of ``RESUME_SETTINGS`` whose value in this command differs from the checkpoint's."""
+    differences = [
+        f"{flag}: {saved.get(key)!r} in the checkpoint, {wanted.get(key)!r} now"
+        for key, flag in RESUME_SETTINGS.items()
+        if key in saved and saved.get(key) != wanted.get(key)
+    ]
+    if differences:
+        raise OutputFolderError(
+            f"--resume_from_checkpoint {checkpoint} was trained with other settings than this command's: "
+            + "; ".join(differences)
+            + ". Resume with the checkpoint's settings, or train anew in another --output_dir."
+        )
+
+
 def start_run_in_output_folder(training_args: TrainingArguments, output_args: OutputArguments) -> None:
     """Once the input is checked, before any model is loaded: delete the earlier run when asked to overwrite it,
     make the folder (an unwritable one is found here) and mark the run as in progress."""
@@ -586,6 +657,32 @@ def run(argv: list[str]):
     COMMAND.details["output_dir"] = training_args.output_dir
     check_training_settings(training_args)
     check_output_folder(training_args, arguments.output)
+    import json
+
+    from configuration_ifcl import IFCLConfig
+    from trainer_ifcl import global_batch_size
+
+    # The IFCLConfig fields this command sets (the model is built from them once the input is checked).
+    model_settings: dict[str, Any] = dict(
+        fusion_rate=ifcl_args.fusion_rate,
+        freeze_word_embeddings=ifcl_args.freeze_word_embeddings,
+        freeze_fraternal_embeddings=ifcl_args.freeze_fraternal_embeddings,
+        queue_size=ifcl_args.queue_size,
+        queue_batch_size=global_batch_size(training_args),
+        forgetting_rate=ifcl_args.forgetting_rate,
+        contrastive_temperature=ifcl_args.temperature,
+        fraternal_loss_weight=ifcl_args.fraternal_loss_weight,
+        twins_loss_weight=ifcl_args.twins_loss_weight,
+        objective=objective_name,
+        objective_settings=objective_settings,
+        pooler_type=ifcl_args.pooler_type,
+        eval_pooler_type=ifcl_args.eval_pooler_type,
+        max_seq_length=data_args.max_seq_length,
+    )
+    if training_args.resume_from_checkpoint is not None:
+        saved = check_checkpoint_files(training_args.resume_from_checkpoint)
+        wanted = json.loads(json.dumps(IFCLConfig(**model_settings).to_dict()))  # as config.json holds it
+        check_resume_settings(training_args.resume_from_checkpoint, saved, wanted)
     push_at_end = take_over_push(training_args)
     with training_args.main_process_first(desc="reading training and STS data"):
         needs_fraternal = is_ifcl and uses_fraternal_twins(
@@ -604,25 +701,10 @@ def run(argv: list[str]):
 
     from ifcl_objectives import build_objective
     from modeling_ifcl import IFCLModel
-    from trainer_ifcl import IFCLTrainer, global_batch_size, tokenize_training_text
+    from trainer_ifcl import IFCLTrainer, tokenize_training_text
 
     model = IFCLModel.from_encoder(
-        model_name_or_path,
-        model_args.fraternal_model_name_or_path if is_ifcl else None,
-        fusion_rate=ifcl_args.fusion_rate,
-        freeze_word_embeddings=ifcl_args.freeze_word_embeddings,
-        freeze_fraternal_embeddings=ifcl_args.freeze_fraternal_embeddings,
-        queue_size=ifcl_args.queue_size,
-        queue_batch_size=global_batch_size(training_args),
-        forgetting_rate=ifcl_args.forgetting_rate,
-        contrastive_temperature=ifcl_args.temperature,
-        fraternal_loss_weight=ifcl_args.fraternal_loss_weight,
-        twins_loss_weight=ifcl_args.twins_loss_weight,
-        objective=objective_name,
-        objective_settings=objective_settings,
-        pooler_type=ifcl_args.pooler_type,
-        eval_pooler_type=ifcl_args.eval_pooler_type,
-        max_seq_length=data_args.max_seq_length,
+        model_name_or_path, model_args.fraternal_model_name_or_path if is_ifcl else None, **model_settings
     )
     if model_args.model_name_or_path is None:
         model.config.encoder_name_or_path = EMBEDDED_MODEL_ID

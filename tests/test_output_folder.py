@@ -71,3 +71,56 @@ def test_unwritable_output_folder_is_found_before_training(tmp_path):
 def test_results_with_nan_stay_valid_json(tmp_path):
     run_ifcl.write_json_atomically(str(tmp_path / "r.json"), {"eval_spearman": float("nan"), "ok": 1.5})
     assert json.loads((tmp_path / "r.json").read_text()) == {"eval_spearman": None, "ok": 1.5}
+
+
+@pytest.fixture(scope="module")
+def finished_simcse_run(tiny_encoder_dir, english_sts_data, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("resume") / "run"
+    args = objective_run_args(tiny_encoder_dir, english_sts_data, folder, "simcse")
+    run_ifcl.run(args)
+    return folder, args
+
+
+def test_resume_with_other_settings_names_each_of_them_before_any_model_loads(finished_simcse_run, monkeypatch):
+    folder, args = finished_simcse_run
+    checkpoint = folder / "checkpoint-2"
+    monkeypatch.setattr(run_ifcl, "load_training_text", lambda *a: pytest.fail("data read before the check"))
+    changed = [
+        "--temperature",
+        "0.1",
+        "--per_device_train_batch_size",
+        "2",
+        "--resume_from_checkpoint",
+        str(checkpoint),
+    ]
+    with pytest.raises(run_ifcl.OutputFolderError) as error:
+        run_ifcl.run([*args, *changed])
+    message = str(error.value)
+    assert str(checkpoint) in message
+    assert "--temperature: 0.05 in the checkpoint, 0.1 now" in message
+    assert "global batch" in message and "4 in the checkpoint, 2 now" in message
+    assert "--fusion_rate" not in message  # only what differs is named
+    with pytest.raises(run_ifcl.OutputFolderError, match="--objective: 'simcse' in the checkpoint, 'ifcl' now"):
+        run_ifcl.run([*[a for a in args if a != "simcse" and a != "--objective"], "--resume_from_checkpoint", "last"])
+
+
+@pytest.mark.parametrize("name", ["trainer_state.json", "config.json", "model.safetensors", "optimizer.pt"])
+def test_resume_from_a_broken_checkpoint_names_the_file(finished_simcse_run, tmp_path, name):
+    import shutil
+
+    folder, args = finished_simcse_run
+    checkpoint = tmp_path / "checkpoint-2"
+    shutil.copytree(folder / "checkpoint-2", checkpoint)
+    data = (checkpoint / name).read_bytes()
+    (checkpoint / name).write_bytes(data[: len(data) // 2])  # cut short, as by a full disk or a kill
+    run_ifcl.check_checkpoint_files(str(folder / "checkpoint-2"))  # the original is fine
+    with pytest.raises(
+        run_ifcl.OutputFolderError, match=f"{checkpoint / name} (is not valid JSON|cannot be read|is cut)"
+    ):
+        run_ifcl.run([*args, "--resume_from_checkpoint", str(checkpoint)])
+
+
+def test_resume_with_the_same_settings_goes_on(finished_simcse_run):
+    folder, args = finished_simcse_run
+    trainer, metrics = run_ifcl.run([*args, "--resume_from_checkpoint", str(folder / "checkpoint-2")])
+    assert trainer.state.global_step == 4 and "test_stsb_spearman" in metrics
