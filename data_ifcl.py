@@ -325,9 +325,11 @@ _STS_FEATURES = datasets.Features(
 class _StsRows:
     """Collects validated STS rows for one file."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, score_range: tuple[float, float] | None = None) -> None:
         self.path = path
         self.columns: dict[str, list[Any]] = {name: [] for name in STS_COLUMNS}
+        self.score_range = score_range
+        self.outside_range: list[int] = []  # lines whose score lies outside score_range
 
     def add(self, sentence1: Any, sentence2: Any, score: Any, line: int) -> None:
         """Validate and append one row; raise DataFormatError naming ``line``."""
@@ -338,7 +340,10 @@ class _StsRows:
             texts.append(value.strip())
         self.columns["sentence1"].append(texts[0])
         self.columns["sentence2"].append(texts[1])
-        self.columns["score"].append(self._score(score, line))
+        value = self._score(score, line)
+        if self.score_range is not None and not self.score_range[0] <= value <= self.score_range[1]:
+            self.outside_range.append(line)
+        self.columns["score"].append(value)
 
     def _score(self, value: Any, line: int) -> float:
         if value is None or (isinstance(value, str) and not value.strip()):
@@ -361,6 +366,14 @@ class _StsRows:
             raise _format_error(
                 self.path,
                 f"every score is {scores[0]}: Spearman's correlation is undefined when the scores do not vary",
+            )
+        if self.outside_range:
+            low, high = self.score_range or (0.0, 0.0)
+            lines = ", ".join(map(str, self.outside_range[:5])) + (", ..." if len(self.outside_range) > 5 else "")
+            logger.warning(
+                f"{self.path}: {len(self.outside_range)} score(s) outside the scale {low:g}–{high:g} (line {lines}); "
+                "Spearman does not depend on the scale, but such a score is often a typo or a shifted column. "
+                "Declare another scale with --sts_score_range LOW HIGH."
             )
         return datasets.Dataset.from_dict(self.columns, features=_STS_FEATURES)
 
@@ -426,11 +439,12 @@ def _read_sts_jsonl(path: str, rows: _StsRows) -> None:
         rows.add(*(record[column] for column in STS_COLUMNS), line=line_number)
 
 
-def load_sts_file(path: str | os.PathLike) -> datasets.Dataset:
+def load_sts_file(path: str | os.PathLike, score_range: tuple[float, float] | None = (0.0, 5.0)) -> datasets.Dataset:
     """Load an STS file (.tsv/.txt, .csv, .jsonl/.json lines) with sentence1, sentence2, score.
 
     Tab-separated and csv files need a header row naming the columns (any order,
     extra columns ignored). Line numbers in errors are 1-based and count the header.
+    Scores outside ``score_range`` (the STS scale, 0–5 by default; None: any) are warned about, with their lines.
     """
     path = os.fspath(path)
     extension = _extension(path)
@@ -439,7 +453,7 @@ def load_sts_file(path: str | os.PathLike) -> datasets.Dataset:
             path, f"unsupported extension {extension or '(none)'!r}; supported: {', '.join(STS_EXTENSIONS)}"
         )
     _require_file(path, "STS file")
-    rows = _StsRows(path)
+    rows = _StsRows(path, score_range)
     if extension in (".tsv", ".txt"):
         _read_sts_tsv(path, rows)
     elif extension == ".csv":

@@ -93,9 +93,19 @@ class DataArguments:
         default="stsb",
         metadata={"help": "Name of the STS set in metric names (eval_<name>_spearman). 'stsb' for the defaults."},
     )
+    sts_score_range: list[float] = field(
+        default_factory=lambda: [0.0, 5.0],
+        metadata={
+            "help": "The scale of the scores in --validation_file and --test_file (LOW HIGH; STS-B: 0 5). Scores "
+            "outside it are warned about, with their lines; nothing is changed (Spearman does not depend on it)."
+        },
+    )
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
 
     def __post_init__(self) -> None:
+        low_high = self.sts_score_range
+        if len(low_high) != 2 or not all(math.isfinite(v) for v in low_high) or low_high[0] >= low_high[1]:
+            raise ValueError(f"--sts_score_range takes two finite numbers LOW HIGH with LOW < HIGH, got {low_high}.")
         for name in ("train_file", "validation_file", "test_file"):
             path = getattr(self, name)
             if path is not None and not os.path.isfile(path):
@@ -611,8 +621,11 @@ def load_sts_sets(data_args: DataArguments) -> tuple[datasets.Dataset, datasets.
     """STS dev and test sets (columns sentence1, sentence2, score)."""
     from data_ifcl import load_sts_file, load_stsb
 
-    validation = load_sts_file(data_args.validation_file) if data_args.validation_file else load_stsb("dev")
-    test = load_sts_file(data_args.test_file) if data_args.test_file else load_stsb("test")
+    score_range = (data_args.sts_score_range[0], data_args.sts_score_range[1])
+    validation = (
+        load_sts_file(data_args.validation_file, score_range) if data_args.validation_file else load_stsb("dev")
+    )
+    test = load_sts_file(data_args.test_file, score_range) if data_args.test_file else load_stsb("test")
     return validation, test
 
 

@@ -41,6 +41,7 @@ CASES = [
     (["--validation_file", "{files}/one_row.tsv"], "one_row.tsv"),
     (["--model_name_or_path", "./no/such/model"], "./no/such/model"),
     (["--resume_from_checkpoint", "last"], "holds no checkpoint"),
+    (["--sts_score_range", "5", "0"], "--sts_score_range"),
 ]
 
 

@@ -295,3 +295,19 @@ def test_stsb_dev_and_test() -> None:
 def test_stsb_unknown_split() -> None:
     with pytest.raises(ValueError, match="validation"):
         stsb_path("validation")
+
+
+def test_sts_scores_outside_the_scale_are_warned_about_with_their_lines(tmp_path, caplog):
+    path = tmp_path / "sts.tsv"
+    rows = ["A.\tB.\t4.5", "C.\tD.\t45", "E.\tF.\t0", "G.\tH.\t-1"]  # 45: a lost decimal point; -1: below 0
+    path.write_text("sentence1\tsentence2\tscore\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="data_ifcl"):
+        dataset = load_sts_file(path)
+    assert dataset["score"] == [4.5, 45.0, 0.0, -1.0]  # warned, not changed
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"{path}: 2 score(s) outside the scale 0–5 (line 3, 5)" in warning
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="data_ifcl"):
+        load_sts_file(path, score_range=(-1.0, 50.0))
+        load_sts_file(path, score_range=None)
+    assert not caplog.records
