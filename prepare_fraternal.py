@@ -14,24 +14,37 @@ and written in input order; the output is appended to and flushed after every ba
 of the order wait in ``OUTPUT.pending``. Running the same command again after an interruption checks the output
 against the input and translates only what is in neither file. ``run_ifcl.py --train_file OUTPUT`` reads the
 result directly.
+
+Nothing is lost to a mistake or to a second run. The model is loaded before the output is changed in any way (even
+before an unfinished last line is cut), so a mistyped ``--model_name_or_path`` stops the run with the output as it
+was. ``--overwrite_output_file`` writes a new file, ``OUTPUT.new`` (with its own side file), and puts it in place of
+the old output only when the run has finished: until then the old output stays as it was (an interrupted overwrite
+run leaves ``OUTPUT.new`` behind; the next one starts it over). A run holds an exclusive lock (``flock``) on
+``OUTPUT.lock`` from before it reads the output to its end, so a second run on the same output stops at once
+instead of writing every line a second time; the lock file is removed at the end (one left by a killed run locks
+nothing and is taken over).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cli_ifcl import Command
+from cli_ifcl import Command, check_model_path
 from data_ifcl import DataFormatError, _iter_lines
 
 logger = logging.getLogger(__name__)
 
 PENDING_SUFFIX = ".pending"
+NEW_SUFFIX = ".new"  # --overwrite_output_file writes OUTPUT.new, then replaces OUTPUT with it
+LOCK_SUFFIX = ".lock"
 
 # Characters that would break a `sentence<TAB>translation` line: the tab, and everything str.splitlines splits on.
 _FIELD_BREAKERS = "\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
@@ -92,14 +105,17 @@ class PrepareFraternalArguments:
         metadata={"help": "Stop after the first N sentences of the input (counting those already in the output)."},
     )
     overwrite_output_file: bool = field(
-        default=False, metadata={"help": "Start the output over instead of continuing it."}
-    )
+        default=False,
+        metadata={"help": "Start the output over instead of continuing it: the new pairs go to OUTPUT.new, which "
+                  "replaces the output only once the run has finished; until then the old output stays as it was."},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "batches_per_chunk", "max_length", "num_beams", "max_sentences"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise SettingsError(f"--{name} must be ≥ 1, got {value}.")
+        check_model_path("--model_name_or_path", self.model_name_or_path)
         if os.path.splitext(self.output_file)[1].lower() != ".txt":
             raise SettingsError(
                 f"--output_file {self.output_file}: must end in .txt, the extension run_ifcl.py reads as "
@@ -152,15 +168,16 @@ def read_input_sentences(input_file: str) -> tuple[list[InputSentence], int]:
     return sentences, empty_lines
 
 
-def count_finished_lines(output_file: str, sentences: Sequence[InputSentence], input_file: str) -> int:
-    """Check an existing output against the input and return how many sentences it already holds.
+def count_finished_lines(output_file: str, sentences: Sequence[InputSentence], input_file: str) -> tuple[int, int]:
+    """Check an existing output against the input: how many sentences it already holds, and their length in bytes.
 
     Line k of the output must be ``sentence<TAB>translation`` with sentence k of the input; anything else means the
     output belongs to another input (DataFormatError naming both files and the line). A last line without its
-    line break was cut by an interruption: it is removed from the file.
+    line break was cut by an interruption: it is not counted, and the file is left as it is (see
+    ``remove_unfinished_line``).
     """
     if not os.path.exists(output_file):
-        return 0
+        return 0, 0
     finished = 0
     finished_bytes = 0
     with open(output_file, "rb") as handle:
@@ -194,10 +211,14 @@ def count_finished_lines(output_file: str, sentences: Sequence[InputSentence], i
                 )
             finished += 1
             finished_bytes += len(raw_line)
-    if os.path.getsize(output_file) > finished_bytes:
+    return finished, finished_bytes
+
+
+def remove_unfinished_line(output_file: str, finished_bytes: int) -> None:
+    """Cut what follows the ``finished_bytes`` of complete lines: a last line cut by an interruption."""
+    if os.path.exists(output_file) and os.path.getsize(output_file) > finished_bytes:
         logger.warning(f"{output_file}: removing an unfinished last line (cut by an interruption)")
         os.truncate(output_file, finished_bytes)
-    return finished
 
 
 def language_token_id(tokenizer: Any, code: str) -> int | None:
@@ -339,6 +360,53 @@ class Translator:
 def pending_file_of(output_file: str) -> str:
     """The side file where translations that are ahead of the output's order wait for their turn."""
     return output_file + PENDING_SUFFIX
+
+
+def new_file_of(output_file: str) -> str:
+    """Where ``--overwrite_output_file`` writes, until the finished file replaces the output."""
+    return output_file + NEW_SUFFIX
+
+
+def lock_file_of(output_file: str) -> str:
+    """The file a run locks while it works on ``output_file`` (beside the real file, if the output is a link)."""
+    return os.path.realpath(output_file) + LOCK_SUFFIX
+
+
+@contextlib.contextmanager
+def output_lock(output_file: str) -> Iterator[str]:
+    """Hold an exclusive lock on ``output_file`` for the ``with`` block; yield the lock file's path.
+
+    Another run that holds it: SettingsError at once. The lock file is removed at the end, while still locked; a run
+    that opened it just before finds, once it has the lock, that the path no longer leads to the file it locked, and
+    takes the new lock file instead. A lock file left by a killed run holds no lock: it is taken over.
+    """
+    lock_file = lock_file_of(output_file)
+    os.makedirs(os.path.dirname(lock_file), exist_ok=True)
+    while True:
+        descriptor = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException as error:
+            os.close(descriptor)
+            if isinstance(error, BlockingIOError):
+                raise SettingsError(
+                    f"--output_file {output_file}: another prepare_fraternal.py run is writing it (it holds "
+                    f"{lock_file}); wait for it to end, or choose another --output_file."
+                ) from None
+            raise
+        try:
+            locked_the_path = os.path.samestat(os.stat(lock_file), os.fstat(descriptor))
+        except FileNotFoundError:
+            locked_the_path = False  # removed by the run that held it
+        if locked_the_path:
+            break
+        os.close(descriptor)  # a lock file already removed: lock the one now at that path
+    try:
+        yield lock_file
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(lock_file)
+        os.close(descriptor)
 
 
 def read_pending_translations(
@@ -486,8 +554,9 @@ def parse_arguments(argv: list[str]) -> PrepareFraternalArguments:
 
 
 def run(argv: list[str]) -> PrepareSummary:
-    """Parse ``argv``, check the input and any existing output, translate what is missing."""
+    """Parse ``argv``, check the input, lock the output and check it, translate what is missing."""
     args = parse_arguments(argv)
+    COMMAND.details.update(output_file=args.output_file, overwrite=args.overwrite_output_file)
     logging.basicConfig(
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
         datefmt="%m/%d/%Y %H:%M:%S",
@@ -499,26 +568,62 @@ def run(argv: list[str]) -> PrepareSummary:
     sentences, empty_lines = read_input_sentences(args.input_file)
     if empty_lines:
         logger.warning(f"{args.input_file}: skipped {empty_lines} empty line(s)")
-    summary = PrepareSummary(args.output_file, len(sentences), empty_lines)
-    pending_file = pending_file_of(args.output_file)
-    if args.overwrite_output_file or not os.path.exists(args.output_file):
-        # A side file without its output belongs to an output that was deleted: start over.
-        for path in (args.output_file, pending_file):
-            if os.path.exists(path):
-                os.remove(path)
-    summary.already_translated = count_finished_lines(args.output_file, sentences, args.input_file)
-    waiting = read_pending_translations(pending_file, sentences, summary.already_translated)
+    with output_lock(args.output_file):
+        return translate_into_output(args, sentences, PrepareSummary(args.output_file, len(sentences), empty_lines))
+
+
+def load_translator(args: PrepareFraternalArguments) -> Translator:
+    """``Translator.from_arguments``; a model that cannot be loaded is a SettingsError that names its path."""
+    try:
+        return Translator.from_arguments(args)
+    except SettingsError:
+        raise
+    except (OSError, ValueError) as error:
+        raise SettingsError(
+            f"--model_name_or_path {args.model_name_or_path}: cannot load the model: {error}"
+        ) from error
+
+
+def translate_into_output(
+    args: PrepareFraternalArguments, sentences: Sequence[InputSentence], summary: PrepareSummary
+) -> PrepareSummary:
+    """The run once the output is locked: check the output, load the model, only then change files and translate.
+
+    Without ``--overwrite_output_file`` the output is continued in place. With it, the run writes ``OUTPUT.new``
+    (a leftover one is started over) and replaces the output with it only at the end of a finished run.
+    """
+    overwrite = args.overwrite_output_file
+    target = new_file_of(args.output_file) if overwrite else args.output_file
+    target_pending = pending_file_of(target)
+    finished_bytes = 0
+    waiting: dict[int, str] = {}
+    if not overwrite and os.path.exists(target):
+        summary.already_translated, finished_bytes = count_finished_lines(target, sentences, args.input_file)
+        waiting = read_pending_translations(target_pending, sentences, summary.already_translated)
     end = len(sentences) if args.max_sentences is None else min(args.max_sentences, len(sentences))
 
     todo = [index for index in range(summary.already_translated, end) if index not in waiting]
     logger.info(
-        f"{args.input_file}: {len(sentences)} sentences; {args.output_file} holds {summary.already_translated}"
-        + (f" (+{len(waiting)} waiting in {pending_file})" if waiting else "")
+        f"{args.input_file}: {len(sentences)} sentences; "
+        + (
+            f"{args.output_file} will be replaced (--overwrite_output_file), the new pairs go to {target}"
+            if overwrite
+            else f"{args.output_file} holds {summary.already_translated}"
+        )
+        + (f" (+{len(waiting)} waiting in {target_pending})" if waiting else "")
         + f"; {len(todo)} to translate"
     )
-    translator = Translator.from_arguments(args) if todo else None
+    translator = load_translator(args) if todo else None
+    # The model is loaded (or not needed): only now are files changed.
+    if overwrite or not os.path.exists(target):
+        # OUTPUT.new is started over; a side file without its output belongs to an output that was deleted.
+        for path in (target, target_pending):
+            if os.path.exists(path):
+                os.remove(path)
+    else:
+        remove_unfinished_line(target, finished_bytes)
     COMMAND.running = True  # the input, the output and the model are checked: what fails now is the run
-    with OrderedOutput(args.output_file, sentences, summary.already_translated, waiting) as output:
+    with OrderedOutput(target, sentences, summary.already_translated, waiting) as output:
         if translator is not None:
             from tqdm.auto import tqdm
 
@@ -530,12 +635,35 @@ def run(argv: list[str]) -> PrepareSummary:
             logger.info(f"Translated {summary.translated} sentences in {time.perf_counter() - started:.1f} s")
         summary.output_lines = output.next_index
         summary.empty_translations = output.empty_translations
+    if overwrite:
+        replace_output(target, args.output_file)
     if summary.empty_translations:
         logger.warning(
             f"{summary.empty_translations} translation(s) came out empty: the sentence itself was written instead"
         )
     logger.info(f"{args.output_file}: {summary.output_lines} of {len(sentences)} sentences with their translation")
     return summary
+
+
+def replace_output(new_file: str, output_file: str) -> None:
+    """Put the finished ``new_file`` (and its side file, if any waits) in place of ``output_file`` and its own."""
+    new_pending, pending = pending_file_of(new_file), pending_file_of(output_file)
+    if os.path.exists(new_pending):
+        os.replace(new_pending, pending)
+    elif os.path.exists(pending):
+        os.remove(pending)  # the old output's translations must not wait for the new output
+    os.replace(new_file, output_file)
+    logger.info(f"{output_file}: replaced by the new pairs (--overwrite_output_file)")
+
+
+def interrupt_message() -> str:
+    """What Ctrl-C prints: how to go on, and that an overwrite run left the old output as it was."""
+    if COMMAND.details.get("overwrite"):
+        return (
+            f"interrupted; {COMMAND.details['output_file']} is unchanged; run the same command again to start "
+            "the overwrite over, or without --overwrite_output_file to continue the old output."
+        )
+    return "interrupted; run the same command again to continue."
 
 
 COMMAND = Command("prepare_fraternal.py")
@@ -546,7 +674,7 @@ def main(argv: list[str] | None = None) -> None:
     failure once translation began with exit code 1 (the traceback with ``IFCL_DEBUG=1``); Ctrl-C says how to go on."""
     COMMAND.main(
         lambda: run(sys.argv[1:] if argv is None else argv),
-        on_interrupt=lambda: "interrupted; run the same command again to continue.",
+        on_interrupt=interrupt_message,
     )
 
 

@@ -6,7 +6,9 @@ first test checks it), so an interrupted and resumed run must write exactly the 
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -23,6 +25,7 @@ from prepare_fraternal import PrepareFraternalArguments, SettingsError, Translat
 SENTENCES = ENGLISH + GERMAN  # 24 sentences of different lengths
 BATCH_SIZE, BATCHES_PER_CHUNK = 4, 2  # chunks of 8 sentences: 3 chunks, 6 batches
 UNPATCHED_TRANSLATE_BATCH = Translator.translate_batch
+UNPATCHED_COUNT_FINISHED_LINES = prepare_fraternal.count_finished_lines
 
 
 class SimulatedCrash(Exception):
@@ -311,6 +314,152 @@ def test_output_of_another_input_is_refused(marian_dir, input_file, reference_ou
         tool_args(other_input, output, marian_dir, "--overwrite_output_file", "--max_sentences", "3")
     )
     assert [sentence for sentence, _ in read_pairs(output)] == [*SENTENCES[:2], "Another third sentence."]
+
+
+def started_output(reference_output: Path, path: Path) -> bytes:
+    """Write an output that an interrupted run left: 10 finished lines, the start of the 11th; return its bytes."""
+    reference_lines = reference_output.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(reference_lines[:10]) + reference_lines[10][:12])
+    return path.read_bytes()
+
+
+def lock_path_of(output: Path) -> Path:
+    return Path(str(output.resolve()) + ".lock")
+
+
+def test_bad_model_path_leaves_the_output_as_it_was(marian_dir, input_file, reference_output, tmp_path, capsys):
+    output = tmp_path / "pairs.txt"
+    before = started_output(reference_output, output)
+    pending = Path(str(output) + ".pending")
+    sentence, translation = read_pairs(reference_output)[12]
+    pending.write_text(f"12\t{sentence}\t{translation}\n", encoding="utf-8")  # translated ahead of its turn
+    pending_before = pending.read_bytes()
+    for bad_model in (str(tmp_path / "opus-mt-en-dee"), "Helsinki-NLP/opus-mt-en-dee"):
+        for extra in ([], ["--overwrite_output_file"]):
+            with pytest.raises(SystemExit) as exit_info:
+                prepare_fraternal.main(tool_args(input_file, output, Path(bad_model), *extra))
+            assert output.read_bytes() == before, "not even the unfinished last line is cut"
+            assert pending.read_bytes() == pending_before
+            assert sorted(path.name for path in tmp_path.iterdir()) == ["pairs.txt", "pairs.txt.pending"]
+            assert exit_info.value.code == 2
+            assert f"prepare_fraternal.py: error: --model_name_or_path {bad_model}: " in capsys.readouterr().err
+    # With the right model, the run continues the output as if nothing had happened.
+    summary = prepare_fraternal.run(tool_args(input_file, output, marian_dir))
+    assert (summary.already_translated, summary.translated) == (10, 13)
+    assert output.read_bytes() == reference_output.read_bytes()
+
+
+def test_overwrite_replaces_the_output_only_when_the_run_finished(
+    marian_dir, input_file, reference_output, tmp_path, monkeypatch, capsys
+):
+    output = tmp_path / "pairs.txt"
+    output.write_text("Old sentence.\tAlter Satz.\nCut off\tAb", encoding="utf-8")
+    old = output.read_bytes()
+    pending = Path(str(output) + ".pending")
+    pending.write_text("5\tOld fifth.\tAlter fünfter.\n", encoding="utf-8")
+    old_pending = pending.read_bytes()
+    new, new_pending = Path(str(output) + ".new"), Path(str(output) + ".new.pending")
+    overwrite = tool_args(input_file, output, marian_dir, "--overwrite_output_file")
+
+    translated: list[list[str]] = []
+    crash_on_batch(monkeypatch, 4, translated)
+    with pytest.raises(SimulatedCrash):
+        prepare_fraternal.run(overwrite)
+    assert output.read_bytes() == old and pending.read_bytes() == old_pending
+    assert 0 < len(read_pairs(new)) < 12 and new_pending.exists(), "the interrupted run wrote beside the output"
+
+    def interrupted(self, sentences):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Translator, "translate_batch", interrupted)
+    with pytest.raises(SystemExit) as exit_info:
+        prepare_fraternal.main(overwrite)
+    assert exit_info.value.code == 130
+    assert f"{output} is unchanged" in capsys.readouterr().err
+    assert output.read_bytes() == old and pending.read_bytes() == old_pending
+
+    translated.clear()
+    crash_on_batch(monkeypatch, 0, translated)
+    new.write_bytes(b"".join(reference_output.read_bytes().splitlines(keepends=True)[:5]))  # left over
+    summary = prepare_fraternal.run(overwrite)
+    assert (summary.already_translated, summary.translated, summary.output_lines) == (0, 24, 24), "started over"
+    assert sorted(sentence for batch in translated for sentence in batch) == sorted(SENTENCES)
+    assert output.read_bytes() == reference_output.read_bytes()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["pairs.txt"], "no .new, .pending or .lock left"
+
+
+def test_second_run_on_the_same_output_is_refused(
+    marian_dir, input_file, reference_output, tmp_path, monkeypatch, capsys
+):
+    output = tmp_path / "pairs.txt"
+    before = started_output(reference_output, output)
+    refused = f"--output_file {output}: another prepare_fraternal.py run is writing it"
+    # Another run holds the lock: refused before the output is read or the model loaded.
+    with open(lock_path_of(output), "w") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with monkeypatch.context() as patch:
+            patch.setattr(Translator, "from_arguments", lambda args: pytest.fail("model loaded"))
+            patch.setattr(prepare_fraternal, "count_finished_lines", lambda *a: pytest.fail("output read"))
+            for extra in ([], ["--overwrite_output_file"]):
+                with pytest.raises(SystemExit) as exit_info:
+                    prepare_fraternal.main(tool_args(input_file, output, marian_dir, *extra))
+                assert exit_info.value.code == 2
+                assert f"prepare_fraternal.py: error: {refused}" in capsys.readouterr().err
+                assert output.read_bytes() == before
+    assert lock_path_of(output).exists(), "the holder's lock file stays: it is the holder's"
+
+    # Two runs at once: the second starts while the first translates (the lock file the holder above left, locked
+    # by no one now, is taken over).
+    second_run_errors = []
+
+    def start_a_second_run(self, sentences):
+        if not second_run_errors:
+            with pytest.raises(SettingsError, match=re.escape(refused)) as error:
+                prepare_fraternal.run(tool_args(input_file, output, marian_dir))
+            second_run_errors.append(error.value)
+        return UNPATCHED_TRANSLATE_BATCH(self, sentences)
+
+    monkeypatch.setattr(Translator, "translate_batch", start_a_second_run)
+    summary = prepare_fraternal.run(tool_args(input_file, output, marian_dir))
+    assert len(second_run_errors) == 1 and summary.translated == 14
+    assert output.read_bytes() == reference_output.read_bytes(), "every pair once"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["pairs.txt"], "the lock file is removed at the end"
+
+
+@pytest.mark.parametrize("holder_ends", ["removed", "replaced"])
+def test_lock_file_removed_by_its_holder_is_not_trusted(
+    reference_output, input_file, tmp_path, monkeypatch, holder_ends
+):
+    """A run that opens the lock file just before its holder removes it must lock the file now at that path."""
+    output = tmp_path / "pairs.txt"
+    output.write_bytes(reference_output.read_bytes())  # finished: no model needed
+    lock_path = lock_path_of(output)
+    flock_calls = []
+
+    def flock_after_the_holder_left(descriptor, operation):
+        flock_calls.append(os.fstat(descriptor).st_ino)
+        if len(flock_calls) == 1:  # the holder removes its lock file between our open and our flock
+            os.remove(lock_path)
+            if holder_ends == "replaced":  # ... and a third run has already created the next one
+                lock_path.write_bytes(b"")
+        fcntl.flock(descriptor, operation)
+
+    def check_the_lock(*args):
+        with open(lock_path, "rb") as other, pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return UNPATCHED_COUNT_FINISHED_LINES(*args)
+
+    monkeypatch.setattr(
+        prepare_fraternal,
+        "fcntl",
+        SimpleNamespace(flock=flock_after_the_holder_left, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB),
+    )
+    monkeypatch.setattr(prepare_fraternal, "count_finished_lines", check_the_lock)
+    summary = prepare_fraternal.run(tool_args(input_file, output, Path("not/loaded")))
+    assert summary.translated == 0 and len(flock_calls) == 2, "the first lock was let go, the second kept"
+    if holder_ends == "replaced":
+        assert flock_calls[0] != flock_calls[1]
+    assert output.read_bytes() == reference_output.read_bytes() and not lock_path.exists()
 
 
 def test_bad_input_files(marian_dir, tmp_path, capsys):
