@@ -1,4 +1,5 @@
-"""How the command-line scripts end: one line per error, a fixed exit code, a traceback only when asked for.
+"""How the command-line scripts end (one line per error, a fixed exit code, a traceback only when asked for), the
+input checks they share, and how they write results files.
 
 ``run_ifcl.py``, ``evaluate_sts.py`` and ``prepare_fraternal.py`` all end the same way:
 
@@ -13,10 +14,13 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 DEBUG_VARIABLE = "IFCL_DEBUG"
 INPUT_ERROR, RUNTIME_FAILURE, INTERRUPTED = 2, 1, 130
@@ -49,3 +53,36 @@ class Command:
             if self.running:
                 print(f"{self.script}: the run failed; {DEBUG_VARIABLE}=1 shows the traceback.", file=sys.stderr)
             raise SystemExit(RUNTIME_FAILURE if self.running else INPUT_ERROR) from None
+
+
+def check_model_path(option: str, path: str | None) -> None:
+    """A Hub id is ``name`` or ``owner/name``: any other model path that is not a folder here is a mistyped one
+    (found before anything loads, instead of the Hub client's "Repo id must be in the form ...")."""
+    looks_local = path is not None and (path.startswith((".", "/", "~")) or path.count("/") > 1)
+    if looks_local and not os.path.isdir(os.path.expanduser(path)):
+        raise FileNotFoundError(f"{option} {path}: no such folder (and not a Hub id of the form owner/name).")
+
+
+def without_nan(value: Any) -> Any:
+    """NaN (the correlation over constant scores) and infinities as null, in nested dicts and lists: strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: without_nan(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [without_nan(item) for item in value]
+    return value
+
+
+def write_json_atomically(path: str, content: Any, sort_keys: bool = False) -> None:
+    """``content`` as JSON (NaN and infinities as null) to a temporary file beside ``path``, then renamed over it: a
+    reader finds the old file or the whole new one, never half of one; a failed write leaves no temporary file."""
+    temporary = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            json.dump(without_nan(content), handle, indent=2, sort_keys=sort_keys, ensure_ascii=False, allow_nan=False)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise

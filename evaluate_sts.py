@@ -9,12 +9,21 @@
 The model is a saved IFCL model (its remote code gives ``IFCLModel.encode``), a plain ``transformers`` encoder
 (``--pooler_type``) or a sentence-transformers model (a folder with ``modules.json``). Every figure goes through
 ``evaluation_ifcl.STSEvaluator``, the Trainer's evaluator (encoders loaded by ``sts_encoders.py``). Writes to ``--output_dir``: ``sts_results.md`` (the
-paper's table layout), ``sts_results.json`` (every figure) and ``scatter_<task>.png`` (predicted cosine against gold,
-the paper's Fig. 4b). Task layouts and sources: ``sts_tasks.py`` and ``docs/evaluation.md``.
+paper's table layout), ``sts_results.json`` (every figure; written atomically, NaN as null) and ``scatter_<task>.png``
+(predicted cosine against gold, the paper's Fig. 4b). Task layouts and sources: ``sts_tasks.py`` and
+``docs/evaluation.md``.
+
+Each model has its own default folder: ``outputs/sts/<last two parts of the folder>-<hash of its absolute path>``
+for a local model (``a/checkpoint-8`` and ``b/checkpoint-8`` get two), ``outputs/sts/<Hub id, file-safe>`` for a Hub
+id. Evaluating the same model again updates its results; a folder whose ``sts_results.json`` belongs to another model
+is refused before the model is loaded, unless ``--overwrite_output_dir`` (which then deletes that model's
+``sts_results.*`` and ``scatter_*.png`` there, once the new model is loaded).
 """
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import json
 import logging
 import math
@@ -27,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from cli_ifcl import Command
+from cli_ifcl import Command, check_model_path, write_json_atomically
 from configuration_ifcl import POOLER_TYPES
 from evaluation_ifcl import STSEvaluator
 from sts_encoders import MODEL_TYPES, mutual_information
@@ -84,6 +93,7 @@ class ModelArguments:
                 f"({RUN_IN_PROGRESS_FILE}: interrupted, or still going), so its weights may not be the final ones. "
                 f"Evaluate one of its checkpoint-* folders, or resume the run with --resume_from_checkpoint last."
             )
+        check_model_path("--model_name_or_path", self.model_name_or_path)
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"--model_type must be one of {MODEL_TYPES}, got {self.model_type!r}.")
         if self.pooler_type is not None and self.pooler_type not in POOLER_TYPES:
@@ -119,7 +129,20 @@ class EvaluationArguments:
     bf16: bool = field(default=False, metadata={"help": "Encode in bfloat16 (for GPUs)."})
     fp16: bool = field(default=False, metadata={"help": "Encode in float16 (for GPUs)."})
     output_dir: str | None = field(
-        default=None, metadata={"help": "Where results go. Default: outputs/sts/<model folder name>."}
+        default=None,
+        metadata={
+            "help": "Where results go. Default, one folder per model: outputs/sts/<last two parts of the model "
+            "folder>-<hash of its absolute path> for a local model, outputs/sts/<Hub id, / as _> for a Hub id. "
+            "A folder whose sts_results.json belongs to another model is refused (see --overwrite_output_dir); "
+            "the same model's results are updated."
+        },
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Replace another model's results in --output_dir: its sts_results.json, sts_results.md and "
+            "scatter_*.png are deleted once this model is loaded (other files are left alone)."
+        },
     )
     scatter_plots: bool = field(
         default=True, metadata={"help": "Write scatter_<task>.png (--no_scatter_plots: none)."}
@@ -190,6 +213,88 @@ def model_label(model_name_or_path: str, pooler_type: str | None) -> str:
 
 def safe_file_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+def model_identity(model_name_or_path: str) -> tuple[str, str]:
+    """What makes two evaluations the same model: ``("local", absolute path)`` for a folder (symbolic links
+    resolved), ``("hub", id)`` for anything else."""
+    if os.path.isdir(model_name_or_path):
+        return "local", os.path.normcase(os.path.realpath(model_name_or_path))
+    return "hub", model_name_or_path.rstrip("/\\")
+
+
+def default_output_dir(model_name_or_path: str) -> str:
+    """``outputs/sts/<name>``, one per model: for a local folder its last two path parts and a hash of its absolute
+    path (``a/checkpoint-8`` → ``a_checkpoint-8-<hash>``), for a Hub id the id made file-safe."""
+    kind, key = model_identity(model_name_or_path)
+    if kind == "hub":
+        return os.path.join("outputs", "sts", safe_file_name(key))
+    parts = [part for part in re.split(r"[\\/]", key) if part][-2:] or ["root"]
+    digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return os.path.join("outputs", "sts", f"{safe_file_name('_'.join(parts))}-{digest}")
+
+
+def recorded_model(results: Any) -> tuple[tuple[str, str], str]:
+    """The model that a ``sts_results.json`` belongs to: its identity (see :func:`model_identity`) and its name for
+    messages. Files written before ``model_path`` was recorded: ``model_name_or_path`` as it resolves from here.
+    Raises ValueError for a file that is not this script's results."""
+    if not isinstance(results, dict) or not isinstance(results.get("model_name_or_path"), str):
+        raise ValueError("no model_name_or_path in it")
+    name = results["model_name_or_path"]
+    if "model_path" not in results:
+        identity = model_identity(name)
+        return identity, identity[1]
+    path = results["model_path"]
+    if path is None:
+        return ("hub", name.rstrip("/\\")), name
+    if not isinstance(path, str):
+        raise ValueError(f"model_path is {path!r}")
+    return ("local", os.path.normcase(path)), path
+
+
+def check_output_dir(output_dir: str, model_name_or_path: str, overwrite: bool, default: bool) -> str | None:
+    """Refuse a folder whose ``sts_results.json`` belongs to another model, unless ``overwrite``; reads only, before
+    the model is loaded. Returns the other model whose results are to be replaced (None: nothing to replace).
+    ``default``: the folder is the model's default one, not an --output_dir given."""
+    where = f"The default output folder {output_dir}" if default else f"--output_dir {output_dir}"
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ValueError(f"{where} is a file, not a folder. Choose another --output_dir.")
+    results_path = os.path.join(output_dir, RESULTS_JSON)
+    if not os.path.exists(results_path):
+        return None
+    way_on = "Choose another --output_dir, or replace them with --overwrite_output_dir."
+    try:
+        with open(results_path, encoding="utf-8") as handle:
+            owner_identity, owner = recorded_model(json.load(handle))
+    except (OSError, ValueError) as error:  # unreadable, not JSON, or not this script's results
+        if overwrite:
+            return f"an unknown model ({RESULTS_JSON} could not be read)"
+        raise ValueError(
+            f"{where} holds a {RESULTS_JSON} that cannot be read as this script's results ({error}), so which "
+            f"model they belong to is unknown. {way_on}"
+        ) from error
+    identity = model_identity(model_name_or_path)
+    if owner_identity == identity:
+        return None
+    if overwrite:
+        return owner
+    raise ValueError(f"{where} already holds the STS results of another model, {owner} (not {identity[1]}). {way_on}")
+
+
+def remove_results(output_dir: str) -> list[str]:
+    """Delete the files this script writes (sts_results.json first, then sts_results.md and scatter_*.png) from
+    ``output_dir``; other files stay. Returns the names deleted."""
+    names = [RESULTS_JSON, RESULTS_MARKDOWN]
+    names += sorted(
+        os.path.basename(path) for path in glob.glob(os.path.join(glob.escape(output_dir), "scatter_*.png"))
+    )
+    removed = []
+    for name in names:
+        path = os.path.join(output_dir, name)
+        if os.path.isfile(path):
+            os.remove(path)
+            removed.append(name)
+    return removed
 
 
 def format_score(value: float | None) -> str:
@@ -320,6 +425,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         logger.info(f"Mutual information: {len(mi_pairs)} sentence pairs from {mi_args.mutual_information}")
     if not sts_sets and mi_pairs is None:
         raise ValueError("Nothing to do: --tasks none and no --mutual_information file.")
+    output_dir = eval_args.output_dir or default_output_dir(model_args.model_name_or_path)
+    replaced = check_output_dir(
+        output_dir,
+        model_args.model_name_or_path,
+        eval_args.overwrite_output_dir,
+        default=eval_args.output_dir is None,
+    )
 
     import torch
 
@@ -341,10 +453,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if dtype is not None and encoder.device.type == "cpu":
         logger.warning(f"--{'bf16' if eval_args.bf16 else 'fp16'} on the CPU: half precision is meant for GPUs.")
     label = model_label(model_args.model_name_or_path, loaded.pooler_type)
-    output_dir = eval_args.output_dir or os.path.join(
-        "outputs", "sts", safe_file_name(model_label(model_args.model_name_or_path, None))
-    )
     os.makedirs(output_dir, exist_ok=True)
+    if replaced is not None:
+        removed = remove_results(output_dir)
+        logger.warning(
+            f"--overwrite_output_dir: deleted the results of {replaced} from {output_dir} ({', '.join(removed)})."
+        )
     logger.info(f"Evaluating {label} ({loaded.model_type}) on {encoder.device}; results go to {output_dir}")
 
     results: dict[str, dict[str, Any]] = {}
@@ -401,8 +515,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         logger.info(f"Mutual information (Eq. 10): {json.dumps(mi_results)}")
 
     table = markdown_tables(label, results) if results else ""
+    kind, key = model_identity(model_args.model_name_or_path)
     summary = {
         "model_name_or_path": model_args.model_name_or_path,
+        "model_path": key if kind == "local" else None,  # whose results these are (check_output_dir)
         "model_label": label,
         "model_type": loaded.model_type,
         "pooler_type": loaded.pooler_type,
@@ -412,8 +528,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "english_average": english_average(results),
         "mutual_information": mi_results,
     }
-    with open(os.path.join(output_dir, RESULTS_JSON), "w", encoding="utf-8") as handle:
-        json.dump(without_nan(summary), handle, indent=2, ensure_ascii=False)
+    write_json_atomically(os.path.join(output_dir, RESULTS_JSON), summary)
     if table:
         with open(os.path.join(output_dir, RESULTS_MARKDOWN), "w", encoding="utf-8") as handle:
             handle.write(table)
@@ -422,17 +537,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(format_mutual_information(mi_results))
     print(f"Results written to {output_dir}")
     return summary
-
-
-def without_nan(value: Any) -> Any:
-    """NaN (e.g. the correlation of constant predictions) as null, so that the file is strict JSON."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {key: without_nan(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [without_nan(item) for item in value]
-    return value
 
 
 def format_mutual_information(mi_results: dict[str, Any]) -> str:

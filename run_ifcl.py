@@ -26,7 +26,7 @@ import torch
 import transformers
 from transformers import HfArgumentParser, TrainingArguments, set_seed
 
-from cli_ifcl import Command
+from cli_ifcl import Command, check_model_path, write_json_atomically
 from configuration_ifcl import POOLER_TYPES, check_ifcl_settings, uses_fraternal_twins
 from ifcl_objectives import OBJECTIVES, objective_class, settings_as_dict, settings_classes
 
@@ -514,27 +514,6 @@ def start_run_in_output_folder(training_args: TrainingArguments, output_args: Ou
             raise OutputFolderError(f"--output_dir {folder} cannot be written: {error}") from error
 
 
-def write_json_atomically(path: str, content: Any) -> None:
-    """Write ``content`` as JSON to a temporary file beside ``path``, then rename it over ``path``: a reader sees the
-    old file or the whole new one, never half of it. NaN and infinities (a correlation over constant scores) are
-    written as null, so the file stays valid JSON."""
-    import json
-
-    def finite(value: Any) -> Any:
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        if isinstance(value, dict):
-            return {k: finite(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [finite(v) for v in value]
-        return value
-
-    temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "w", encoding="utf-8") as f:
-        json.dump(finite(content), f, indent=2, sort_keys=True, allow_nan=False)
-    os.replace(temporary, path)
-
-
 def check_training_settings(training_args: TrainingArguments) -> None:
     """Sizes and rates that the Trainer would only reject late, or unclearly."""
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
@@ -563,12 +542,9 @@ def check_data_size(train_size: int, training_args: TrainingArguments, queue_siz
 
 
 def check_model_paths(model_args: ModelArguments) -> None:
-    """A Hub id is ``name`` or ``owner/name``: any other model path that is not a folder here is a mistyped one."""
+    """The encoder's and the fraternal model's paths: local folders that exist, or Hub ids."""
     for name in ("model_name_or_path", "fraternal_model_name_or_path"):
-        path = getattr(model_args, name)
-        looks_local = path is not None and (path.startswith((".", "/", "~")) or path.count("/") > 1)
-        if looks_local and not os.path.isdir(os.path.expanduser(path)):
-            raise FileNotFoundError(f"--{name} {path}: no such folder (and not a Hub id of the form owner/name).")
+        check_model_path(f"--{name}", getattr(model_args, name))
 
 
 def check_max_seq_length(model_name_or_path: str, max_seq_length: int, objective: str) -> None:
@@ -777,7 +753,7 @@ def run(argv: list[str]):
     trainer.save_metrics("eval", metrics, combined=False)
     all_metrics.update(metrics)
     if trainer.is_world_process_zero():
-        write_json_atomically(os.path.join(training_args.output_dir, "all_results.json"), all_metrics)
+        write_json_atomically(os.path.join(training_args.output_dir, "all_results.json"), all_metrics, sort_keys=True)
 
     if trainer.is_world_process_zero():
         from plots_ifcl import plot_training_curves

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import shutil
 
 import numpy as np
 import pytest
@@ -438,8 +441,154 @@ def test_table_has_the_average_only_with_all_seven_tasks():
 def test_missing_task_stops_the_script_before_the_model_is_loaded(tmp_path):
     with pytest.raises(TaskDataNotFoundError, match=r"Task sickr .*SICK_test_annotated\.txt"):
         evaluate_sts.main(
-            ["--model_name_or_path", str(tmp_path / "no-model"), "--tasks", "sickr", "--data_dir", str(tmp_path)]
-        )
+            ["--model_name_or_path", str(tmp_path), "--tasks", "sickr", "--data_dir", str(tmp_path)]
+        )  # tmp_path holds no model: the missing task stops the run before that is found
+
+
+# ---------------------------------------------------------------------------------------------------- output folders
+
+
+@pytest.fixture(scope="module")
+def same_name_models(tiny_encoder_dir, tmp_path_factory):
+    """Two copies of the tiny encoder with the same folder name in different parents: a/checkpoint-8, b/checkpoint-8."""
+    root = tmp_path_factory.mktemp("models")
+    for parent in ("a", "b"):
+        shutil.copytree(tiny_encoder_dir, root / parent / "checkpoint-8")
+    return root / "a" / "checkpoint-8", root / "b" / "checkpoint-8"
+
+
+@pytest.fixture(scope="module")
+def two_sts_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sts_files")
+    write_generic(folder, "mine", make_pairs(9, offset=3))
+    write_generic(folder, "other", make_pairs(8, offset=5))
+    return folder / "mine" / "test.tsv", folder / "other" / "test.tsv"
+
+
+def evaluate(model, *tasks, extra=()) -> dict:
+    """evaluate_sts.main on the CPU, quietly, on the named STS files."""
+    tasks_args = [f"{path.parent.name}={path}" for path in tasks]
+    return evaluate_sts.main(
+        ["--model_name_or_path", str(model), "--tasks", *tasks_args, "--device", "cpu", "--no_show_progress_bar"]
+        + list(extra)
+    )
+
+
+def folder_contents(folder) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def results_of_model_a(same_name_models, two_sts_files, tmp_path_factory):
+    """A folder with model a's results on both files (scatter plots included) and a file of the user's."""
+    folder = tmp_path_factory.mktemp("results_a") / "out"
+    evaluate(same_name_models[0], *two_sts_files, extra=["--output_dir", str(folder)])
+    (folder / "notes.txt").write_text("the user's own file\n", encoding="utf-8")
+    return folder
+
+
+def test_models_of_the_same_folder_name_get_their_own_default_folders(
+    same_name_models, two_sts_files, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    model_a, model_b = same_name_models
+    first, second = evaluate(model_a, two_sts_files[0]), evaluate(model_b, two_sts_files[0])
+    folders = sorted((tmp_path / "outputs" / "sts").iterdir())
+    assert [folder.name.rsplit("-", 1)[0] for folder in folders] == ["a_checkpoint-8", "b_checkpoint-8"]
+    assert all(len(folder.name.rsplit("-", 1)[1]) == 8 for folder in folders)  # the hash of the absolute path
+    for folder, model, summary in zip(folders, same_name_models, (first, second)):
+        written = json.loads((folder / "sts_results.json").read_text(encoding="utf-8"))
+        assert written["model_path"] == summary["model_path"] == str(model.resolve())
+        assert written["model_name_or_path"] == str(model)
+        assert (folder / "sts_results.md").is_file() and (folder / "scatter_mine.png").is_file()
+    hub = "sentence-transformers/all-MiniLM-L6-v2"  # not a folder here: a Hub id, made file-safe
+    assert evaluate_sts.default_output_dir(hub) == os.path.join(
+        "outputs", "sts", "sentence-transformers_all-MiniLM-L6-v2"
+    )
+
+
+def test_output_dir_with_another_models_results_is_refused_before_the_model_loads(
+    same_name_models, two_sts_files, results_of_model_a, tmp_path, monkeypatch, capsys
+):
+    import sys
+
+    import sts_encoders
+
+    folder = tmp_path / "out"
+    shutil.copytree(results_of_model_a, folder)
+    before = folder_contents(folder)
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(sts_encoders, "load_encoder", no_loading)
+    argv = ["evaluate_sts.py", "--model_name_or_path", str(same_name_models[1]), "--tasks", f"mine={two_sts_files[0]}"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--output_dir", str(folder), "--device", "cpu"])
+    with pytest.raises(SystemExit) as stop:
+        evaluate_sts.cli()
+    assert stop.value.code == 2  # a bad input, found before the model loads
+    message = capsys.readouterr().err
+    assert message.startswith("evaluate_sts.py: error: --output_dir ")
+    assert str(folder) in message and str(same_name_models[0].resolve()) in message  # the folder, whose results
+    assert "another --output_dir" in message and "--overwrite_output_dir" in message  # the ways on
+    assert folder_contents(folder) == before
+
+
+def test_overwrite_output_dir_replaces_another_models_results(
+    same_name_models, two_sts_files, results_of_model_a, tmp_path
+):
+    folder = tmp_path / "out"
+    shutil.copytree(results_of_model_a, folder)
+    assert {"scatter_mine.png", "scatter_other.png"} <= set(folder_contents(folder))
+    model_b = same_name_models[1]
+    summary = evaluate(model_b, two_sts_files[0], extra=["--output_dir", str(folder), "--overwrite_output_dir"])
+    written = json.loads((folder / "sts_results.json").read_text(encoding="utf-8"))
+    assert written["model_path"] == str(model_b.resolve()) and list(written["tasks"]) == ["mine"]
+    assert written["tasks"]["mine"]["spearman"] == summary["tasks"]["mine"]["spearman"]
+    # Nothing of model a's stays beside model b's results; the user's own file does.
+    assert set(folder_contents(folder)) == {"sts_results.json", "sts_results.md", "scatter_mine.png", "notes.txt"}
+    assert (folder / "notes.txt").read_text(encoding="utf-8") == "the user's own file\n"
+
+
+def test_the_same_model_evaluated_again_updates_its_own_folder(same_name_models, two_sts_files, tmp_path, monkeypatch):
+    model_a = same_name_models[0]
+    monkeypatch.chdir(tmp_path)
+    relative = os.path.relpath(model_a, tmp_path)  # ../../models0/a/checkpoint-8
+    folder = evaluate_sts.default_output_dir(relative)
+    assert folder == evaluate_sts.default_output_dir(f"{model_a}/")  # one folder, however the path is written
+    evaluate(relative, two_sts_files[0])
+    evaluate(f"{model_a}/", two_sts_files[1])  # the same model again: not refused, its results updated
+    written = json.loads((tmp_path / folder / "sts_results.json").read_text(encoding="utf-8"))
+    assert list(written["tasks"]) == ["other"] and written["model_path"] == str(model_a.resolve())
+    assert [path.name for path in (tmp_path / "outputs" / "sts").iterdir()] == [os.path.basename(folder)]
+
+
+def test_results_files_without_model_path_and_unreadable_ones(same_name_models, tmp_path):
+    """sts_results.json written before model_path was recorded: model_name_or_path decides; a file that cannot be read
+    is refused unless --overwrite_output_dir."""
+    model_a, model_b = (str(model) for model in same_name_models)
+    results = tmp_path / "sts_results.json"
+    results.write_text(json.dumps({"model_name_or_path": model_a}), encoding="utf-8")
+    assert evaluate_sts.check_output_dir(str(tmp_path), model_a, overwrite=False, default=False) is None
+    with pytest.raises(ValueError, match=re.escape(f"another model, {os.path.realpath(model_a)} (not ")):
+        evaluate_sts.check_output_dir(str(tmp_path), model_b, overwrite=False, default=True)
+    assert evaluate_sts.check_output_dir(str(tmp_path), model_b, overwrite=True, default=False) == model_a
+    results.write_text(json.dumps({"model_name_or_path": "bert-base-uncased", "model_path": None}), encoding="utf-8")
+    assert evaluate_sts.check_output_dir(str(tmp_path), "bert-base-uncased", overwrite=False, default=True) is None
+    results.write_text('{"model_name_or_path": ', encoding="utf-8")
+    with pytest.raises(ValueError, match="cannot be read as this script's results"):
+        evaluate_sts.check_output_dir(str(tmp_path), model_a, overwrite=False, default=False)
+    assert evaluate_sts.check_output_dir(str(tmp_path), model_a, overwrite=True, default=False)
+
+
+def test_results_json_is_written_atomically_with_nan_as_null(tmp_path):
+    path = tmp_path / "sts_results.json"
+    evaluate_sts.write_json_atomically(str(path), {"spearman": float("nan"), "values": [1.5, float("inf")]})
+    assert json.loads(path.read_text(encoding="utf-8")) == {"spearman": None, "values": [1.5, None]}
+    with pytest.raises(TypeError):  # fails half-way through writing: the old file stays whole, no temporary left
+        evaluate_sts.write_json_atomically(str(path), {"a": 1, "b": object()})
+    assert json.loads(path.read_text(encoding="utf-8"))["spearman"] is None
+    assert [p.name for p in tmp_path.iterdir()] == ["sts_results.json"]
 
 
 def test_saved_ifcl_model_gives_the_same_figure_through_sentence_transformers(ifcl_dir):
