@@ -1,5 +1,5 @@
-"""Bad settings and data stop ``run_ifcl.py`` before any model loads, with exit code 2, no traceback, and a
-message that names the culprit."""
+"""Bad settings and data stop ``run_ifcl.py``, ``evaluate_sts.py`` and ``prepare_fraternal.py`` before any model
+loads, with exit code 2, no traceback, and a message ``<script>: error: ...`` that names the culprit."""
 
 from __future__ import annotations
 
@@ -19,35 +19,49 @@ def files(tmp_path_factory, tiny_encoder_dir):
     write_sts_file(folder / "sts.tsv")
     (folder / "constant.tsv").write_text("sentence1\tsentence2\tscore\nA.\tB.\t3\nC.\tD.\t3\n", encoding="utf-8")
     (folder / "one_row.tsv").write_text("sentence1\tsentence2\tscore\nA.\tB.\t3\n", encoding="utf-8")
+    (folder / "sentences.txt").write_text("".join(f"{e}\n" for e in ENGLISH), encoding="utf-8")
     (folder / "args.json").write_text('{"learning_rate": 1e-5,', encoding="utf-8")
     (folder / "good_args.json").write_text(json.dumps({"objective": "simcse", "queue_size": 2}), encoding="utf-8")
     return folder
 
 
 CASES = [
-    # (extra arguments; {files} and {model} are filled in), what the message must name
-    (["--temperature", "nan"], "temperature"),
-    (["--temperature", "inf"], "temperature"),
-    (["--forgetting_rate", "nan"], "forgetting_rate"),
-    (["--fusion_rate", "1.5"], "fusion_rate"),
-    (["--per_device_train_batch_size", "0"], "--per_device_train_batch_size"),
-    (["--max_train_samples", "0"], "--max_train_samples"),
-    (["--max_seq_length", "4096"], "--max_seq_length"),
-    (["--objective", "conisi", "--max_seq_length", "100"], "ConIsI's sentence pairs"),
-    (["--objective", "simcse", "--pcl_beta", "2"], "--pcl_beta (--objective pcl)"),
-    (["--per_device_train_batch_size", "48"], "fewer than one global batch"),
-    (["--queue_size", "4", "--per_device_train_batch_size", "12"], "fewer than the hippocampus queue holds"),
-    (["--validation_file", "{files}/constant.tsv"], "constant.tsv"),
-    (["--validation_file", "{files}/one_row.tsv"], "one_row.tsv"),
-    (["--model_name_or_path", "./no/such/model"], "./no/such/model"),
-    (["--resume_from_checkpoint", "last"], "holds no checkpoint"),
-    (["--sts_score_range", "5", "0"], "--sts_score_range"),
+    # (script, extra arguments ({files} is filled in), what the message must name)
+    ("run_ifcl.py", ["--temperature", "nan"], "temperature"),
+    ("run_ifcl.py", ["--temperature", "inf"], "temperature"),
+    ("run_ifcl.py", ["--forgetting_rate", "nan"], "forgetting_rate"),
+    ("run_ifcl.py", ["--fusion_rate", "1.5"], "fusion_rate"),
+    ("run_ifcl.py", ["--per_device_train_batch_size", "0"], "--per_device_train_batch_size"),
+    ("run_ifcl.py", ["--max_train_samples", "0"], "--max_train_samples"),
+    ("run_ifcl.py", ["--max_seq_length", "4096"], "--max_seq_length"),
+    ("run_ifcl.py", ["--objective", "conisi", "--max_seq_length", "100"], "ConIsI's sentence pairs"),
+    ("run_ifcl.py", ["--objective", "simcse", "--pcl_beta", "2"], "--pcl_beta (--objective pcl)"),
+    ("run_ifcl.py", ["--per_device_train_batch_size", "48"], "fewer than one global batch"),
+    (
+        "run_ifcl.py",
+        ["--queue_size", "4", "--per_device_train_batch_size", "12"],
+        "fewer than the hippocampus queue holds",
+    ),
+    ("run_ifcl.py", ["--validation_file", "{files}/constant.tsv"], "constant.tsv"),
+    ("run_ifcl.py", ["--validation_file", "{files}/one_row.tsv"], "one_row.tsv"),
+    ("run_ifcl.py", ["--model_name_or_path", "./no/such/model"], "./no/such/model"),
+    ("run_ifcl.py", ["--resume_from_checkpoint", "last"], "holds no checkpoint"),
+    ("run_ifcl.py", ["--sts_score_range", "5", "0"], "--sts_score_range"),
+    ("evaluate_sts.py", ["--batch_size", "0"], "--batch_size"),
+    ("evaluate_sts.py", ["--model_name_or_path", "./no/such/model"], "./no/such/model"),
+    ("evaluate_sts.py", ["--tasks", "{files}/constant.tsv"], "constant.tsv"),
+    ("evaluate_sts.py", ["--tasks", "{files}/missing.tsv"], "missing.tsv"),
+    ("evaluate_sts.py", ["--mutual_information", "{files}/train.txt", "--mi_batch_size", "1"], "--mi_batch_size"),
+    ("prepare_fraternal.py", ["--batch_size", "0"], "--batch_size"),
+    ("prepare_fraternal.py", ["--output_file", "{files}/pairs.tsv"], "must end in .txt"),
+    ("prepare_fraternal.py", ["--input_file", "{files}/missing.txt"], "missing.txt"),
+    ("prepare_fraternal.py", ["--model_name_or_path", "./no/such/model"], "./no/such/model"),
 ]
 
 
-def run_script(args: list[str], tmp_path) -> subprocess.CompletedProcess:
+def run_script(args: list[str], tmp_path, script: str = "run_ifcl.py") -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(ROOT / "run_ifcl.py"), *args],
+        [sys.executable, str(ROOT / script), *args],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -56,20 +70,31 @@ def run_script(args: list[str], tmp_path) -> subprocess.CompletedProcess:
     )
 
 
+def base_arguments(script: str, files, tiny_encoder_dir, tmp_path) -> list[str]:
+    """Arguments that work for ``script``; a case's own arguments come after them and win."""
+    if script == "run_ifcl.py":
+        return [
+            "--model_name_or_path", str(tiny_encoder_dir), "--train_file", str(files / "train.txt"),
+            "--validation_file", str(files / "sts.tsv"), "--test_file", str(files / "sts.tsv"),
+            "--output_dir", str(tmp_path / "out"), "--max_seq_length", "16", "--per_device_train_batch_size", "4",
+            "--use_cpu",
+        ]  # fmt: skip
+    if script == "evaluate_sts.py":
+        return ["--model_name_or_path", str(tiny_encoder_dir), "--tasks", str(files / "sts.tsv"),
+                "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    return ["--input_file", str(files / "sentences.txt"), "--output_file", str(tmp_path / "out" / "pairs.txt"),
+            "--model_name_or_path", str(tiny_encoder_dir)]  # fmt: skip
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("extra, named", CASES, ids=[" ".join(case[0]) for case in CASES])
-def test_bad_setting_stops_with_a_message_naming_it(files, tiny_encoder_dir, tmp_path, extra, named):
-    base = [
-        "--model_name_or_path", str(tiny_encoder_dir), "--train_file", str(files / "train.txt"),
-        "--validation_file", str(files / "sts.tsv"), "--test_file", str(files / "sts.tsv"),
-        "--output_dir", str(tmp_path / "out"), "--max_seq_length", "16", "--per_device_train_batch_size", "4",
-        "--use_cpu",
-    ]  # fmt: skip
-    result = run_script([*base, *(a.replace("{files}", str(files)) for a in extra)], tmp_path)
+@pytest.mark.parametrize("script, extra, named", CASES, ids=[f"{c[0]} {' '.join(c[1])}" for c in CASES])
+def test_bad_setting_stops_with_a_message_naming_it(files, tiny_encoder_dir, tmp_path, script, extra, named):
+    base = base_arguments(script, files, tiny_encoder_dir, tmp_path)
+    result = run_script([*base, *(a.replace("{files}", str(files)) for a in extra)], tmp_path, script)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert named in result.stderr, result.stderr[-2000:]
-    assert "run_ifcl.py: error:" in result.stderr or "error:" in result.stderr
+    assert f"{script}: error:" in result.stderr
     assert not (tmp_path / "out").exists()  # nothing written, no model loaded
 
 
