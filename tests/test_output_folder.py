@@ -124,3 +124,26 @@ def test_resume_with_the_same_settings_goes_on(finished_simcse_run):
     folder, args = finished_simcse_run
     trainer, metrics = run_ifcl.run([*args, "--resume_from_checkpoint", str(folder / "checkpoint-2")])
     assert trainer.state.global_step == 4 and "test_stsb_spearman" in metrics
+
+
+def test_a_run_that_fails_in_its_final_test_evaluation_does_not_look_finished(
+    tiny_encoder_dir, english_sts_data, tmp_path, monkeypatch
+):
+    from trainer_ifcl import IFCLTrainer
+
+    evaluate = IFCLTrainer.evaluate
+
+    def fail_on_the_final_test(self, *args, **kwargs):
+        if kwargs.get("metric_key_prefix") == "test":
+            raise KeyboardInterrupt  # Ctrl-C during the last evaluation
+        return evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(IFCLTrainer, "evaluate", fail_on_the_final_test)
+    folder = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        run_ifcl.run(objective_run_args(tiny_encoder_dir, english_sts_data, folder, "simcse"))
+    assert (folder / "model.safetensors").exists()  # the weights were saved ...
+    assert not (folder / "all_results.json").exists()  # ... but no results file says the run finished
+    assert (folder / run_ifcl.RUN_IN_PROGRESS_FILE).exists()
+    with pytest.raises(ValueError, match="unfinished training run"):
+        evaluate_sts.parse_arguments(["--model_name_or_path", str(folder)])
