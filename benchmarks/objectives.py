@@ -76,6 +76,18 @@ def objective_runs(keys: list[str], seeds: list[int], extra: list[str], folder: 
     }  # fmt: skip
 
 
+def trained_equal_time_steps(key: str, previous: dict) -> int | None:
+    """The steps of ``key``'s equal-time runs if some are trained already (a folder, or the JSON's record): its
+    budget in steps is fixed once runs have spent it, so that seeds trained later run the same number of steps."""
+    folder = os.path.join(RESULTS, "objectives-equal-time", key)
+    for seed_folder in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        results_path = os.path.join(folder, seed_folder, "all_results.json")
+        if os.path.isfile(results_path):
+            with open(results_path, encoding="utf-8") as f:
+                return int(json.load(f)["train_steps"])
+    return previous.get("equal_time", {}).get("steps", {}).get(key)
+
+
 def by_seed(runs: dict[str, list[Run]]) -> list[Run]:
     """Seed by seed across settings, so that a stopped benchmark has whole seeds rather than whole settings."""
     count = max(len(r) for r in runs.values())
@@ -142,6 +154,10 @@ def main() -> None:
 
     equal_steps = objective_runs(keys, args.seeds, extra)
     recorded = os.path.join(RESULTS, "objectives.json")
+    previous: dict = {}
+    if os.path.isfile(recorded):
+        with open(recorded, encoding="utf-8") as f:
+            previous = json.load(f)
     if not args.redo:
         benchmark_runs.restore_recorded(by_seed(equal_steps), recorded)
     if args.report:
@@ -172,6 +188,10 @@ def main() -> None:
         )
         steps = {}
         for key in EQUAL_TIME_RUNS:
+            spent = None if args.redo else trained_equal_time_steps(key, previous)
+            if spent is not None:  # a budget once trained on is kept (--redo computes it again)
+                steps[key] = spent
+                continue
             result = summary(equal_steps[key])
             if not result:  # its seconds per step come from its equal-step runs
                 print(f"--equal_time: no {key} runs at equal steps yet, so no equal-time {key} runs.")
@@ -209,6 +229,8 @@ def main() -> None:
         print("\n" + equal_time_text)
         output["equal_time"] = {"budget_seconds": budget, "steps": steps, "runs": equal_time_records}
 
+    if not args.equal_time and "equal_time" in previous:
+        output["equal_time"] = previous["equal_time"]  # kept as recorded: this call did not look at it
     path = os.path.join(RESULTS, "objectives.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(output, f, indent=2)
