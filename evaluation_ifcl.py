@@ -5,6 +5,10 @@ Trainer's evaluation during training and the standalone evaluation (``evaluate_s
 :class:`STSEvaluator`, so the two never disagree. It takes anything with ``encode(sentences, batch_size) -> Tensor``:
 an ``IFCLModel`` as it is (what the Trainer passes), or one of the encoders of ``sts_encoders.py`` (plain
 ``transformers`` and sentence-transformers models, loaded by name), which the Trainer does not import.
+
+The correlations themselves are :func:`sts_correlations`, the one copy of the maths: ``STSEvaluator`` and the
+``evaluate`` metric of this repository (``evaluate.load("metrics/sts_spearman")``, for similarities computed
+elsewhere) both call it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,27 @@ class SentenceEncoder(Protocol):
 
 
 # ---------------------------------------------------------------------------------------------------- STS
+
+
+def sts_correlations(similarities: Sequence[float], scores: Sequence[float]) -> dict[str, float]:
+    """``{"spearman": ..., "pearson": ...}`` × 100 of predicted ``similarities`` against gold ``scores``.
+
+    One correlation over all pairs, as float64. A constant input (every similarity or every score the same)
+    has no correlation: the figure is NaN (scipy warns with ``ConstantInputWarning``), and so is one where an
+    input holds a NaN.
+    """
+    predicted = np.asarray(similarities, dtype=np.float64)
+    gold = np.asarray(scores, dtype=np.float64)
+    if predicted.ndim != 1 or predicted.shape != gold.shape:
+        raise ValueError(
+            f"STS correlations need one similarity per gold score: got shapes {predicted.shape} and {gold.shape}."
+        )
+    if len(gold) < 2:
+        raise ValueError(f"STS correlations need at least 2 pairs; got {len(gold)}.")
+    return {
+        "spearman": float(spearmanr(predicted, gold).statistic * 100),
+        "pearson": float(pearsonr(predicted, gold).statistic * 100),
+    }
 
 
 @dataclass
@@ -88,11 +113,9 @@ class STSEvaluator:
         return F.cosine_similarity(first.float(), second.float(), dim=-1).numpy().astype(np.float64)
 
     def correlations(self, similarities: np.ndarray) -> tuple[float, float]:
-        """(Spearman × 100, Pearson × 100) of ``similarities`` against the gold scores."""
-        return (
-            float(spearmanr(similarities, self.scores).statistic * 100),
-            float(pearsonr(similarities, self.scores).statistic * 100),
-        )
+        """(Spearman × 100, Pearson × 100) of ``similarities`` against the gold scores (:func:`sts_correlations`)."""
+        figures = sts_correlations(similarities, self.scores)
+        return figures["spearman"], figures["pearson"]
 
     def evaluate(self, model: SentenceEncoder, batch_size: int | None = None) -> STSEvaluation:
         """Correlations and the cosine of every pair."""

@@ -1,0 +1,1 @@
+../../evaluation_ifcl.py

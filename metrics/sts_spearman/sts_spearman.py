@@ -1,0 +1,85 @@
+"""STS Spearman: the STS protocol's correlations of predicted similarities with gold scores, as an ``evaluate`` metric.
+
+Load it from this repository, offline: ``evaluate.load("metrics/sts_spearman")`` (from the repository root) or
+``evaluate.load("/path/to/repository/metrics/sts_spearman")`` (from anywhere).
+
+The maths is not copied here: ``evaluation_ifcl.py`` next to this script is a symbolic link to the repository's
+``evaluation_ifcl.py``, whose ``sts_correlations`` is also what ``STSEvaluator`` (the Trainer's evaluation and
+``evaluate_sts.py``) calls. ``evaluate`` copies that file with this script into its module cache and puts it in the
+cache key, so a change to the maths gives a fresh copy.
+"""
+
+import datasets
+import evaluate
+
+from .evaluation_ifcl import sts_correlations
+
+_DESCRIPTION = """\
+The STS (semantic textual similarity) protocol of SimCSE, IFCL, ConIsI, PCL and miCSE: one Spearman rank correlation
+(and one Pearson correlation) over all sentence pairs of an STS set, between the similarity a model predicts for each
+pair (the cosine of the two sentence embeddings) and the pair's gold score, both × 100. No regressor is trained.
+
+The metric takes the similarities, not the embeddings: compute them however you like (for an IFCL model and its STS
+sets, `evaluation_ifcl.STSEvaluator` encodes each distinct sentence once and gives the same figures). The figures are
+those of `evaluation_ifcl.STSEvaluator` and of the Trainer's `eval_<set>_spearman` / `eval_<set>_pearson`: both call
+the same function, `evaluation_ifcl.sts_correlations`.
+"""
+
+_KWARGS_DESCRIPTION = """
+Args:
+    predictions (`list` of `float`): the predicted similarity of each pair, e.g. the cosine of its two sentence
+        embeddings. Only their order matters to Spearman.
+    references (`list` of `float`): the gold score of each pair (e.g. 0–5 for STS-B), in the same order.
+        At least 2 pairs.
+
+Returns:
+    spearman (`float`): Spearman's rank correlation × 100, between -100 and 100 (ties get average ranks).
+    pearson (`float`): Pearson's correlation × 100, between -100 and 100.
+    Both are NaN where they are undefined: every prediction the same, every reference the same, or a NaN input
+    (scipy warns with `ConstantInputWarning` for a constant input).
+
+Examples:
+
+    >>> sts_spearman = evaluate.load("metrics/sts_spearman")
+    >>> results = sts_spearman.compute(predictions=[0.81, 0.12, 0.55, 0.93, 0.40], references=[4.2, 0.5, 2.5, 3.8, 2.6])
+    >>> print(results)
+    {'spearman': 80.0, 'pearson': 94.55854949526447}
+"""
+
+_CITATION = """\
+@inproceedings{gao2021simcse,
+  title     = {{SimCSE}: Simple Contrastive Learning of Sentence Embeddings},
+  author    = {Gao, Tianyu and Yao, Xingcheng and Chen, Danqi},
+  booktitle = {Proceedings of EMNLP},
+  year      = {2021}
+}
+@inproceedings{xiao2023ifcl,
+  title     = {Identical and Fraternal Twins: Fine-Grained Semantic Contrastive Learning of Sentence Representations},
+  author    = {Xiao, Qingfa and Li, Shuangyin and Chen, Lei},
+  booktitle = {Proceedings of the 26th European Conference on Artificial Intelligence (ECAI)},
+  year      = {2023},
+  eprint    = {2307.10932},
+  archivePrefix = {arXiv}
+}
+"""
+
+
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
+class StsSpearman(evaluate.Metric):
+    def _info(self):
+        return evaluate.MetricInfo(
+            description=_DESCRIPTION,
+            citation=_CITATION,
+            inputs_description=_KWARGS_DESCRIPTION,
+            # float64: gold scores such as 3.8 keep their value (float32 would round them and move the figures).
+            features=datasets.Features(
+                {"predictions": datasets.Value("float64"), "references": datasets.Value("float64")}
+            ),
+            reference_urls=[
+                "https://docs.scipy.org/doc/scipy/reference/generated/scipy.stats.spearmanr.html",
+                "https://docs.scipy.org/doc/scipy/reference/generated/scipy.stats.pearsonr.html",
+            ],
+        )
+
+    def _compute(self, predictions, references):
+        return sts_correlations(predictions, references)
