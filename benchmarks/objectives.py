@@ -88,6 +88,14 @@ def trained_equal_time_steps(key: str, previous: dict) -> int | None:
     return previous.get("equal_time", {}).get("steps", {}).get(key)
 
 
+def step_cost(runs: list[Run], result: dict) -> float:
+    """Seconds a training step of these runs costs: the CPU time per step where the runs recorded it (one thread
+    each, so what a step takes with a core to itself, whatever else shared the machine), else the wall time."""
+    cpu = [run.results["train_cpu_seconds_per_step"] for run in runs
+           if run.results and "train_cpu_seconds_per_step" in run.results]  # fmt: skip
+    return statistics.fmean(cpu) if cpu else result["seconds_per_step"][0]
+
+
 def by_seed(runs: dict[str, list[Run]]) -> list[Run]:
     """Seed by seed across settings, so that a stopped benchmark has whole seeds rather than whole settings."""
     count = max(len(r) for r in runs.values())
@@ -196,7 +204,7 @@ def main() -> None:
             if not result:  # its seconds per step come from its equal-step runs
                 print(f"--equal_time: no {key} runs at equal steps yet, so no equal-time {key} runs.")
                 continue
-            steps[key] = max(4, round(budget / result["seconds_per_step"][0]))
+            steps[key] = max(4, round(budget / step_cost(equal_steps[key], result)))
         # IFCL's equal-time runs are its equal-step runs: the budget is their time.
         steps["ifcl"] = DEFAULT_STEPS
         timed = {"ifcl": equal_steps["ifcl"]}
@@ -222,8 +230,9 @@ def main() -> None:
         equal_time_text, equal_time_records = table(timed, names, steps)
         equal_time_caption = (
             f"Equal time: each objective trains for IFCL's mean training time at {DEFAULT_STEPS} steps "
-            f"({budget:.0f} s, dev evaluations included), as many steps as its own mean s/step above allows, four dev "
-            f"evaluations each; otherwise as above."
+            f"({budget:.0f} s, dev evaluations included), as many steps as its own cost per step allows (the CPU "
+            f"seconds per step of its runs at equal steps where they recorded it, which other processes on the "
+            f"machine do not lengthen; else the s/step above), four dev evaluations each; otherwise as above."
         )
         equal_time_text = equal_time_caption + "\n\n" + equal_time_text
         print("\n" + equal_time_text)
