@@ -182,7 +182,7 @@ def write_model_card(
     if os.path.isfile(os.path.join(output_dir, "modules.json")):
         sentence_transformers_usage = f"""
 With [sentence-transformers](https://www.sbert.net) (no remote code: the folder also holds the plain encoder in
-`0_Transformer/` and the pooler), the embeddings are the same:
+`0_Transformer/`, the pooler and the base model's modules after it), the embeddings are the same:
 
 ```python
 from sentence_transformers import SentenceTransformer

@@ -7,15 +7,21 @@ imports nothing from this project but ``configuration_ifcl.py`` (its neighbour).
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers import initialization as init
-from transformers.utils import ModelOutput
+from transformers.utils import ModelOutput, cached_file, logging
+
+logger = logging.get_logger(__name__)
 
 try:  # loaded as remote code (a package made by transformers)
     from .configuration_ifcl import POOLER_TYPES, IFCLConfig
@@ -24,9 +30,20 @@ except ImportError:  # imported from a checkout of the project
 
 FRATERNAL_TOKENIZER_FOLDER = "fraternal_tokenizer"
 SENTENCE_TRANSFORMERS_ENCODER_FOLDER = "0_Transformer"
+# What a sentence-transformers base encoder says about itself (see read_sentence_transformers_base), saved beside
+# config.json so that a loaded model writes the same sentence-transformers view as the one trained from the base.
+SENTENCE_TRANSFORMERS_BASE_FILE = "sentence_transformers_base.json"
+# The module classes as sentence-transformers 6 names them in modules.json (the older sentence_transformers.models.*
+# names still load, through deprecated aliases).
+ST_TRANSFORMER = "sentence_transformers.base.modules.transformer.Transformer"
+ST_POOLING = "sentence_transformers.sentence_transformer.modules.pooling.Pooling"
+ST_DENSE = "sentence_transformers.base.modules.dense.Dense"
+ST_NORMALIZE = "sentence_transformers.base.modules.normalize.Normalize"
 # How each evaluation pooler is written for sentence-transformers: its Pooling mode, and whether SimCSE's MLP
 # follows as a Dense layer. avg_first_last and avg_top2 have no sentence-transformers module.
 SENTENCE_TRANSFORMERS_POOLING = {"avg": ("mean", False), "cls_before_pooler": ("cls", False), "cls": ("cls", True)}
+# The download settings of from_pretrained that also locate SENTENCE_TRANSFORMERS_BASE_FILE.
+HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "proxies", "subfolder")
 # Poolers that read more than the last layer, so the encoder must return all hidden states.
 ALL_LAYER_POOLERS = ("avg_first_last", "avg_top2")
 
@@ -72,6 +89,33 @@ def pad_to_length(tensor: torch.Tensor, length: int, value: int) -> torch.Tensor
     """Right-pad a [B, L] tensor along its last dimension to ``length``."""
     missing = length - tensor.shape[-1]
     return tensor if missing <= 0 else nn.functional.pad(tensor, (0, missing), value=value)
+
+
+@torch.no_grad()
+def scaled_orthogonal_projection(
+    projection: nn.Linear, source_table: torch.Tensor, fraternal_table: torch.Tensor
+) -> None:
+    """Set ``projection`` (BEL_F's width → BEL_S's) so that the projected BEL_F starts at BEL_S's scale.
+
+    Decision (SPEC.md): a randomly initialised projection of, say, ALBERT's 128-wide table would start BEL_F at a
+    fraction of BEL_S's scale, so that at first the fraternal twin would carry almost no fraternal language. The
+    projection starts instead as an orthogonal map scaled so that the projected table's per-dimension standard
+    deviation (root mean square over dimensions) equals BEL_S's, with the bias that gives it BEL_S's mean. Both
+    come from the tables' statistics (BEL_F's covariance is only width × width), whatever the two models.
+    """
+    source = source_table.detach().float()
+    fraternal = fraternal_table.detach().float()
+    weight = torch.empty(projection.weight.shape, device=fraternal.device)
+    nn.init.orthogonal_(weight)
+    fraternal_mean = fraternal.mean(dim=0)
+    centred = fraternal - fraternal_mean
+    covariance = centred.T @ centred / max(fraternal.shape[0] - 1, 1)
+    # Per-dimension variances of the projected table: diag(W Σ Wᵀ).
+    projected_variance = ((weight @ covariance) * weight).sum(dim=1).mean()
+    target_variance = source.var(dim=0).mean()
+    weight *= (target_variance / projected_variance.clamp_min(1e-12)).sqrt()
+    projection.weight.copy_(weight)
+    projection.bias.copy_(source.mean(dim=0) - weight @ fraternal_mean)
 
 
 class SimCSEMLP(nn.Module):
@@ -216,6 +260,100 @@ class IFCLEncoderOutput(ModelOutput):
     attentions: tuple[torch.Tensor, ...] | None = None
 
 
+def read_json_file(name_or_path: str, filename: str, **hub_kwargs) -> Any:
+    """A JSON file of a folder or Hub repo, or None when it has none (or the Hub cannot be reached)."""
+    path = cached_file(
+        name_or_path,
+        filename,
+        _raise_exceptions_for_missing_entries=False,
+        _raise_exceptions_for_connection_errors=False,
+        **hub_kwargs,
+    )
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def read_sentence_transformers_base(name_or_path: str, **hub_kwargs) -> dict[str, Any] | None:
+    """How a sentence-transformers model (a folder or Hub repo with a modules.json) embeds, beyond its encoder and
+    pooling; None for a plain encoder. The facts are:
+
+    - ``max_seq_length``: its truncation length, from its sentence_bert_config.json or, where sentence-transformers
+      6 keeps it, its tokenizer's ``model_max_length`` (None: no limit but the position embeddings');
+      ``do_lower_case``: whether sentence-transformers lowercases the input;
+    - ``normalize``: whether a ``Normalize`` module follows the pooling (embeddings of length 1);
+    - ``prompts``, ``default_prompt_name``, ``similarity_fn_name``: from its config_sentence_transformers.json;
+    - ``omitted_modules``: its other modules after the encoder (``Dense``, ``LayerNorm``, ...), whose weights an
+      :class:`IFCLModel` does not hold or train, so that neither ``encode`` nor the sentence-transformers view
+      applies them (``Dropout`` does nothing at inference and is not listed).
+    """
+    modules = read_json_file(name_or_path, "modules.json", **hub_kwargs)
+    if not isinstance(modules, list) or not modules:
+        return None
+    kinds = [str(module.get("type", "")).rsplit(".", 1)[-1] for module in modules]
+    transformer_path = modules[0].get("path", "") if kinds[0] == "Transformer" else ""
+    transformer_config = (
+        read_json_file(name_or_path, "sentence_bert_config.json", subfolder=transformer_path, **hub_kwargs) or {}
+    )
+    model_config = read_json_file(name_or_path, "config_sentence_transformers.json", **hub_kwargs) or {}
+    max_seq_length = transformer_config.get("max_seq_length")
+    if max_seq_length is None:  # sentence-transformers 6 keeps it in the tokenizer
+        tokenizer_config = (
+            read_json_file(name_or_path, "tokenizer_config.json", subfolder=transformer_path, **hub_kwargs) or {}
+        )
+        tokenizer_limit = tokenizer_config.get("model_max_length")
+        if isinstance(tokenizer_limit, int) and tokenizer_limit < 100_000:  # huge: no limit (see max_input_length)
+            max_seq_length = tokenizer_limit
+    return {
+        "base_model": str(name_or_path),
+        "max_seq_length": max_seq_length,
+        "do_lower_case": bool(transformer_config.get("do_lower_case", False)),
+        "normalize": "Normalize" in kinds,
+        "prompts": {name: text or "" for name, text in (model_config.get("prompts") or {}).items()},
+        "default_prompt_name": model_config.get("default_prompt_name"),
+        "similarity_fn_name": model_config.get("similarity_fn_name"),
+        "omitted_modules": [
+            module["type"]
+            for module, kind in zip(modules, kinds)
+            if kind not in ("Transformer", "Pooling", "Normalize", "Dropout")
+        ],
+    }
+
+
+def lowercase_input(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Make a fast tokenizer lowercase its input (what sentence-transformers' ``do_lower_case`` does), unless its
+    normalizer already does; saved with the tokenizer."""
+    from tokenizers import normalizers
+
+    normalizer = tokenizer.backend_tokenizer.normalizer
+    if normalizer is not None and normalizer.normalize_str("A") == "a":
+        return
+    steps = [normalizers.Lowercase()] + ([normalizer] if normalizer is not None else [])
+    tokenizer.backend_tokenizer.normalizer = normalizers.Sequence(steps)
+
+
+def write_json(path: str, content: Any, indent: int = 2, sort_keys: bool = False) -> None:
+    """Write ``content`` as JSON to ``path``, making its folder."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(content, f, indent=indent, sort_keys=sort_keys)
+
+
+def library_versions() -> dict[str, str]:
+    """The versions config_sentence_transformers.json records (sentence-transformers' when it is installed)."""
+    from importlib import metadata
+
+    import transformers
+
+    versions = {"pytorch": torch.__version__, "transformers": transformers.__version__}
+    try:
+        versions["sentence_transformers"] = metadata.version("sentence-transformers")
+    except metadata.PackageNotFoundError:
+        pass
+    return versions
+
+
 def drop_pooler_head(encoder: PreTrainedModel) -> PreTrainedModel:
     """Remove the encoder's own pooler head (BERT's dense+tanh over [CLS]), when it has one.
 
@@ -275,6 +413,9 @@ class IFCLModel(PreTrainedModel):
         )
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._fraternal_tokenizer: PreTrainedTokenizerBase | None = None
+        # How the base encoder embeds as a sentence-transformers model (read_sentence_transformers_base), None for
+        # a plain encoder: read by from_encoder, saved to and loaded from SENTENCE_TRANSFORMERS_BASE_FILE.
+        self.sentence_transformers_base: dict[str, Any] | None = None
         self.post_init()
         self.freeze_word_tables()
 
@@ -291,30 +432,12 @@ class IFCLModel(PreTrainedModel):
 
     @torch.no_grad()
     def init_fraternal_projection(self) -> None:
-        """Start the width-matching projection of BEL_F at BEL_S's scale (no-op when the widths agree).
-
-        Decision (SPEC.md): a randomly initialised projection of, say, ALBERT's 128-wide table would start BEL_F at a
-        fraction of BEL_S's scale, so that at first the fraternal twin would carry almost no fraternal language. The
-        projection starts instead as an orthogonal map scaled so that the projected table's per-dimension standard
-        deviation (root mean square over dimensions) equals BEL_S's, with the bias that gives it BEL_S's mean. Both
-        come from the tables' statistics (BEL_F's covariance is only width × width), whatever the two models.
-        """
-        if self.fraternal_projection is None:
-            return
-        source = self.get_input_embeddings().weight.detach().float()
-        fraternal = self.fraternal_embeddings.weight.detach().float()
-        weight = torch.empty(self.fraternal_projection.weight.shape, device=fraternal.device)
-        nn.init.orthogonal_(weight)
-        fraternal_mean = fraternal.mean(dim=0)
-        centred = fraternal - fraternal_mean
-        covariance = centred.T @ centred / max(fraternal.shape[0] - 1, 1)
-        # Per-dimension variances of the projected table: diag(W Σ Wᵀ).
-        projected_variance = ((weight @ covariance) * weight).sum(dim=1).mean()
-        target_variance = source.var(dim=0).mean()
-        weight *= (target_variance / projected_variance.clamp_min(1e-12)).sqrt()
-        bias = source.mean(dim=0) - weight @ fraternal_mean
-        self.fraternal_projection.weight.copy_(weight)
-        self.fraternal_projection.bias.copy_(bias)
+        """Start the width-matching projection of BEL_F at BEL_S's scale (no-op when the widths agree); see
+        :func:`scaled_orthogonal_projection`."""
+        if self.fraternal_projection is not None:
+            scaled_orthogonal_projection(
+                self.fraternal_projection, self.get_input_embeddings().weight, self.fraternal_embeddings.weight
+            )
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
@@ -328,9 +451,21 @@ class IFCLModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, *args, **kwargs) -> IFCLModel:
         """``PreTrainedModel.from_pretrained``, then the word tables frozen as the config says (loading replaces
-        the parameters that ``__init__`` marked)."""
+        the parameters that ``__init__`` marked) and the base encoder's sentence-transformers facts read from
+        the same folder or repo."""
         loaded = super().from_pretrained(*args, **kwargs)
-        (loaded[0] if isinstance(loaded, tuple) else loaded).freeze_word_tables()  # output_loading_info gives a pair
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info gives a pair
+        model.freeze_word_tables()
+        name_or_path = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        if name_or_path is not None:
+            hub_kwargs = {key: kwargs[key] for key in HUB_KWARGS if kwargs.get(key) is not None}
+            model.sentence_transformers_base = read_json_file(
+                str(name_or_path), SENTENCE_TRANSFORMERS_BASE_FILE, **hub_kwargs
+            )
+        base = model.config.encoder_name_or_path
+        if model.sentence_transformers_base is None and base and os.path.isdir(base):
+            # Saved before the facts were: the base encoder's folder still tells them (no download for this).
+            model.sentence_transformers_base = read_sentence_transformers_base(base)
         return loaded
 
     @classmethod
@@ -353,6 +488,20 @@ class IFCLModel(PreTrainedModel):
                 f"{encoder_name_or_path}: the encoder has no word-embedding layer (get_input_embeddings)."
             )
         tokenizer = AutoTokenizer.from_pretrained(encoder_name_or_path)
+        sentence_transformers_base = read_sentence_transformers_base(encoder_name_or_path)
+        if sentence_transformers_base is not None:
+            # The tokenizer truncates and lowercases as sentence-transformers does with the base (it keeps the
+            # truncation length in the tokenizer too), so encode and the saved view agree with the base.
+            if sentence_transformers_base["max_seq_length"]:
+                tokenizer.model_max_length = sentence_transformers_base["max_seq_length"]
+            if sentence_transformers_base["do_lower_case"]:
+                lowercase_input(tokenizer)
+            if sentence_transformers_base["omitted_modules"]:
+                logger.warning(
+                    f"{encoder_name_or_path}: its sentence-transformers modules "
+                    f"{', '.join(sentence_transformers_base['omitted_modules'])} are not part of the IFCL model; "
+                    f"encode and the saved sentence-transformers view embed without them."
+                )
 
         fraternal_tokenizer = None
         fraternal_table = encoder_table.weight
@@ -385,6 +534,7 @@ class IFCLModel(PreTrainedModel):
                 model.fraternal_embeddings.weight.copy_(fraternal_table)
             model.init_fraternal_projection()
         model.set_tokenizers(tokenizer, fraternal_tokenizer)
+        model.sentence_transformers_base = sentence_transformers_base
         return model
 
     # ---------------------------------------------------------------- tokenizers
@@ -418,93 +568,114 @@ class IFCLModel(PreTrainedModel):
         return self._fraternal_tokenizer
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
-        """Save weights, config and remote code, plus the attached tokenizers (fraternal one in a sub-folder)."""
+        """Save weights, config and remote code, plus the tokenizers (fraternal one in a sub-folder), the base
+        encoder's sentence-transformers facts and the sentence-transformers view."""
         super().save_pretrained(save_directory, *args, **kwargs)
         if not kwargs.get("is_main_process", True):
             return
-        if self._tokenizer is not None:
-            self._tokenizer.save_pretrained(save_directory)
-        if self._fraternal_tokenizer is not None:
-            self._fraternal_tokenizer.save_pretrained(os.path.join(save_directory, FRATERNAL_TOKENIZER_FOLDER))
+        # A loaded model's tokenizers come from its folder or repo: a re-save keeps them, unused or not.
+        if self._tokenizer is not None or self.name_or_path:
+            self.tokenizer.save_pretrained(save_directory)
+        if self._fraternal_tokenizer is not None or (self.name_or_path and self.config.fraternal_model_name_or_path):
+            self.fraternal_tokenizer.save_pretrained(os.path.join(save_directory, FRATERNAL_TOKENIZER_FOLDER))
+        if self.sentence_transformers_base is not None:
+            write_json(os.path.join(save_directory, SENTENCE_TRANSFORMERS_BASE_FILE), self.sentence_transformers_base)
         if self.config.export_sentence_transformers:
             self.save_sentence_transformers_modules(save_directory)
 
     def save_sentence_transformers_modules(self, save_directory: str | os.PathLike) -> bool:
-        """Write the files that let ``SentenceTransformer(save_directory)`` embed like ``encode``, without remote code.
+        """Write the files that let ``SentenceTransformer(save_directory)`` embed like ``encode``, without remote
+        code, as sentence-transformers 6 writes them.
 
-        The plain encoder (a copy of its weights) and its tokenizer go to ``0_Transformer/``, the evaluation pooler
-        to ``1_Pooling/`` and, for ``cls``, SimCSE's MLP to ``2_Dense/``. Returns False (writing nothing) for
-        poolers sentence-transformers has no module for (avg_first_last, avg_top2) or when no tokenizer is known.
+        The plain encoder (a copy of its weights, without its pooler head) and its tokenizer go to ``0_Transformer/``,
+        the evaluation pooler to ``1_Pooling/``, for ``cls`` SimCSE's MLP to ``2_Dense/``, and when the base encoder
+        is a sentence-transformers model that normalizes, a ``Normalize`` module after them; the truncation length,
+        prompts and similarity function are the base's too (:attr:`sentence_transformers_base`). Returns False
+        (writing nothing) for poolers sentence-transformers has no module for (avg_first_last, avg_top2) or when no
+        tokenizer is known.
         """
-        import json
-
         from safetensors.torch import save_file
 
         pooler = SENTENCE_TRANSFORMERS_POOLING.get(self.config.eval_pooler_type)
         if pooler is None or (self._tokenizer is None and not self.name_or_path):
             return False
         pooling_mode, with_mlp = pooler
+        base = self.sentence_transformers_base or {}
         tokenizer = self.tokenizer
         encoder_folder = os.path.join(save_directory, SENTENCE_TRANSFORMERS_ENCODER_FOLDER)
         self.encoder.save_pretrained(encoder_folder)
-        tokenizer.save_pretrained(encoder_folder)
+        # sentence-transformers 6 keeps the truncation length in the tokenizer (model_max_length).
+        own_limit = tokenizer.model_max_length
+        tokenizer.model_max_length = self.max_input_length(tokenizer)
+        try:
+            tokenizer.save_pretrained(encoder_folder)
+        finally:
+            tokenizer.model_max_length = own_limit
+        transformer_config: dict[str, Any] = {
+            "transformer_task": "feature-extraction",
+            "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
+            "module_output_name": "token_embeddings",
+        }
+        if "add_pooling_layer" in inspect.signature(type(self.encoder).__init__).parameters:
+            # Saved without its pooler head (drop_pooler_head): built without one, it loads with every weight.
+            transformer_config["model_kwargs"] = {"add_pooling_layer": False}
+        write_json(os.path.join(encoder_folder, "sentence_bert_config.json"), transformer_config, indent=4)
+        modules = [(SENTENCE_TRANSFORMERS_ENCODER_FOLDER, ST_TRANSFORMER)]
 
-        def write_json(path: str, content) -> None:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w", encoding="utf-8") as f:
-                json.dump(content, f, indent=2)
+        def add_module(name: str, module_type: str, config: dict[str, Any]) -> str:
+            folder = f"{len(modules)}_{name}"
+            write_json(os.path.join(save_directory, folder, "config.json"), config, indent=4)
+            modules.append((folder, module_type))
+            return os.path.join(save_directory, folder)
 
-        write_json(
-            os.path.join(encoder_folder, "sentence_bert_config.json"),
-            {"max_seq_length": self.max_input_length(tokenizer), "do_lower_case": False},
+        add_module(
+            "Pooling",
+            ST_POOLING,
+            {"embedding_dimension": self.hidden_size, "pooling_mode": pooling_mode, "include_prompt": True},
         )
-        write_json(
-            os.path.join(save_directory, "1_Pooling", "config.json"),
-            {
-                "word_embedding_dimension": self.hidden_size,
-                "pooling_mode_cls_token": pooling_mode == "cls",
-                "pooling_mode_mean_tokens": pooling_mode == "mean",
-                "pooling_mode_max_tokens": False,
-                "pooling_mode_mean_sqrt_len_tokens": False,
-            },
-        )
-        modules = [
-            {
-                "idx": 0,
-                "name": "0",
-                "path": SENTENCE_TRANSFORMERS_ENCODER_FOLDER,
-                "type": "sentence_transformers.models.Transformer",
-            },
-            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        ]
+        embedding = {"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding"}
         if with_mlp:
-            dense_folder = os.path.join(save_directory, "2_Dense")
-            write_json(
-                os.path.join(dense_folder, "config.json"),
-                {
-                    "in_features": self.hidden_size,
-                    "out_features": self.hidden_size,
-                    "bias": True,
-                    "activation_function": "torch.nn.modules.activation.Tanh",
-                },
-            )
+            dense_config = {
+                "in_features": self.hidden_size,
+                "out_features": self.hidden_size,
+                "bias": True,
+                "activation_function": "torch.nn.modules.activation.Tanh",
+            }
+            dense_folder = add_module("Dense", ST_DENSE, dense_config | embedding)
             weights = {"linear.weight": self.mlp.dense.weight, "linear.bias": self.mlp.dense.bias}
             save_file(
                 {k: v.detach().cpu().contiguous() for k, v in weights.items()},
                 os.path.join(dense_folder, "model.safetensors"),
             )
-            modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
-        write_json(os.path.join(save_directory, "modules.json"), modules)
+        if base.get("normalize"):
+            add_module("Normalize", ST_NORMALIZE, embedding)
+        write_json(
+            os.path.join(save_directory, "modules.json"),
+            [{"idx": i, "name": str(i), "path": path, "type": kind} for i, (path, kind) in enumerate(modules)],
+        )
         write_json(
             os.path.join(save_directory, "config_sentence_transformers.json"),
             {
+                "__version__": library_versions(),
+                "default_prompt_name": self.default_prompt_name,
                 "model_type": "SentenceTransformer",
-                "similarity_fn_name": "cosine",
-                "prompts": {},
-                "default_prompt_name": None,
+                "prompts": self.prompts,
+                "similarity_fn_name": base.get("similarity_fn_name") or "cosine",
             },
+            sort_keys=True,
         )
         return True
+
+    @property
+    def prompts(self) -> dict[str, str]:
+        """The named prompts ``encode(prompt_name=...)`` prepends: sentence-transformers' defaults ("query" and
+        "document", both empty) and those of a sentence-transformers base encoder."""
+        return {"query": "", "document": ""} | (self.sentence_transformers_base or {}).get("prompts", {})
+
+    @property
+    def default_prompt_name(self) -> str | None:
+        """The prompt ``encode`` prepends when given none (a sentence-transformers base encoder's; usually None)."""
+        return (self.sentence_transformers_base or {}).get("default_prompt_name")
 
     # ---------------------------------------------------------------- embeddings
 
@@ -674,28 +845,53 @@ class IFCLModel(PreTrainedModel):
         return self.config.stack_views
 
     def max_input_length(self, tokenizer: PreTrainedTokenizerBase) -> int:
-        """The longest input the encoder takes (:func:`max_input_length`)."""
-        return max_input_length(tokenizer, self.encoder.config)
+        """The longest input the encoder takes (:func:`max_input_length`), capped by a sentence-transformers base
+        encoder's ``max_seq_length`` (what the saved sentence-transformers view truncates at)."""
+        limit = max_input_length(tokenizer, self.encoder.config)
+        base_limit = (self.sentence_transformers_base or {}).get("max_seq_length")
+        return min(limit, base_limit) if base_limit else limit
 
     @torch.no_grad()
     def encode(
         self,
         sentences: str | Sequence[str],
+        prompt_name: str | None = None,
+        prompt: str | None = None,
         batch_size: int = 64,
-        max_length: int | None = None,
-        device: str | torch.device | None = None,
         show_progress_bar: bool = False,
+        convert_to_numpy: bool = False,
+        convert_to_tensor: bool | None = None,
+        device: str | torch.device | None = None,
+        normalize_embeddings: bool = False,
+        *,
+        max_length: int | None = None,
         tokenizer: PreTrainedTokenizerBase | None = None,
-    ) -> torch.Tensor:
-        """Evaluation embeddings of ``sentences`` as a float32 CPU tensor, one row per sentence.
+    ) -> torch.Tensor | np.ndarray | list[torch.Tensor]:
+        """Evaluation embeddings of ``sentences``, one float32 row per sentence, by default as one CPU tensor.
+
+        The arguments that ``SentenceTransformer.encode`` has too come in its order and mean the same:
+        ``prompt_name`` / ``prompt`` prepend a prompt (:attr:`prompts`, :attr:`default_prompt_name`);
+        ``normalize_embeddings`` scales each row to length 1; ``convert_to_numpy=True`` gives a numpy array,
+        ``convert_to_tensor=True`` a tensor (it wins over numpy), and both False a list of rows. Unlike
+        sentence-transformers the default is a tensor (``convert_to_tensor=None``: a tensor unless numpy is asked
+        for), always on the CPU, and a single string gives a 1-row matrix.
 
         Sentences are batched by length (longest first) so padding stays short; the order of the result follows
-        the input. They are truncated only at the encoder's own limit (``max_length`` to change it): the training
-        length ``max_seq_length`` does not apply, as STS evaluation uses whole sentences. The model's training mode
-        is restored afterwards.
+        the input. They are truncated only at the encoder's own limit (:meth:`max_input_length`; ``max_length`` to
+        change it): the training length ``max_seq_length`` does not apply, as STS evaluation uses whole sentences.
+        The model's training mode is restored afterwards.
         """
         if isinstance(sentences, str):
             sentences = [sentences]
+        if prompt is None:
+            if prompt_name is not None:
+                if prompt_name not in self.prompts:
+                    raise ValueError(f"Prompt name {prompt_name!r} is not one of {', '.join(self.prompts)}.")
+                prompt = self.prompts[prompt_name]
+            elif self.default_prompt_name is not None:
+                prompt = self.prompts.get(self.default_prompt_name)
+        if prompt:
+            sentences = [prompt + sentence for sentence in sentences]
         tokenizer = tokenizer or self.tokenizer
         max_length = max_length or self.max_input_length(tokenizer)
         device = torch.device(device) if device is not None else self.device
@@ -727,7 +923,13 @@ class IFCLModel(PreTrainedModel):
                 embeddings[indices] = self(**batch).sentence_embedding.float().cpu()
         finally:
             self.train(was_training)
-        return embeddings
+        if normalize_embeddings:
+            embeddings = nn.functional.normalize(embeddings, p=2, dim=1)
+        if convert_to_tensor or (convert_to_tensor is None and not convert_to_numpy):
+            return embeddings
+        if convert_to_numpy:
+            return embeddings.numpy()
+        return list(embeddings)
 
 
 IFCLConfig.register_for_auto_class()

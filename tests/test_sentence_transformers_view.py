@@ -1,0 +1,254 @@
+"""The sentence-transformers view of a saved IFCL model: true to a sentence-transformers base encoder, written as
+sentence-transformers 6 writes models, loading cleanly and embedding like ``IFCLModel.encode``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import ENGLISH, GERMAN
+
+from modeling_ifcl import SENTENCE_TRANSFORMERS_BASE_FILE, SENTENCE_TRANSFORMERS_ENCODER_FOLDER, IFCLModel
+
+sentence_transformers = pytest.importorskip("sentence_transformers")
+
+# Longer than the base's max_seq_length of 20 tokens: truncation must agree too.
+LONG = " ".join(ENGLISH[:4])
+SENTENCES = [*ENGLISH, LONG, *GERMAN[:3]]
+
+
+@pytest.fixture(scope="module")
+def st_base_dir(tiny_encoder_dir, tmp_path_factory) -> Path:
+    """A sentence-transformers model around the tiny encoder: max_seq_length 20, mean pooling, Normalize, a query
+    prompt and dot-product similarity, saved by sentence-transformers itself."""
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    transformer = Transformer(str(tiny_encoder_dir))
+    transformer.max_seq_length = 20
+    model = sentence_transformers.SentenceTransformer(
+        modules=[transformer, Pooling(32, "mean"), Normalize()],
+        prompts={"query": "query: "},
+        similarity_fn_name="dot",
+        device="cpu",
+    )
+    folder = tmp_path_factory.mktemp("st_base")
+    model.save(str(folder))
+    return folder
+
+
+@contextmanager
+def load_messages():
+    """Every warning and every log record of WARNING or above that transformers and sentence-transformers emit
+    inside the block (transformers logs its load report, MISSING / newly initialized weights, as a warning)."""
+    records: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(f"{record.name}: {record.getMessage()}")
+
+    handler = Collect(level=logging.WARNING)
+    loggers = [logging.getLogger(name) for name in ("transformers", "sentence_transformers")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield records
+        records += [f"{w.category.__name__}: {w.message}" for w in caught]
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+def load_view(folder: Path):
+    """``SentenceTransformer(folder)``, and what it reported while loading."""
+    with load_messages() as messages:
+        model = sentence_transformers.SentenceTransformer(str(folder), device="cpu")
+    return model, messages
+
+
+def module_types(folder: Path) -> list[str]:
+    return [module["type"] for module in json.loads((folder / "modules.json").read_text())]
+
+
+def view_files(folder: Path) -> dict[str, object]:
+    """The folder's JSON files, without the library versions and the fast tokenizers' state of their last call
+    (which transformers saves, and sets anew at every call)."""
+    files = {}
+    for path in sorted(folder.rglob("*.json")):
+        content = json.loads(path.read_text())
+        if path.name == "config_sentence_transformers.json":
+            content.pop("__version__")
+        if path.name == "tokenizer.json":
+            content.pop("truncation"), content.pop("padding")
+        files[str(path.relative_to(folder))] = content
+    return files
+
+
+@pytest.mark.parametrize("pooler", ["avg", "cls"])
+def test_view_of_a_sentence_transformers_base_is_true_to_it_and_embeds_like_encode(st_base_dir, tmp_path, pooler):
+    model = IFCLModel.from_encoder(str(st_base_dir), queue_size=0, pooler_type=pooler, eval_pooler_type=pooler)
+    if model.mlp is not None:
+        torch.nn.init.normal_(model.mlp.dense.weight)  # make the MLP matter
+    model.save_pretrained(tmp_path / "saved")
+    base = sentence_transformers.SentenceTransformer(str(st_base_dir), device="cpu")
+    view, messages = load_view(tmp_path / "saved")
+
+    assert not messages, messages  # no MISSING / newly initialized weights, no deprecated module names
+    assert view.max_seq_length == base.max_seq_length == 20
+    assert view.prompts == base.prompts and view.prompts["query"] == "query: "
+    assert view.similarity_fn_name == "dot"
+    assert view.default_prompt_name is None
+    kinds = [type(module).__name__ for module in view]
+    assert kinds == ["Transformer", "Pooling", *(["Dense"] if pooler == "cls" else []), "Normalize"]
+
+    ours = model.encode(SENTENCES, normalize_embeddings=True)
+    theirs = view.encode(SENTENCES, batch_size=5, convert_to_tensor=True)
+    assert (ours - theirs).abs().max().item() <= 1e-5
+    ours = model.encode(SENTENCES, prompt_name="query", normalize_embeddings=True)
+    theirs = view.encode(SENTENCES, prompt_name="query", convert_to_tensor=True)
+    assert (ours - theirs).abs().max().item() <= 1e-5
+    if pooler == "avg":  # untrained: the IFCL model still embeds like its base
+        assert (ours - base.encode(SENTENCES, prompt_name="query", convert_to_tensor=True)).abs().max() <= 1e-5
+
+
+def test_view_is_written_as_sentence_transformers_6_writes_models(st_base_dir, tmp_path):
+    model = IFCLModel.from_encoder(str(st_base_dir), queue_size=0, pooler_type="cls", eval_pooler_type="cls")
+    model.save_pretrained(tmp_path / "saved")
+    sentence_transformers.SentenceTransformer(str(st_base_dir), device="cpu").save(str(tmp_path / "resaved_base"))
+    ours, theirs = tmp_path / "saved", tmp_path / "resaved_base"
+
+    # The module class names sentence-transformers writes today (no deprecated sentence_transformers.models.*).
+    assert set(module_types(ours)) - set(module_types(theirs)) == {"sentence_transformers.base.modules.dense.Dense"}
+    assert not any(kind.startswith("sentence_transformers.models.") for kind in module_types(ours))
+    for name in ("config_sentence_transformers.json",):
+        ours_config, theirs_config = json.loads((ours / name).read_text()), json.loads((theirs / name).read_text())
+        assert ours_config == theirs_config
+    assert json.loads((ours / "1_Pooling" / "config.json").read_text()) == {
+        "embedding_dimension": 32,
+        "pooling_mode": "cls",
+        "include_prompt": True,
+    }
+    assert (ours / "3_Normalize" / "config.json").read_text() == (theirs / "2_Normalize" / "config.json").read_text()
+    ours_transformer = json.loads(
+        (ours / SENTENCE_TRANSFORMERS_ENCODER_FOLDER / "sentence_bert_config.json").read_text()
+    )
+    theirs_transformer = json.loads((theirs / "sentence_bert_config.json").read_text())
+    assert ours_transformer.pop("model_kwargs") == {"add_pooling_layer": False}  # saved without BERT's pooler head
+    assert ours_transformer == theirs_transformer
+    # The truncation length lives in the tokenizer, as sentence-transformers 6 keeps it.
+    tokenizer_config = json.loads((ours / SENTENCE_TRANSFORMERS_ENCODER_FOLDER / "tokenizer_config.json").read_text())
+    assert tokenizer_config["model_max_length"] == 20
+
+
+def test_view_of_a_plain_encoder_loads_cleanly_without_normalize(tiny_encoder_dir, tmp_path):
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
+    model.save_pretrained(tmp_path / "saved")
+    assert model.sentence_transformers_base is None
+    assert not (tmp_path / "saved" / SENTENCE_TRANSFORMERS_BASE_FILE).exists()
+    view, messages = load_view(tmp_path / "saved")
+    assert not messages, messages
+    assert [type(module).__name__ for module in view] == ["Transformer", "Pooling"]
+    assert view.max_seq_length == model.max_input_length(model.tokenizer) == 128  # the position embeddings
+    assert view.similarity_fn_name == "cosine"
+    assert (model.encode(SENTENCES) - view.encode(SENTENCES, convert_to_tensor=True)).abs().max() <= 1e-5
+
+
+def test_a_loaded_model_writes_the_same_view_and_embeds_the_same(st_base_dir, tmp_path):
+    model = IFCLModel.from_encoder(str(st_base_dir), queue_size=0)
+    model.save_pretrained(tmp_path / "first")
+    loaded = IFCLModel.from_pretrained(tmp_path / "first")
+    assert loaded.sentence_transformers_base == model.sentence_transformers_base
+    assert loaded.sentence_transformers_base["max_seq_length"] == 20
+    assert loaded.sentence_transformers_base["normalize"]
+    loaded.save_pretrained(tmp_path / "second")  # the tokenizer was never used: it is saved all the same
+    assert view_files(tmp_path / "second") == view_files(tmp_path / "first")
+    expected = model.encode(SENTENCES, prompt_name="query")
+    assert torch.allclose(IFCLModel.from_pretrained(tmp_path / "second").encode(SENTENCES, prompt_name="query"),
+                          expected, atol=1e-6)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_through_remote_code_a_loaded_model_keeps_the_view(st_base_dir, tmp_path):
+    """What a Hub user does: AutoModel with remote code (the project not importable), encode, save again."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    model = IFCLModel.from_encoder(str(st_base_dir), queue_size=0)
+    model.save_pretrained(tmp_path / "first")
+    torch.save(model.encode(SENTENCES, prompt_name="query", normalize_embeddings=True), tmp_path / "expected.pt")
+    script = textwrap.dedent(
+        f"""
+        import json, torch
+        from transformers import AutoModel
+        model = AutoModel.from_pretrained({str(tmp_path / "first")!r}, trust_remote_code=True)
+        embeddings = model.encode({SENTENCES!r}, prompt_name="query", normalize_embeddings=True)
+        model.save_pretrained({str(tmp_path / "second")!r})
+        expected = torch.load({str(tmp_path / "expected.pt")!r})
+        print(json.dumps({{"module": type(model).__module__, "diff": (embeddings - expected).abs().max().item()}}))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["module"].startswith("transformers_modules") and report["diff"] <= 1e-5
+    assert view_files(tmp_path / "second") == view_files(tmp_path / "first")
+
+
+def test_a_folder_saved_without_the_base_facts_reads_them_from_the_local_base(st_base_dir, tmp_path):
+    model = IFCLModel.from_encoder(str(st_base_dir), queue_size=0)
+    model.save_pretrained(tmp_path / "saved")
+    (tmp_path / "saved" / SENTENCE_TRANSFORMERS_BASE_FILE).unlink()
+    loaded = IFCLModel.from_pretrained(tmp_path / "saved")
+    assert loaded.sentence_transformers_base == model.sentence_transformers_base
+
+
+def test_the_encoder_is_stored_twice_and_nothing_more(st_base_dir, tmp_path):
+    """Decision: the view's encoder is a second copy of the encoder's weights (sentence-transformers reads a
+    Transformer module's weights from its own folder, and the root folder's config.json is IFCL's). The copy is
+    exactly the encoder: no pooler head, nothing of IFCL's own."""
+    from safetensors.torch import load_file
+
+    model = IFCLModel.from_encoder(str(st_base_dir), queue_size=0)
+    model.save_pretrained(tmp_path / "saved")
+    root = load_file(str(tmp_path / "saved" / "model.safetensors"))
+    view = load_file(str(tmp_path / "saved" / SENTENCE_TRANSFORMERS_ENCODER_FOLDER / "model.safetensors"))
+    encoder = {name.removeprefix("encoder."): tensor for name, tensor in root.items() if name.startswith("encoder.")}
+    assert view.keys() == encoder.keys() and not any(name.startswith("pooler.") for name in view)
+    assert all(torch.equal(view[name], encoder[name]) for name in view)
+    weight_files = sorted(
+        str(path.relative_to(tmp_path / "saved")) for path in (tmp_path / "saved").rglob("*.safetensors")
+    )
+    assert weight_files == [f"{SENTENCE_TRANSFORMERS_ENCODER_FOLDER}/model.safetensors", "model.safetensors"]
+
+
+def test_encode_converts_and_normalizes_like_sentence_transformers(tiny_encoder_dir):
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
+    default = model.encode(ENGLISH[:4])
+    assert isinstance(default, torch.Tensor) and default.dtype == torch.float32 and default.shape == (4, 32)
+    array = model.encode(ENGLISH[:4], convert_to_numpy=True)
+    assert isinstance(array, np.ndarray) and array.dtype == np.float32
+    np.testing.assert_allclose(array, default.numpy(), atol=1e-6)
+    assert isinstance(model.encode(ENGLISH[:4], convert_to_numpy=True, convert_to_tensor=True), torch.Tensor)
+    rows = model.encode(ENGLISH[:4], convert_to_numpy=False, convert_to_tensor=False)
+    assert isinstance(rows, list) and len(rows) == 4 and torch.allclose(torch.stack(rows), default)
+    unit = model.encode(ENGLISH[:4], normalize_embeddings=True)
+    assert torch.allclose(unit.norm(dim=1), torch.ones(4), atol=1e-6)
+    assert torch.allclose(unit, torch.nn.functional.normalize(default, dim=1), atol=1e-6)
+    assert torch.allclose(
+        model.encode(ENGLISH[:2], prompt="query: "), model.encode([f"query: {s}" for s in ENGLISH[:2]])
+    )
+    with pytest.raises(ValueError, match="Prompt name 'nope'"):
+        model.encode(ENGLISH[:2], prompt_name="nope")
