@@ -139,7 +139,12 @@ class IFCLLoss(nn.Module):
         """The loss an :class:`IFCLConfig` sets: τ and the weights of ℓ^F and ℓ^T."""
         return cls(config.contrastive_temperature, config.fraternal_loss_weight, config.twins_loss_weight)
 
-    def forward(
+    def weight(self, term: str) -> float:
+        """The weight of a term of Eq. 9 by its logged name (ℓ^I's is 1)."""
+        return {"loss_identical": 1.0, "loss_fraternal": self.fraternal_loss_weight,
+                "loss_twins": self.twins_loss_weight}[term]  # fmt: skip
+
+    def terms(
         self,
         twins,
         queue_embeddings: torch.Tensor | None = None,
@@ -147,25 +152,24 @@ class IFCLLoss(nn.Module):
         identical_candidates: torch.Tensor | None = None,
         fraternal_candidates: torch.Tensor | None = None,
         label_offset: int = 0,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``twins`` is the model's :class:`IFCLTwinsOutput`; the queue comes from ``HippocampusQueue.entries``.
+    ) -> dict[str, torch.Tensor]:
+        """ℓ^I, and ℓ^F and ℓ^T when their weights are > 0, unweighted and with gradients, by their logged names.
 
+        ``twins`` is the model's :class:`IFCLTwinsOutput`; the queue comes from ``HippocampusQueue.entries``.
         ``identical_candidates`` / ``fraternal_candidates``: the twins of all processes (default: this batch's), in
         which this process's rows start at ``label_offset``.
         """
         identical = twins.identical if identical_candidates is None else identical_candidates
         fraternal = twins.fraternal if fraternal_candidates is None else fraternal_candidates
-        loss_identical = self.identical_loss(
-            twins.anchor, identical, queue_embeddings, queue_log_coefficients, label_offset
-        )
-        total = loss_identical
-        components = {"loss_identical": loss_identical.detach()}
+        terms = {
+            "loss_identical": self.identical_loss(
+                twins.anchor, identical, queue_embeddings, queue_log_coefficients, label_offset
+            )
+        }
         if self.fraternal_loss_weight > 0:
-            loss_fraternal = self.fraternal_loss(twins.anchor, fraternal, label_offset)
-            total = total + self.fraternal_loss_weight * loss_fraternal
-            components["loss_fraternal"] = loss_fraternal.detach()
+            terms["loss_fraternal"] = self.fraternal_loss(twins.anchor, fraternal, label_offset)
         if self.twins_loss_weight > 0:
-            loss_twins = self.twins_loss(
+            terms["loss_twins"] = self.twins_loss(
                 twins.anchor,
                 twins.identical,
                 twins.fraternal,
@@ -173,6 +177,12 @@ class IFCLLoss(nn.Module):
                 twins.identical_embedding_output,
                 twins.fraternal_embedding_output,
             )
-            total = total + self.twins_loss_weight * loss_twins
-            components["loss_twins"] = loss_twins.detach()
-        return total, components
+        return terms
+
+    def forward(
+        self, twins, *args: torch.Tensor | int | None, **kwargs
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The total of Eq. 9 and each term (detached, for logging); arguments as :meth:`terms`."""
+        terms = self.terms(twins, *args, **kwargs)
+        total = sum(self.weight(name) * term for name, term in terms.items())
+        return total, {name: term.detach() for name, term in terms.items()}

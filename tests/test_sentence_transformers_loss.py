@@ -1,0 +1,140 @@
+"""``sentence_transformers_ifcl.IFCLLoss``: IFCL as a sentence-transformers loss, equal to the trainer's objective."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import ENGLISH, GERMAN
+from datasets import Dataset
+from torch import nn
+from transformers import TrainingArguments
+
+pytest.importorskip("sentence_transformers")
+from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer  # noqa: E402
+from sentence_transformers.sentence_transformer.modules import Pooling, Transformer  # noqa: E402
+
+from modeling_ifcl import IFCLModel  # noqa: E402
+from sentence_transformers_ifcl import IFCLLoss  # noqa: E402
+from trainer_ifcl import IFCLTrainer  # noqa: E402
+
+SETTINGS = dict(fusion_rate=0.4, queue_size=3, forgetting_rate=0.2, temperature=0.05, fraternal_loss_weight=0.7,
+                twins_loss_weight=1.3)  # fmt: skip
+
+
+def without_dropout(module: nn.Module) -> None:
+    for child in module.modules():
+        if isinstance(child, nn.Dropout):
+            child.p = 0.0
+
+
+def sentence_transformer_of(encoder_dir, ifcl_model: IFCLModel) -> SentenceTransformer:
+    """The tiny encoder as a sentence-transformers model (mean pooling), with the IFCL model's encoder weights."""
+    transformer = Transformer(str(encoder_dir), max_seq_length=16)
+    missing, unexpected = transformer.auto_model.load_state_dict(ifcl_model.encoder.state_dict(), strict=False)
+    assert not unexpected and all(name.startswith("pooler.") for name in missing)
+    return SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")])
+
+
+@pytest.mark.parametrize("with_fraternal_model", [False, True], ids=["BEL_F a copy of BEL_S", "fraternal model"])
+def test_the_loss_equals_the_ifcl_objective_in_ifcl_trainer(
+    tiny_encoder_dir, tiny_fraternal_dir, tmp_path, with_fraternal_model
+):
+    """Same weights, same batches, dropout off: each term and the total within 1e-5, over two steps (the second
+    with the queue holding the first step's anchors)."""
+    fraternal_dir = str(tiny_fraternal_dir) if with_fraternal_model else None
+    torch.manual_seed(0)
+    model = IFCLModel.from_encoder(
+        str(tiny_encoder_dir), fraternal_dir, max_seq_length=16, queue_batch_size=4,
+        fusion_rate=SETTINGS["fusion_rate"], queue_size=SETTINGS["queue_size"],
+        forgetting_rate=SETTINGS["forgetting_rate"], contrastive_temperature=SETTINGS["temperature"],
+        fraternal_loss_weight=SETTINGS["fraternal_loss_weight"], twins_loss_weight=SETTINGS["twins_loss_weight"],
+    )  # fmt: skip
+    pairs = Dataset.from_dict({"sentence": ENGLISH[:8], "fraternal": GERMAN[:8]})
+    args = TrainingArguments(output_dir=str(tmp_path / "ifcl"), per_device_train_batch_size=4, use_cpu=True,
+                             report_to=[])  # fmt: skip
+    trainer = IFCLTrainer(model=model, args=args, train_dataset=pairs)
+
+    st_model = sentence_transformer_of(tiny_encoder_dir, model)
+    loss = IFCLLoss(st_model, fraternal_model_name_or_path=fraternal_dir, **SETTINGS)
+    if with_fraternal_model:
+        assert loss.fraternal_projection is not None
+        loss.fraternal_projection.load_state_dict(model.fraternal_projection.state_dict())
+    assert torch.equal(loss.fraternal_embeddings.weight, model.fraternal_embeddings.weight)
+    collator = loss.data_collator()
+    for part in (model, st_model):
+        without_dropout(part)
+        part.train()
+    loss.train()
+
+    for step in range(2):
+        rows = [trainer.train_dataset[i] for i in range(4 * step, 4 * step + 4)]
+        ifcl_total, output = trainer.compute_loss(model, trainer.data_collator(rows), return_outputs=True)
+        ifcl_terms = {name: value.item() for name, value in output.components.items()}
+        trainer.objective.on_step_end(model)  # the step's anchors enter the model's queue
+
+        batch = collator([{"sentence": pairs[i]["sentence"], "fraternal": pairs[i]["fraternal"]}
+                          for i in range(4 * step, 4 * step + 4)])  # fmt: skip
+        features = [{key[len(column) + 1 :]: value for key, value in batch.items() if key.startswith(column + "_")}
+                    for column in ("sentence", "fraternal")]  # fmt: skip
+        terms = loss(features, None)
+        assert set(terms) == {"loss_identical", "loss_fraternal", "loss_twins"}
+        for name, value in terms.items():
+            assert value.item() / loss.ifcl_loss.weight(name) == pytest.approx(ifcl_terms[name], abs=1e-5), name
+        assert sum(terms.values()).item() == pytest.approx(ifcl_total.item(), abs=1e-5)
+    assert len(loss.queue) == 4 and len(model.queue) == 8  # the last batch's anchors enter with the next batch
+    assert torch.equal(loss.pending_anchors, model.queue.ordered()[0][:4])
+
+
+def test_the_loss_trains_with_sentence_transformers_trainer_and_logs_its_terms(tiny_encoder_dir, tmp_path):
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    transformer = Transformer(str(tiny_encoder_dir), max_seq_length=16)
+    st_model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")])
+    table = st_model[0].auto_model.get_input_embeddings().weight
+    before = table.detach().clone()
+    loss = IFCLLoss(st_model, queue_size=2)
+    assert not table.requires_grad  # BEL_S frozen by default, as in the trainer
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(tmp_path / "st"), per_device_train_batch_size=4, max_steps=3, logging_steps=1,
+        use_cpu=True, report_to=[], save_strategy="no",
+    )  # fmt: skip
+    pairs = Dataset.from_dict({"sentence": ENGLISH * 2, "fraternal": GERMAN * 2})
+    trainer = SentenceTransformerTrainer(model=st_model, args=args, train_dataset=pairs, loss=loss)
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "loss_identical" in entry]
+    assert logged and all({"loss_identical", "loss_fraternal", "loss_twins"} <= set(entry) for entry in logged)
+    assert len(loss.queue) == 8  # two slots of four: the batches before the last one
+    assert torch.equal(table, before)
+
+
+def test_settings_are_checked_and_a_single_column_is_refused(tiny_encoder_dir):
+    transformer = Transformer(str(tiny_encoder_dir), max_seq_length=16)
+    st_model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")])
+    with pytest.raises(ValueError, match="fusion_rate"):
+        IFCLLoss(st_model, fusion_rate=1.5)
+    loss = IFCLLoss(st_model)
+    features = st_model.tokenize(ENGLISH[:2])
+    with pytest.raises(ValueError, match="two text columns"):
+        loss([features], None)
+    simcse = IFCLLoss(st_model, fraternal_loss_weight=0, twins_loss_weight=0, queue_size=0)
+    assert set(simcse([features], None)) == {"loss_identical"}
+
+
+@pytest.mark.slow
+def test_the_readme_sentence_transformers_example_runs(tmp_path):
+    """The README's sentence-transformers example, as written (all-MiniLM-L6-v2 for two steps)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("<!-- sentence-transformers-loss:start -->", 1)[1].split(
+        "<!-- sentence-transformers-loss:end", 1
+    )[0]
+    code = block.split("```python", 1)[1].split("```", 1)[0]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "outputs" / "st-ifcl" / "modules.json").is_file()
