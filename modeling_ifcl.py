@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +116,32 @@ def scaled_orthogonal_projection(
     weight *= (target_variance / projected_variance.clamp_min(1e-12)).sqrt()
     projection.weight.copy_(weight)
     projection.bias.copy_(source.mean(dim=0) - weight @ fraternal_mean)
+
+
+def fuse_word_embeddings(
+    word_table: Callable[[torch.Tensor], torch.Tensor],
+    fraternal_table: Callable[[torch.Tensor], torch.Tensor],
+    fusion_rate: float,
+    tokens: tuple[torch.Tensor, torch.Tensor, int],
+    fraternal_tokens: tuple[torch.Tensor, torch.Tensor, int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fraternal twin input of Eq. 3: ε·BEL_S(x) + (1−ε)·BEL_F(x⁻), at the word-embedding level.
+
+    ``tokens`` and ``fraternal_tokens`` are (input ids, attention mask, pad id). The two token sequences differ in
+    length. Decision (SPEC.md): both are right-padded with their own tokenizer's pad id to one length L, and the
+    fused sequence attends to the union of the two masks. Returns (BEL_S(x) padded to L, fused embeddings, the anchor
+    mask padded to L, the union mask). Shared by ``IFCLModel`` and ``sentence_transformers_ifcl.IFCLLoss``.
+    """
+    (input_ids, attention_mask, pad_id), (fraternal_ids, fraternal_mask, fraternal_pad_id) = tokens, fraternal_tokens
+    length = max(input_ids.shape[1], fraternal_ids.shape[1])
+    input_ids = pad_to_length(input_ids, length, pad_id)
+    attention_mask = pad_to_length(attention_mask, length, 0)
+    fraternal_ids = pad_to_length(fraternal_ids, length, fraternal_pad_id)
+    fraternal_mask = pad_to_length(fraternal_mask, length, 0)
+    words = word_table(input_ids)
+    fused = fusion_rate * words + (1.0 - fusion_rate) * fraternal_table(fraternal_ids)
+    union_mask = (attention_mask.bool() | fraternal_mask.bool()).to(attention_mask.dtype)
+    return words, fused, attention_mask, union_mask
 
 
 class SimCSEMLP(nn.Module):
@@ -711,24 +737,15 @@ class IFCLModel(PreTrainedModel):
         fraternal_input_ids: torch.Tensor,
         fraternal_attention_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Fraternal twin input of Eq. 3: ε·BEL_S(x) + (1−ε)·BEL_F(x⁻), at the word-embedding level.
-
-        The two token sequences differ in length. Decision (SPEC.md): both are right-padded with their own
-        tokenizer's pad id to one length L, and the fused sequence attends to the union of the two masks.
-        Returns (BEL_S(x) padded to L, fused embeddings, the anchor mask padded to L, the union mask).
-        """
-        length = max(input_ids.shape[1], fraternal_input_ids.shape[1])
-        pad_id = self.encoder.config.pad_token_id or 0
-        fraternal_pad_id = self.config.fraternal_pad_token_id or 0
-        input_ids = pad_to_length(input_ids, length, pad_id)
-        attention_mask = pad_to_length(attention_mask, length, 0)
-        fraternal_input_ids = pad_to_length(fraternal_input_ids, length, fraternal_pad_id)
-        fraternal_attention_mask = pad_to_length(fraternal_attention_mask, length, 0)
-        words = self.get_input_embeddings()(input_ids)
-        epsilon = self.config.fusion_rate
-        fused = epsilon * words + (1.0 - epsilon) * self.fraternal_word_embeddings(fraternal_input_ids)
-        union_mask = (attention_mask.bool() | fraternal_attention_mask.bool()).to(attention_mask.dtype)
-        return words, fused, attention_mask, union_mask
+        """Fraternal twin input of Eq. 3 (:func:`fuse_word_embeddings`): returns (BEL_S(x) padded to the common
+        length L, fused embeddings, the anchor mask padded to L, the union mask)."""
+        return fuse_word_embeddings(
+            self.get_input_embeddings(),
+            self.fraternal_word_embeddings,
+            self.config.fusion_rate,
+            (input_ids, attention_mask, self.encoder.config.pad_token_id or 0),
+            (fraternal_input_ids, fraternal_attention_mask, self.config.fraternal_pad_token_id or 0),
+        )
 
     def _encode_tokens(
         self,

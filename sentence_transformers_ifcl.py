@@ -39,7 +39,13 @@ from torch import nn
 
 from configuration_ifcl import check_ifcl_settings
 from losses_ifcl import IFCLLoss as IFCLTerms  # the equations, shared with the trainer's objective
-from modeling_ifcl import HippocampusQueue, IFCLTwinsOutput, mean_pool, pad_to_length, scaled_orthogonal_projection
+from modeling_ifcl import (
+    HippocampusQueue,
+    IFCLTwinsOutput,
+    fuse_word_embeddings,
+    mean_pool,
+    scaled_orthogonal_projection,
+)
 
 
 class IFCLLoss(nn.Module):
@@ -163,18 +169,13 @@ class IFCLLoss(nn.Module):
         anchor_embedding, identical_embedding = embedding_outputs.split(batch_size)
         fraternal_view = fraternal_embedding = None
         if fraternal is not None:
-            length = max(input_ids.shape[1], fraternal["input_ids"].shape[1])
-            padded_words = self.encoder.get_input_embeddings()(
-                pad_to_length(input_ids, length, self.encoder.config.pad_token_id or 0)
+            _, fused, _, union_mask = fuse_word_embeddings(
+                self.encoder.get_input_embeddings(),
+                self.fraternal_word_embeddings,
+                self.fusion_rate,
+                (input_ids, attention_mask, self.encoder.config.pad_token_id or 0),
+                (fraternal["input_ids"], fraternal["attention_mask"], self.fraternal_pad_token_id),
             )
-            fraternal_ids = pad_to_length(fraternal["input_ids"], length, self.fraternal_pad_token_id)
-            fused = self.fusion_rate * padded_words + (1.0 - self.fusion_rate) * self.fraternal_word_embeddings(
-                fraternal_ids
-            )
-            union_mask = (
-                pad_to_length(attention_mask, length, 0).bool()
-                | pad_to_length(fraternal["attention_mask"], length, 0).bool()
-            ).to(attention_mask.dtype)
             fraternal_view, fraternal_embedding = self.encode_views(fused, union_mask)
         return IFCLTwinsOutput(
             anchor=anchor,
