@@ -161,21 +161,28 @@ class IFCLLoss(nn.Module):
         """The three views of a batch, as ``IFCLModel(..., return_twins=True)`` gives them."""
         input_ids, attention_mask = sentence["input_ids"], sentence["attention_mask"]
         batch_size = input_ids.shape[0]
-        words = self.encoder.get_input_embeddings()(input_ids)
-        anchors, embedding_outputs = self.encode_views(
-            torch.cat([words, words]), torch.cat([attention_mask, attention_mask])
-        )
-        anchor, identical = anchors.split(batch_size)
-        anchor_embedding, identical_embedding = embedding_outputs.split(batch_size)
+        word_table = self.encoder.get_input_embeddings()
         fraternal_view = fraternal_embedding = None
-        if fraternal is not None:
-            _, fused, _, union_mask = fuse_word_embeddings(
-                self.encoder.get_input_embeddings(),
+        if fraternal is None:
+            words = word_table(input_ids)
+        else:
+            padded_words, fused, _, union_mask = fuse_word_embeddings(
+                word_table,
                 self.fraternal_word_embeddings,
                 self.fusion_rate,
                 (input_ids, attention_mask, self.encoder.config.pad_token_id or 0),
                 (fraternal["input_ids"], fraternal["attention_mask"], self.fraternal_pad_token_id),
             )
+            # Right padding: BEL_S(x) is the first columns of its padded lookup (one lookup of the table, as in
+            # IFCLModel).
+            words = padded_words[:, : input_ids.shape[1]]
+        # Anchors and identical twins first, then the fraternal twins: the dropout masks drawn in IFCLModel's order.
+        anchors, embedding_outputs = self.encode_views(
+            torch.cat([words, words]), torch.cat([attention_mask, attention_mask])
+        )
+        anchor, identical = anchors.split(batch_size)
+        anchor_embedding, identical_embedding = embedding_outputs.split(batch_size)
+        if fraternal is not None:
             fraternal_view, fraternal_embedding = self.encode_views(fused, union_mask)
         return IFCLTwinsOutput(
             anchor=anchor,
