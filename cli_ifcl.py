@@ -14,11 +14,13 @@ input checks they share, and how they write results files.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,3 +88,34 @@ def write_json_atomically(path: str, content: Any, sort_keys: bool = False) -> N
         if os.path.exists(temporary):
             os.remove(temporary)
         raise
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_file: str) -> Iterator[str]:
+    """Hold an exclusive ``flock`` on ``lock_file`` (made if missing) for the ``with`` block; yield its path.
+
+    Another process that holds it: ``BlockingIOError`` at once (callers say which run holds it). The lock file is
+    removed at the end, while still locked; a process that opened it just before finds, once it has the lock, that the
+    path no longer leads to the file it locked, and takes the new lock file instead. A lock file left by a killed
+    process holds no lock (the kernel released it): it is taken over.
+    """
+    while True:
+        descriptor = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException:
+            os.close(descriptor)
+            raise
+        try:
+            locked_the_path = os.path.samestat(os.stat(lock_file), os.fstat(descriptor))
+        except FileNotFoundError:
+            locked_the_path = False  # removed by the process that held it
+        if locked_the_path:
+            break
+        os.close(descriptor)  # a lock file already removed: lock the one now at that path
+    try:
+        yield lock_file
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(lock_file)
+        os.close(descriptor)

@@ -85,7 +85,7 @@ class ModelArguments:
     )
 
     def __post_init__(self) -> None:
-        from run_ifcl import RUN_IN_PROGRESS_FILE
+        from ifcl.output_folder import RUN_IN_PROGRESS_FILE
 
         if os.path.isfile(os.path.join(self.model_name_or_path, RUN_IN_PROGRESS_FILE)):
             raise ValueError(

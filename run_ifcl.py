@@ -35,11 +35,14 @@ start anew. The new model's card names the model it continued from as its base m
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import math
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +53,8 @@ from transformers import HfArgumentParser, TrainingArguments, set_seed
 
 from cli_ifcl import Command, check_model_path, write_json_atomically
 from configuration_ifcl import POOLER_TYPES, check_ifcl_settings, uses_fraternal_twins
+from ifcl.checkpoints import check_resume_settings, checkpoint_folders, resume_problem
+from ifcl.output_folder import RunFolder, plan_output_folder
 from ifcl_objectives import OBJECTIVES, objective_class, settings_as_dict, settings_classes
 
 logger = logging.getLogger(__name__)
@@ -130,6 +135,11 @@ class DataArguments:
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
 
     def __post_init__(self) -> None:
+        if self.train_file is not None and self.dataset_name is not None:
+            raise ValueError(
+                f"--train_file {self.train_file} and --dataset_name {self.dataset_name}: give one source of training "
+                "text, not both."
+            )
         low_high = self.sts_score_range
         if len(low_high) != 2 or not all(math.isfinite(v) for v in low_high) or low_high[0] >= low_high[1]:
             raise ValueError(f"--sts_score_range takes two finite numbers LOW HIGH with LOW < HIGH, got {low_high}.")
@@ -316,19 +326,37 @@ def push_output_folder(training_args: TrainingArguments) -> str:
     return getattr(commit, "commit_url", None) or repo_id
 
 
-def use_all_cpu_cores(training_args: TrainingArguments) -> None:
-    """Train a single CPU process on every core the machine gives it.
+def launcher_chose_one_thread() -> bool:
+    """Whether ``OMP_NUM_THREADS=1`` is ``accelerate launch``'s own default rather than a number the user set.
 
-    ``accelerate launch`` without a config file, on a machine without GPUs, sets ``OMP_NUM_THREADS=1`` for its
-    one process, which halves the speed on two cores. Set ``IFCL_KEEP_CPU_THREADS=1`` to keep the launcher's number.
+    Without a config file, on a machine without GPUs, the launcher gives its one process ``OMP_NUM_THREADS=1`` unless
+    the user set ``OMP_NUM_THREADS`` or ``--num_cpu_threads_per_process``; the launcher's own environment and command
+    line (``/proc/<parent>/``) tell which. Where they cannot be read, the number counts as the user's.
     """
-    if training_args.world_size != 1 or training_args.device.type != "cpu" or os.environ.get("IFCL_KEEP_CPU_THREADS"):
-        return
-    import torch
+    if os.environ.get("OMP_NUM_THREADS") != "1" or "ACCELERATE_MIXED_PRECISION" not in os.environ:
+        return False  # not started by accelerate launch, or not its default
+    try:
+        with open(f"/proc/{os.getppid()}/environ", "rb") as handle:
+            launcher_environment = handle.read().split(b"\0")
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as handle:
+            launcher_arguments = handle.read().split(b"\0")
+    except OSError:
+        return False
+    user_set_it = any(entry.startswith(b"OMP_NUM_THREADS=") for entry in launcher_environment) or any(
+        argument.startswith(b"--num_cpu_threads_per_process") for argument in launcher_arguments
+    )
+    return not user_set_it
 
+
+def use_all_cpu_cores(training_args: TrainingArguments) -> None:
+    """Train a single CPU process on every core the machine gives it, when the one thread it has is the launcher's
+    default (:func:`launcher_chose_one_thread`), which halves the speed on two cores. A number the user set is kept.
+    """
+    if training_args.world_size != 1 or training_args.device.type != "cpu" or not launcher_chose_one_thread():
+        return
     available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if torch.get_num_threads() < available:
-        logger.info(f"Training on {available} CPU threads (the launcher set {torch.get_num_threads()}).")
+        logger.info(f"Training on {available} CPU threads (accelerate launch's default is 1).")
         torch.set_num_threads(available)
 
 
@@ -527,15 +555,9 @@ def parse_arguments(argv: list[str]) -> RunArguments:
     )  # fmt: skip
     describe_this_script(parser)
     if len(argv) == 1 and argv[0].endswith(".json"):
-        import json
+        from ifcl.arguments import read_arguments_file
 
-        try:
-            with open(argv[0], encoding="utf-8") as f:
-                given = json.load(f)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{argv[0]}: not valid JSON ({error})") from None
-        if not isinstance(given, dict):
-            raise ValueError(f"{argv[0]}: expected a JSON object of argument names and values.")
+        given = read_arguments_file(argv[0], parser)
         values = {**TRAINING_DEFAULTS, **given}
         given_names = set(given)
     else:
@@ -558,148 +580,6 @@ def parse_arguments(argv: list[str]) -> RunArguments:
     return RunArguments(model_args, data_args, ifcl_args, objective_args, chosen, training_args, output_args, notes)
 
 
-# Written into the output folder when a run starts and removed once its results, model card and plots are saved:
-# a folder that still holds it is an unfinished run (interrupted, or still going).
-RUN_IN_PROGRESS_FILE = "run_in_progress.json"
-RESULT_FILES = ("all_results.json", "model.safetensors", "pytorch_model.bin", RUN_IN_PROGRESS_FILE)
-LAST_CHECKPOINT = ("last", "true")
-
-
-class OutputFolderError(ValueError):
-    """The output folder holds a run that this one would overwrite, or cannot be written."""
-
-
-def earlier_run(folder: str) -> list[str]:
-    """What in ``folder`` shows an earlier run: results, weights, checkpoints, an unfinished run's marker."""
-    if not os.path.isdir(folder):
-        return []
-    names = sorted(os.listdir(folder))
-    return [
-        n
-        for n in names
-        if n in RESULT_FILES or (n.startswith("checkpoint-") and os.path.isdir(os.path.join(folder, n)))
-    ]
-
-
-def check_output_folder(training_args: TrainingArguments, output_args: OutputArguments) -> None:
-    """Refuse a folder that holds a run, unless resuming it or asked to overwrite it, and resolve
-    ``--resume_from_checkpoint last``; reads only, before any data or model is loaded."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    folder = training_args.output_dir
-    resume = training_args.resume_from_checkpoint
-    if resume is not None and str(resume).lower() in LAST_CHECKPOINT:
-        last = get_last_checkpoint(folder) if os.path.isdir(folder) else None
-        if last is None:
-            raise OutputFolderError(f"--resume_from_checkpoint {resume}: {folder} holds no checkpoint-* folder.")
-        training_args.resume_from_checkpoint = resume = last
-    if resume is not None and not os.path.isfile(os.path.join(resume, "trainer_state.json")):
-        raise OutputFolderError(
-            f"--resume_from_checkpoint {resume}: not a checkpoint folder (no trainer_state.json there)."
-        )
-    found = earlier_run(folder)
-    if found and resume is None and not output_args.overwrite_output_dir:
-        shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
-        raise OutputFolderError(
-            f"--output_dir {folder} already holds a run ({shown}). Choose another --output_dir, continue it with "
-            f"--resume_from_checkpoint last, or replace it with --overwrite_output_dir."
-        )
-
-
-# The settings a checkpoint cannot be resumed with other values of: config key -> the flag that sets it. The
-# queue's shape and the optimizer's state depend on the first three; the others would make the card describe
-# settings the weights were not trained with.
-RESUME_SETTINGS = {
-    "objective": "--objective",
-    "queue_size": "--queue_size",
-    "queue_batch_size": "global batch (--per_device_train_batch_size × processes × --gradient_accumulation_steps)",
-    "fusion_rate": "--fusion_rate",
-    "contrastive_temperature": "--temperature",
-    "forgetting_rate": "--forgetting_rate",
-    "fraternal_loss_weight": "--fraternal_loss_weight",
-    "twins_loss_weight": "--twins_loss_weight",
-    "objective_settings": "the objective's own settings",
-}
-
-
-def check_checkpoint_files(checkpoint: str) -> dict[str, Any]:
-    """Read every file of a checkpoint that resuming needs, naming the first that is missing or broken; return its
-    config. Runs before any data or model is loaded."""
-    import json
-    import zipfile
-
-    def broken(name: str, why: str) -> OutputFolderError:
-        return OutputFolderError(
-            f"--resume_from_checkpoint {checkpoint}: {os.path.join(checkpoint, name)} {why}; resume from an earlier "
-            "checkpoint (a checkpoint-* folder there), or start over with --overwrite_output_dir."
-        )
-
-    contents: dict[str, Any] = {}
-    for name in ("trainer_state.json", "config.json"):
-        path = os.path.join(checkpoint, name)
-        if not os.path.isfile(path):
-            raise broken(name, "is missing")
-        try:
-            with open(path, encoding="utf-8") as f:
-                contents[name] = json.load(f)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise broken(name, f"is not valid JSON ({error})") from None
-    weights = [n for n in ("model.safetensors", "pytorch_model.bin") if os.path.isfile(os.path.join(checkpoint, n))]
-    if not weights:
-        raise broken("model.safetensors", "is missing")
-    if weights[0] == "model.safetensors":
-        from safetensors import safe_open
-
-        try:
-            with safe_open(os.path.join(checkpoint, "model.safetensors"), framework="pt") as f:
-                f.keys()
-        except Exception as error:  # safetensors raises its own error type for a cut or damaged file
-            raise broken("model.safetensors", f"cannot be read ({error})") from None
-    # torch.save writes zip archives, whose directory is at the end: a cut file is not a zip any more.
-    for name in sorted(os.listdir(checkpoint)):
-        if name.endswith((".pt", ".pth", ".bin")) and not zipfile.is_zipfile(os.path.join(checkpoint, name)):
-            raise broken(name, "is cut short or damaged (not a complete torch.save file)")
-    return contents["config.json"]
-
-
-def check_resume_settings(checkpoint: str, saved: dict[str, Any], wanted: dict[str, Any]) -> None:
-    """Name every setting of ``RESUME_SETTINGS`` whose value in this command differs from the checkpoint's."""
-    differences = [
-        f"{flag}: {saved.get(key)!r} in the checkpoint, {wanted.get(key)!r} now"
-        for key, flag in RESUME_SETTINGS.items()
-        if key in saved and saved.get(key) != wanted.get(key)
-    ]
-    if differences:
-        raise OutputFolderError(
-            f"--resume_from_checkpoint {checkpoint} was trained with other settings than this command's: "
-            + "; ".join(differences)
-            + ". Resume with the checkpoint's settings, or train anew in another --output_dir."
-        )
-
-
-def start_run_in_output_folder(training_args: TrainingArguments, output_args: OutputArguments) -> None:
-    """Once the input is checked, before any model is loaded: delete the earlier run when asked to overwrite it,
-    make the folder (an unwritable one is found here) and mark the run as in progress."""
-    folder = training_args.output_dir
-    # The process that saves does it before the others go on.
-    with training_args.main_process_first(desc="preparing the output folder"):
-        if not training_args.should_save:
-            return
-        if output_args.overwrite_output_dir and training_args.resume_from_checkpoint is None and earlier_run(folder):
-            import shutil
-
-            logger.warning(f"--overwrite_output_dir: deleting the earlier run in {folder}.")
-            shutil.rmtree(folder)
-        try:
-            os.makedirs(folder, exist_ok=True)
-            write_json_atomically(
-                os.path.join(folder, RUN_IN_PROGRESS_FILE),
-                {"command": " ".join(sys.argv), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S")},
-            )
-        except OSError as error:
-            raise OutputFolderError(f"--output_dir {folder} cannot be written: {error}") from error
-
-
 def check_training_settings(training_args: TrainingArguments) -> None:
     """Sizes and rates that the Trainer would only reject late, or unclearly; ``--hub_strategy`` other than end
     (this script pushes once, at the end); a push or a resume without training (``--do_train``)."""
@@ -709,6 +589,15 @@ def check_training_settings(training_args: TrainingArguments) -> None:
             raise ValueError(f"--{name} must be ≥ 1, got {value}.")
     if not math.isfinite(training_args.learning_rate) or training_args.learning_rate < 0:
         raise ValueError(f"--learning_rate must be a finite number ≥ 0, got {training_args.learning_rate}.")
+    if training_args.do_train and training_args.max_steps == 0:
+        raise ValueError(
+            "--max_steps 0 trains no step: give a number of steps ≥ 1, or -1 to train --num_train_epochs."
+        )
+    if training_args.do_train and training_args.max_steps < 0 and not training_args.num_train_epochs > 0:
+        raise ValueError(
+            f"--num_train_epochs must be > 0 (with --max_steps -1), got {training_args.num_train_epochs}."
+        )
+    check_report_to(training_args.report_to)
     hub_strategy = strategy_name(training_args.hub_strategy)
     if hub_strategy != "end":
         raise ValueError(
@@ -720,6 +609,26 @@ def check_training_settings(training_args: TrainingArguments) -> None:
             raise ValueError("--push_to_hub without --do_train: no model is trained or saved here to push.")
         if training_args.resume_from_checkpoint is not None:
             raise ValueError("--resume_from_checkpoint without --do_train: there is no training to resume.")
+
+
+def check_report_to(report_to: list[str]) -> None:
+    """Every ``--report_to`` backend is one the Trainer knows and whose package is installed."""
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        get_available_reporting_integrations,
+    )
+
+    unknown = [name for name in report_to if name not in INTEGRATION_TO_CALLBACK]
+    if unknown:
+        raise ValueError(
+            f"--report_to {' '.join(unknown)}: not a logger the Trainer knows ({', '.join(INTEGRATION_TO_CALLBACK)})."
+        )
+    missing = [name for name in report_to if name not in get_available_reporting_integrations()]
+    if missing:
+        raise ValueError(
+            f"--report_to {' '.join(missing)}: its package is not installed (pip install {' '.join(missing)}), "
+            "or choose --report_to none."
+        )
 
 
 def check_data_size(train_size: int, training_args: TrainingArguments, queue_size: int) -> None:
@@ -847,6 +756,12 @@ def check_max_seq_length(
     # Given the encoder's config, AutoTokenizer does not read config.json (an IFCL model's would need remote code).
     tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, config=encoder_config)
     limit = max_input_length(tokenizer, encoder_config)
+    special = tokenizer.num_special_tokens_to_add(pair=False)
+    if max_seq_length <= special:
+        raise ValueError(
+            f"--max_seq_length {max_seq_length}: the tokenizer of {model_name_or_path} adds {special} special "
+            f"token(s) to every sentence, so no word would be left; give at least {special + 1}."
+        )
     length, what = max_seq_length, "--max_seq_length"
     if objective == "conisi":
         from ifcl_objectives.conisi import pair_max_length
@@ -904,16 +819,7 @@ def load_sts_sets(
 def run(argv: list[str]):
     """Parse ``argv``, train, evaluate, save. Returns the trainer and every metric written to all_results.json."""
     arguments = parse_arguments(argv)
-    model_args, data_args, ifcl_args, training_args = (
-        arguments.model,
-        arguments.data,
-        arguments.ifcl,
-        arguments.training,
-    )
-    objective_name = arguments.objective.objective
-    is_ifcl = objective_name == "ifcl"
-    objective_settings = settings_as_dict(arguments.objective_settings)
-
+    data_args, training_args = arguments.data, arguments.training
     logging.basicConfig(
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
         datefmt="%m/%d/%Y %H:%M:%S",
@@ -949,7 +855,48 @@ def run(argv: list[str]):
     COMMAND.running = False
     COMMAND.details["output_dir"] = training_args.output_dir
     check_training_settings(training_args)
-    check_output_folder(training_args, arguments.output)
+    # One run per folder: the main process holds its lock from the folder's check to the end of the run.
+    run_folder = RunFolder(training_args.output_dir, is_main=training_args.should_save)
+    with run_folder.locked():
+        return run_in_folder(arguments, run_folder)
+
+
+def protected_paths(arguments: RunArguments) -> dict[str, str | None]:
+    """What the run reads, by option: --overwrite_output_dir never deletes a folder holding one of them."""
+    model_args, data_args = arguments.model, arguments.data
+    paths = {
+        "--train_file": data_args.train_file,
+        "--validation_file": data_args.validation_file,
+        "--test_file": data_args.test_file,
+    }
+    for option, path in (
+        ("--model_name_or_path", model_args.model_name_or_path),
+        ("--fraternal_model_name_or_path", model_args.fraternal_model_name_or_path),
+    ):
+        paths[option] = path if path and os.path.isdir(path) else None
+    return paths
+
+
+def run_in_folder(arguments: RunArguments, run_folder: RunFolder):
+    """The run once its output folder is locked: check the folder and the input, load, train, evaluate, save."""
+    model_args, data_args, ifcl_args, training_args = (
+        arguments.model,
+        arguments.data,
+        arguments.ifcl,
+        arguments.training,
+    )
+    objective_name = arguments.objective.objective
+    is_ifcl = objective_name == "ifcl"
+    objective_settings = settings_as_dict(arguments.objective_settings)
+    do_train, do_eval, do_predict = training_args.do_train, training_args.do_eval, training_args.do_predict
+    plan = plan_output_folder(
+        training_args.output_dir,
+        overwrite=arguments.output.overwrite_output_dir,
+        resume=training_args.resume_from_checkpoint,
+        protected=protected_paths(arguments),
+        world_size=training_args.world_size,
+        max_steps=training_args.max_steps,
+    )
     import json
 
     from configuration_ifcl import IFCLConfig
@@ -972,10 +919,15 @@ def run(argv: list[str]):
         eval_pooler_type=ifcl_args.eval_pooler_type,
         max_seq_length=data_args.max_seq_length,
     )
-    if training_args.resume_from_checkpoint is not None:
-        saved = check_checkpoint_files(training_args.resume_from_checkpoint)
+    if plan.resume is not None:
+        training_args.resume_from_checkpoint = plan.resume.checkpoint
         wanted = json.loads(json.dumps(IFCLConfig(**model_settings).to_dict()))  # as config.json holds it
-        check_resume_settings(training_args.resume_from_checkpoint, saved, wanted)
+        check_resume_settings(plan.resume.checkpoint, plan.resume.config, wanted)
+        if plan.resume.finished:
+            logger.info(
+                f"{plan.resume.checkpoint} ends the planned training: finishing the run's evaluation and results "
+                "without training further."
+            )
     push_at_end = take_over_push(training_args)
     # The STS dev set serves --do_eval and the evaluations during training; the test set --do_predict.
     needs_dev = do_eval or (do_train and strategy_name(training_args.eval_strategy) != "no")
@@ -1002,7 +954,8 @@ def run(argv: list[str]):
         )
     if do_train:
         check_max_seq_length(model_name_or_path, data_args.max_seq_length, objective_name, saved_config)
-    start_run_in_output_folder(training_args, arguments.output)
+    with training_args.main_process_first(desc="preparing the output folder"):
+        run_folder.start(plan)
 
     from ifcl_objectives import build_objective
     from trainer_ifcl import IFCLTrainer, tokenize_training_text
@@ -1019,6 +972,7 @@ def run(argv: list[str]):
         )
         if model_args.model_name_or_path is None:
             model.config.encoder_name_or_path = EMBEDDED_MODEL_ID
+    check_finite_weights(model, model_name_or_path)
     tokenizer, fraternal_tokenizer = model.tokenizer, model.fraternal_tokenizer
     objective = build_objective(model)
 
@@ -1046,6 +1000,7 @@ def run(argv: list[str]):
         eval_dataset={task: validation_sts} if validation_sts is not None else None,
         objective=objective,
     )
+    trainer.add_callback(run_folder.callback())  # each checkpoint joins the run's record of what it wrote
 
     def evaluate_sts(prefix: str) -> dict[str, float]:
         """The STS evaluations asked for: dev as ``<prefix>eval_*``, test as ``<prefix>test_*``."""
@@ -1071,23 +1026,16 @@ def run(argv: list[str]):
             logger.info(f"Before training: STS {', '.join(figures)} (Spearman × 100)")
 
         COMMAND.running = True
-        cpu_started = time.process_time()
-        train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-        train_cpu_seconds = time.process_time() - cpu_started
-        training_log = list(trainer.state.log_history)  # before the final evaluations of the best checkpoint
-        trainer.save_model()
+        with write_failures_named(training_args.output_dir, lambda: trainer.state.global_step):
+            metrics = train_or_finish(trainer, plan.resume)
+            training_log = list(trainer.state.log_history)  # before the final evaluations of the best checkpoint
+            trainer.save_model()
         # Each results file is this run's own figures (the Trainer's save_metrics would merge them into an
         # all_results.json already there); all_results.json is written last, atomically.
         if init_metrics:
             trainer.save_metrics("init", init_metrics, combined=False)
         all_metrics.update(init_metrics)
-        metrics = train_result.metrics
         metrics["train_samples"] = len(train_dataset)
-        metrics["train_steps"] = trainer.state.global_step
-        metrics["train_seconds_per_step"] = metrics["train_runtime"] / max(trainer.state.global_step, 1)
-        # CPU time of the process during training (all its threads): unlike the wall time, not lengthened by other
-        # processes that share the cores.
-        metrics["train_cpu_seconds_per_step"] = train_cpu_seconds / max(trainer.state.global_step, 1)
         if torch.cuda.is_available():
             metrics["train_peak_gpu_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
         trainer.log_metrics("train", metrics)
@@ -1134,8 +1082,7 @@ def run(argv: list[str]):
                 "test": data_args.test_file or BUILTIN_STSB,
             },
         )
-    if trainer.is_world_process_zero():  # results, card and plots are saved: the run is finished
-        os.remove(os.path.join(training_args.output_dir, RUN_IN_PROGRESS_FILE))
+    run_folder.finish()  # results, card and plots are saved: the run is finished
     for key in ("init_eval", "eval", "init_test", "test"):
         value = all_metrics.get(f"{key}_{task}_spearman")
         if value is not None and not math.isnan(value):
@@ -1145,19 +1092,82 @@ def run(argv: list[str]):
     return trainer, all_metrics
 
 
+def train_or_finish(trainer, resume) -> dict[str, float]:
+    """Train (from the checkpoint of ``resume``, when resuming), or, when that checkpoint already ends the planned
+    training, take up its state and final model without a step. Returns the train metrics."""
+    if resume is not None and resume.finished:
+        trainer.finish_from_checkpoint(resume.checkpoint)
+        return {"train_steps": trainer.state.global_step}
+    cpu_started = time.process_time()
+    train_result = trainer.train(resume_from_checkpoint=resume.checkpoint if resume is not None else None)
+    train_cpu_seconds = time.process_time() - cpu_started
+    metrics = dict(train_result.metrics)
+    steps = max(trainer.state.global_step, 1)
+    metrics["train_steps"] = trainer.state.global_step
+    metrics["train_seconds_per_step"] = metrics["train_runtime"] / steps
+    # CPU time of the process during training (all its threads): unlike the wall time, not lengthened by other
+    # processes that share the cores.
+    metrics["train_cpu_seconds_per_step"] = train_cpu_seconds / steps
+    return metrics
+
+
+# What a failed write reports: no space, no quota, a read-only file system, no permission, an I/O error, too large.
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG)
+
+
+def is_write_failure(error: BaseException) -> bool:
+    """Whether ``error`` is a failed write to disk (full disk, no permission, ...), as torch and safetensors report
+    it (their own error types, or a RuntimeError)."""
+    if isinstance(error, OSError):
+        return error.errno in WRITE_ERRNOS
+    text = str(error)
+    return type(error).__name__ == "SafetensorError" or (
+        isinstance(error, RuntimeError) and any(words in text for words in ("write failed", "No space left"))
+    )
+
+
+@contextlib.contextmanager
+def write_failures_named(folder: str, step: Callable[[], int]) -> Iterator[None]:
+    """A failed write while training or saving ends in one line naming the folder, the step and the way on."""
+    try:
+        yield
+    except Exception as error:
+        if not is_write_failure(error):
+            raise
+        raise OSError(
+            f"writing into {folder} failed at step {step()} ({type(error).__name__}: {error}). Free space or fix "
+            "the folder, then continue with the same command and --resume_from_checkpoint last (it takes the newest "
+            "complete checkpoint and names a broken one)."
+        ) from error
+
+
+def check_finite_weights(model: torch.nn.Module, source: str) -> None:
+    """Refuse a loaded model whose weights hold NaN or infinite values (they would only make the loss NaN)."""
+    broken = [
+        name
+        for name, tensor in model.state_dict().items()
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
+    ]
+    if broken:
+        shown = ", ".join(broken[:3]) + (", ..." if len(broken) > 3 else "")
+        raise ValueError(f"{source}: its weights hold NaN or infinite values ({shown}); train from a sound copy.")
+
+
 # Errors before training are the input's (exit code 2); after it begins, failures of the run (exit code 1).
 COMMAND = Command("run_ifcl.py")
 
 
 def interrupted_message() -> str:
-    """What Ctrl-C prints: the newest checkpoint and the command that resumes from it."""
-    from transformers.trainer_utils import get_last_checkpoint
-
+    """What Ctrl-C prints: the newest complete checkpoint and the command that resumes from it."""
     folder = COMMAND.details.get("output_dir")
-    last = get_last_checkpoint(folder) if isinstance(folder, str) and os.path.isdir(folder) else None
-    if last is None:
-        return "interrupted; no checkpoint was written yet"
-    return f"interrupted; the newest checkpoint is {last}; continue with: {' '.join(sys.argv)} --resume_from_checkpoint last"
+    checkpoints = checkpoint_folders(folder if isinstance(folder, str) else "")
+    newest = next((c for c in checkpoints if resume_problem(c, 1, -1)[0] is None), None)
+    if newest is None:
+        return "interrupted; no complete checkpoint was written yet"
+    return (
+        f"interrupted; the newest complete checkpoint is {newest}; continue with: {' '.join(sys.argv)} "
+        "--resume_from_checkpoint last"
+    )
 
 
 def main() -> None:

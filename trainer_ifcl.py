@@ -229,10 +229,15 @@ class IFCLTrainer(Trainer):
         bad = [f"{name} = {value}" for name, value in zip(names, sums.tolist()) if not math.isfinite(value)]
         if bad:
             checkpoint = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
-            kept = f"the last good checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written yet"
+            kept = (
+                f"the newest checkpoint, {checkpoint}, was saved before step {first_unchecked}"
+                if checkpoint
+                else "no checkpoint was written yet"
+            )
             raise NonFiniteLossError(
                 f"Training stopped: the loss became NaN or infinite between step {first_unchecked} and step {step} "
-                f"({', '.join(bad)}); {kept}. Lower the learning rate, or use bf16 rather than fp16."
+                f"({', '.join(bad)}); {kept}. The weights were finite when loaded, so the cause lies in training: "
+                "lower the learning rate, use bf16 rather than fp16, or look for broken training text."
             )
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -282,6 +287,18 @@ class IFCLTrainer(Trainer):
         finally:
             if objective is not None:
                 model.training_objective = objective
+
+    def finish_from_checkpoint(self, checkpoint: str) -> None:
+        """Take up a run whose training had ended when it stopped (before its results were written): the Trainer's
+        state from ``checkpoint`` and the model training ended with (the best checkpoint when
+        ``load_best_model_at_end`` kept one, else ``checkpoint``), without training a step."""
+        from transformers.trainer_callback import TrainerState
+
+        self.state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+        best = self.state.best_model_checkpoint
+        final = best if self.args.load_best_model_at_end and best and os.path.isdir(best) else checkpoint
+        logger.info(f"Training had ended at step {self.state.global_step}; the final model is {final}.")
+        self._load_from_checkpoint(final)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Checkpoints keep the objective's modules (exact resume); the model saved at the end leaves them out, so

@@ -89,7 +89,7 @@ def train(run: Run, threads: int | None = None, redo: bool = False, log: Callabl
                "--output_dir", run.output_dir]  # fmt: skip
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     if threads is not None:
-        env.update(OMP_NUM_THREADS=str(threads), IFCL_KEEP_CPU_THREADS="1")
+        env.update(OMP_NUM_THREADS=str(threads))
     log(f"training {run.key} seed {run.seed} → {relative(run.output_dir)}")
     start = time.perf_counter()
     with open(run.output_dir + ".log", "w", encoding="utf-8") as log_file:

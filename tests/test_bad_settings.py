@@ -47,6 +47,11 @@ CASES = [
     ("run_ifcl.py", ["--model_name_or_path", "./no/such/model"], "./no/such/model"),
     ("run_ifcl.py", ["--resume_from_checkpoint", "last"], "holds no checkpoint"),
     ("run_ifcl.py", ["--sts_score_range", "5", "0"], "--sts_score_range"),
+    ("run_ifcl.py", ["--max_steps", "0"], "--max_steps 0 trains no step"),
+    ("run_ifcl.py", ["--max_seq_length", "2"], "adds 2 special token(s)"),
+    ("run_ifcl.py", ["--dataset_name", "owner/sentences"], "give one source of training text"),
+    ("run_ifcl.py", ["--report_to", "clearml"], "--report_to clearml: its package is not installed"),
+    ("run_ifcl.py", ["--report_to", "no_such_logger"], "not a logger the Trainer knows"),
     ("evaluate_sts.py", ["--batch_size", "0"], "--batch_size"),
     ("evaluate_sts.py", ["--model_name_or_path", "./no/such/model"], "./no/such/model"),
     ("evaluate_sts.py", ["--tasks", "{files}/constant.tsv"], "constant.tsv"),
@@ -103,3 +108,52 @@ def test_invalid_json_arguments_file_is_named(files, tmp_path):
     result = run_script([str(files / "args.json")], tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "args.json: not valid JSON" in result.stderr
+
+
+JSON_CASES = [
+    # (a setting with a value of the wrong type, what the message must name)
+    ({"fusion_rate": "half"}, 'fusion_rate: expected a number, got "half"'),
+    ({"fusion_rate": None}, "fusion_rate: expected a number, got null"),
+    ({"queue_size": 4.5}, "queue_size: expected an integer, got 4.5"),
+    ({"max_steps": 2.7}, "max_steps: expected an integer, got 2.7"),
+    ({"freeze_word_embeddings": "maybe"}, 'freeze_word_embeddings: expected true or false, got "maybe"'),
+    ({"freeze_word_embeddings": [True]}, "freeze_word_embeddings: expected true or false"),
+    ({"objective": "simsce"}, "objective: expected one of ifcl, simcse"),
+    ({"learning_rate": True}, "learning_rate: expected a number, got true"),
+    ({"no_such_setting": 1}, "unknown argument(s) no_such_setting"),
+]
+
+
+def json_arguments(files, tiny_encoder_dir, tmp_path) -> dict:
+    """run_ifcl.py's working base arguments as a JSON object."""
+    words = base_arguments("run_ifcl.py", files, tiny_encoder_dir, tmp_path)
+    values: dict = {}
+    for index, word in enumerate(words):
+        if word.startswith("--"):
+            following = words[index + 1] if index + 1 < len(words) else None
+            values[word[2:]] = True if following is None or following.startswith("--") else following
+    return values
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bad, named", JSON_CASES, ids=[json.dumps(case[0]) for case in JSON_CASES])
+def test_json_values_of_the_wrong_type_stop_with_a_message(files, tiny_encoder_dir, tmp_path, bad, named):
+    path = tmp_path / "arguments.json"
+    path.write_text(json.dumps({**json_arguments(files, tiny_encoder_dir, tmp_path), **bad}), encoding="utf-8")
+    result = run_script([str(path)], tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert f"run_ifcl.py: error: {path}: " in result.stderr and named in result.stderr, result.stderr[-2000:]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("value", [False, "false", "False", "no", 0])
+def test_json_false_means_false_as_on_the_command_line(files, tiny_encoder_dir, tmp_path, value):
+    import run_ifcl
+
+    path = tmp_path / "arguments.json"
+    arguments = {**json_arguments(files, tiny_encoder_dir, tmp_path), "freeze_word_embeddings": value}
+    path.write_text(json.dumps({**arguments, "queue_size": "2", "sts_score_range": [0, 5]}), encoding="utf-8")
+    parsed = run_ifcl.parse_arguments([str(path)])
+    assert parsed.ifcl.freeze_word_embeddings is False
+    assert parsed.ifcl.queue_size == 2 and parsed.data.sts_score_range == [0.0, 5.0]  # as --queue_size 2 would

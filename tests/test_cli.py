@@ -47,10 +47,26 @@ def test_other_exceptions_are_not_swallowed(monkeypatch):
         Command("some_script.py").main(fail_with(RuntimeError("a bug")))
 
 
-def test_ctrl_c_names_the_newest_checkpoint_and_the_resume_command(tmp_path, capsys, monkeypatch):
+def write_checkpoint(folder, step: int) -> None:
+    """A checkpoint folder holding every file resuming reads (tiny, but each a real file of its kind)."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": 100}))
+    (folder / "config.json").write_text("{}")
+    save_file({"weight": torch.zeros(2)}, str(folder / "model.safetensors"))
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        torch.save({"step": step}, folder / name)
+
+
+def test_ctrl_c_names_the_newest_complete_checkpoint_and_the_resume_command(tmp_path, capsys, monkeypatch):
     folder = tmp_path / "run"
     for step in (2, 10, 4):
-        (folder / f"checkpoint-{step}").mkdir(parents=True)
+        write_checkpoint(folder / f"checkpoint-{step}", step)
+    (folder / "checkpoint-10" / "optimizer.pt").unlink()  # its save was cut short
     monkeypatch.setattr("sys.argv", ["run_ifcl.py", "--output_dir", str(folder)])
 
     def interrupted() -> None:
@@ -61,7 +77,40 @@ def test_ctrl_c_names_the_newest_checkpoint_and_the_resume_command(tmp_path, cap
         run_ifcl.COMMAND.main(interrupted, on_interrupt=run_ifcl.interrupted_message)
     assert exit_info.value.code == 130
     err = capsys.readouterr().err
-    assert f"the newest checkpoint is {folder / 'checkpoint-10'}" in err
+    assert f"the newest complete checkpoint is {folder / 'checkpoint-4'}" in err
     assert f"continue with: run_ifcl.py --output_dir {folder} --resume_from_checkpoint last" in err
     run_ifcl.COMMAND.details["output_dir"] = str(tmp_path / "empty")
-    assert run_ifcl.interrupted_message() == "interrupted; no checkpoint was written yet"
+    assert run_ifcl.interrupted_message() == "interrupted; no complete checkpoint was written yet"
+
+
+LAUNCHER = """
+import os, subprocess, sys
+child = "import sys; sys.path.insert(0, {root!r}); import run_ifcl; print(run_ifcl.launcher_chose_one_thread())"
+env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_MIXED_PRECISION="no")
+print(subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True).stdout.strip())
+"""
+
+
+@pytest.mark.parametrize(
+    "launcher_environment, launcher_arguments, expected",
+    [
+        ({}, [], "True"),  # accelerate launch's own default: all cores are used
+        ({"OMP_NUM_THREADS": "1"}, [], "False"),  # the user's OMP_NUM_THREADS=1 is kept
+        ({}, ["--num_cpu_threads_per_process", "1"], "False"),  # so is the launcher's flag
+    ],
+)
+def test_a_thread_count_the_user_set_is_kept(launcher_environment, launcher_arguments, expected):
+    """The launcher (here a stand-in that starts its child as accelerate launch does: OMP_NUM_THREADS=1) is the
+    parent process whose own environment and command line tell whether the user chose the number."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    environment = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | launcher_environment
+    script = LAUNCHER.format(root=str(ROOT))
+    result = subprocess.run(
+        [sys.executable, "-c", script, *launcher_arguments], env=environment, capture_output=True, text=True
+    )
+    assert result.stdout.strip().splitlines()[-1] == expected, result.stderr[-2000:]

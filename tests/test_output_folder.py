@@ -1,15 +1,38 @@
-"""The output folder is guarded: a finished or unfinished run is never overwritten without being asked, results
-files hold this run's own figures, and a run in progress is marked until its results are written."""
+"""The output folder is the run's own: it deletes only what runs recorded as theirs, never writes over a user's file,
+holds one run at a time, resumes only an unfinished run from its newest complete checkpoint, and a run that finished
+training but not its results finishes them without another step."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
 import pytest
-from conftest import objective_run_args
+import torch
+from conftest import losses_by_step, objective_run_args
+from safetensors.torch import load_file, save_file
 
 import evaluate_sts
 import run_ifcl
+from cli_ifcl import exclusive_lock
+from ifcl.checkpoints import CheckpointError
+from ifcl.output_folder import LOCK_FILE, RUN_IN_PROGRESS_FILE, RUN_RECORD_FILE, OutputFolderError, RunRecord
+
+
+def record(folder) -> RunRecord:
+    found = RunRecord.read(str(folder))
+    assert found is not None, f"no run record in {folder}"
+    return found
+
+
+def write_record(folder, written: list[str], finished: bool = True) -> None:
+    """The record a run of this project leaves: it wrote ``written``."""
+    content = {"finished": finished, "preexisting": [], "written": written, "command": "run_ifcl.py", "pid": 1}
+    (folder / (RUN_RECORD_FILE if finished else RUN_IN_PROGRESS_FILE)).write_text(json.dumps(content))
+
+
+# ---------------------------------------------------------------- what a run may write over or delete
 
 
 def test_a_second_run_into_a_finished_folder_is_refused_before_any_model_loads(tmp_path):
@@ -17,55 +40,131 @@ def test_a_second_run_into_a_finished_folder_is_refused_before_any_model_loads(t
     folder.mkdir()
     (folder / "all_results.json").write_text('{"test_stsb_spearman": 80.0}')
     (folder / "checkpoint-50").mkdir()
-    with pytest.raises(run_ifcl.OutputFolderError) as error:
+    write_record(folder, ["all_results.json", "checkpoint-50"])
+    with pytest.raises(OutputFolderError) as error:
         run_ifcl.run(["--model_name_or_path", "owner/not-loaded", "--output_dir", str(folder)])
     message = str(error.value)
     assert str(folder) in message and "all_results.json" in message and "checkpoint-50" in message
     assert "--resume_from_checkpoint last" in message and "--overwrite_output_dir" in message
     assert json.loads((folder / "all_results.json").read_text()) == {"test_stsb_spearman": 80.0}  # untouched
+    assert not (folder / LOCK_FILE).exists()  # the lock is given back
 
 
-def test_resume_last_needs_a_checkpoint_and_names_the_folder(tmp_path):
-    folder = tmp_path / "run"
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_users_files_that_the_run_would_write_over_are_refused_by_name(tmp_path, overwrite):
+    folder = tmp_path / "mine"
     folder.mkdir()
-    with pytest.raises(run_ifcl.OutputFolderError, match="holds no checkpoint"):
-        run_ifcl.run(["--resume_from_checkpoint", "last", "--output_dir", str(folder)])
-    (folder / "checkpoint-3").mkdir()  # no trainer_state.json: a truncated checkpoint
-    with pytest.raises(run_ifcl.OutputFolderError, match="checkpoint-3: not a checkpoint folder"):
-        run_ifcl.run(["--resume_from_checkpoint", "True", "--output_dir", str(folder)])
+    (folder / "README.md").write_text("# my notes\n")
+    (folder / "config.json").write_text('{"mine": true}')
+    args = ["--model_name_or_path", "owner/not-loaded", "--output_dir", str(folder)]
+    with pytest.raises(OutputFolderError) as error:
+        run_ifcl.run([*args, "--overwrite_output_dir"] if overwrite else args)
+    assert "README.md" in str(error.value) and "config.json" in str(error.value)
+    assert "no run of run_ifcl.py recorded" in str(error.value)
+    assert (folder / "README.md").read_text() == "# my notes\n" and (
+        folder / "config.json"
+    ).read_text() == '{"mine": true}'
+    assert sorted(os.listdir(folder)) == ["README.md", "config.json"]
 
 
-def test_overwrite_replaces_the_run_and_results_are_this_runs_own(tiny_encoder_dir, english_sts_data, tmp_path):
+def test_overwrite_deletes_only_what_the_earlier_run_wrote(tiny_encoder_dir, english_sts_data, tmp_path):
     folder = tmp_path / "run"
-    folder.mkdir()
-    (folder / "all_results.json").write_text('{"stale_figure": 1.0}')
-    (folder / "checkpoint-99").mkdir()
     args = objective_run_args(tiny_encoder_dir, english_sts_data, folder, "simcse")
-    with pytest.raises(run_ifcl.OutputFolderError):
+    run_ifcl.run(args)
+    first = record(folder)
+    assert first.finished and "model.safetensors" in first.written and "all_results.json" in first.written
+    (folder / "notes.txt").write_text("what I noticed")  # the user's, beside the run
+    with pytest.raises(OutputFolderError, match="already holds a run"):
         run_ifcl.run(args)
     _, metrics = run_ifcl.run([*args, "--overwrite_output_dir"])
+    assert (folder / "notes.txt").read_text() == "what I noticed"
     written = json.loads((folder / "all_results.json").read_text())
-    assert "stale_figure" not in written and not (folder / "checkpoint-99").exists()
     assert written["test_stsb_spearman"] == pytest.approx(metrics["test_stsb_spearman"])
-    assert not (folder / run_ifcl.RUN_IN_PROGRESS_FILE).exists()  # finished: the marker is gone
-    assert not list(folder.glob("*.tmp-*"))
+    assert not (folder / RUN_IN_PROGRESS_FILE).exists() and record(folder).finished
+    assert "notes.txt" not in record(folder).written
+    assert not list(folder.glob("*.tmp-*")) and not (folder / LOCK_FILE).exists()
+
+
+def test_overwrite_refuses_a_folder_holding_what_the_run_reads(tiny_encoder_dir, english_sts_data, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(english_sts_data, data)
+    args = objective_run_args(tiny_encoder_dir, data, data, "simcse")  # the output folder holds the data
+    run_ifcl.run(args)
+    with pytest.raises(OutputFolderError, match="it holds what this run reads.*--train_file"):
+        run_ifcl.run([*args, "--overwrite_output_dir"])
+    assert (data / "train.txt").exists() and (data / "model.safetensors").exists()
+    # The model to continue from, as the output folder, is not deleted before it is loaded.
+    continued = [*objective_run_args(data, english_sts_data, data, "simcse"), "--overwrite_output_dir"]
+    with pytest.raises(OutputFolderError, match="--model_name_or_path"):
+        run_ifcl.run(continued)
+    assert (data / "model.safetensors").exists()
+
+
+def test_the_working_folder_is_never_overwritten(tiny_encoder_dir, english_sts_data, tmp_path):
+    from test_bad_settings import run_script
+
+    work = tmp_path / "work"
+    shutil.copytree(english_sts_data, work)
+    (work / "other_data.csv").write_text("a,b\n1,2\n")
+    args = objective_run_args(tiny_encoder_dir, work, work, "simcse")
+    args[args.index("--output_dir") + 1] = "."
+    first = run_script(args, work)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = run_script([*args, "--overwrite_output_dir"], work)
+    assert second.returncode == 2, second.stderr[-2000:]
+    assert "Traceback" not in second.stderr and "working folder" in second.stderr
+    assert (work / "train.txt").exists() and (work / "other_data.csv").exists() and (work / "sts.tsv").exists()
+
+
+def test_one_run_per_folder_at_a_time(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    with exclusive_lock(str(folder / LOCK_FILE)):  # another run holds the folder
+        with pytest.raises(OutputFolderError, match="another run is writing into it"):
+            run_ifcl.run(["--model_name_or_path", "owner/not-loaded", "--output_dir", str(folder)])
+    assert os.listdir(folder) == []
+
+
+def test_a_run_that_fails_before_writing_anything_leaves_nothing_behind(
+    tiny_encoder_dir, english_sts_data, tmp_path, monkeypatch
+):
+    from modeling_ifcl import IFCLModel
+
+    def fail(*args, **kwargs):
+        raise OSError("the disk went away")
+
+    monkeypatch.setattr(IFCLModel, "from_encoder", fail)
+    folder = tmp_path / "run"
+    args = objective_run_args(tiny_encoder_dir, english_sts_data, folder, "simcse")
+    with pytest.raises(OSError, match="the disk went away"):
+        run_ifcl.run(args)
+    assert not folder.exists()  # made for the lock, left empty, removed
+    monkeypatch.undo()
+    # A run killed before its first checkpoint leaves only its record: the same command starts anew.
+    folder.mkdir()
+    write_record(folder, [], finished=False)
+    run_ifcl.run(args)
+    assert record(folder).finished
 
 
 def test_an_unfinished_run_is_marked_and_evaluate_sts_refuses_it(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
-    (folder / run_ifcl.RUN_IN_PROGRESS_FILE).write_text("{}")
+    (folder / "checkpoint-2").mkdir()
+    write_record(folder, ["checkpoint-2"], finished=False)
     with pytest.raises(ValueError, match="unfinished training run"):
         evaluate_sts.parse_arguments(["--model_name_or_path", str(folder)])
-    with pytest.raises(run_ifcl.OutputFolderError, match="already holds a run"):
+    with pytest.raises(OutputFolderError, match="already holds a run"):
         run_ifcl.run(["--output_dir", str(folder)])
 
 
 def test_unwritable_output_folder_is_found_before_training(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    with pytest.raises(run_ifcl.OutputFolderError, match="cannot be written"):
+    with pytest.raises(OutputFolderError, match="cannot be written"):
         run_ifcl.run(["--output_dir", str(blocker / "run")])
+    with pytest.raises(OutputFolderError, match="is a file, not a folder"):
+        run_ifcl.run(["--output_dir", str(blocker)])
 
 
 def test_results_with_nan_stay_valid_json(tmp_path):
@@ -73,16 +172,46 @@ def test_results_with_nan_stay_valid_json(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text()) == {"eval_spearman": None, "ok": 1.5}
 
 
+# ---------------------------------------------------------------- resuming
+
+
 @pytest.fixture(scope="module")
-def finished_simcse_run(tiny_encoder_dir, english_sts_data, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("resume") / "run"
-    args = objective_run_args(tiny_encoder_dir, english_sts_data, folder, "simcse")
-    run_ifcl.run(args)
-    return folder, args
+def runs(tiny_encoder_dir, english_sts_data, tmp_path_factory):
+    """An uninterrupted 4-step SimCSE run, and the same run stopped by Ctrl-C in step 3 (checkpoint-2 saved)."""
+    from trainer_ifcl import ObjectiveStepCallback
+
+    base = tmp_path_factory.mktemp("resume")
+    args = objective_run_args(tiny_encoder_dir, english_sts_data, base / "whole", "simcse")
+    _, whole_metrics = run_ifcl.run(args)
+    stopped = base / "stopped"
+    stopped_args = objective_run_args(tiny_encoder_dir, english_sts_data, stopped, "simcse")
+    on_step_end = ObjectiveStepCallback.on_step_end
+
+    def stop_in_step_three(self, args, state, control, **kwargs):
+        if state.global_step == 3:
+            raise KeyboardInterrupt
+        return on_step_end(self, args, state, control, **kwargs)
+
+    ObjectiveStepCallback.on_step_end = stop_in_step_three
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_ifcl.run(stopped_args)
+    finally:
+        ObjectiveStepCallback.on_step_end = on_step_end
+    assert (stopped / "checkpoint-2").is_dir() and not record(stopped).finished
+    return {"whole": (base / "whole", args, whole_metrics), "stopped": (stopped, stopped_args)}
 
 
-def test_resume_with_other_settings_names_each_of_them_before_any_model_loads(finished_simcse_run, monkeypatch):
-    folder, args = finished_simcse_run
+def copy_of_stopped_run(runs, tmp_path):
+    folder, args = runs["stopped"]
+    copy = tmp_path / "stopped"
+    shutil.copytree(folder, copy)
+    args = [str(copy) if arg == str(folder) else arg for arg in args]
+    return copy, args
+
+
+def test_resume_with_other_settings_names_each_of_them_before_any_model_loads(runs, monkeypatch):
+    folder, args = runs["stopped"]
     checkpoint = folder / "checkpoint-2"
     monkeypatch.setattr(run_ifcl, "load_training_text", lambda *a: pytest.fail("data read before the check"))
     changed = [
@@ -93,57 +222,159 @@ def test_resume_with_other_settings_names_each_of_them_before_any_model_loads(fi
         "--resume_from_checkpoint",
         str(checkpoint),
     ]
-    with pytest.raises(run_ifcl.OutputFolderError) as error:
+    with pytest.raises(CheckpointError) as error:
         run_ifcl.run([*args, *changed])
     message = str(error.value)
     assert str(checkpoint) in message
     assert "--temperature: 0.05 in the checkpoint, 0.1 now" in message
     assert "global batch" in message and "4 in the checkpoint, 2 now" in message
     assert "--fusion_rate" not in message  # only what differs is named
-    with pytest.raises(run_ifcl.OutputFolderError, match="--objective: 'simcse' in the checkpoint, 'ifcl' now"):
-        run_ifcl.run([*[a for a in args if a != "simcse" and a != "--objective"], "--resume_from_checkpoint", "last"])
+    with pytest.raises(CheckpointError, match="--objective: 'simcse' in the checkpoint, 'ifcl' now"):
+        run_ifcl.run([*[a for a in args if a not in ("simcse", "--objective")], "--resume_from_checkpoint", "last"])
 
 
-@pytest.mark.parametrize("name", ["trainer_state.json", "config.json", "model.safetensors", "optimizer.pt"])
-def test_resume_from_a_broken_checkpoint_names_the_file(finished_simcse_run, tmp_path, name):
-    import shutil
-
-    folder, args = finished_simcse_run
-    checkpoint = tmp_path / "checkpoint-2"
-    shutil.copytree(folder / "checkpoint-2", checkpoint)
-    data = (checkpoint / name).read_bytes()
-    (checkpoint / name).write_bytes(data[: len(data) // 2])  # cut short, as by a full disk or a kill
-    run_ifcl.check_checkpoint_files(str(folder / "checkpoint-2"))  # the original is fine
-    with pytest.raises(
-        run_ifcl.OutputFolderError, match=f"{checkpoint / name} (is not valid JSON|cannot be read|is cut)"
-    ):
+@pytest.mark.parametrize(
+    "name", ["trainer_state.json", "config.json", "model.safetensors", "optimizer.pt", "rng_state.pth"]
+)
+def test_resume_from_a_broken_checkpoint_names_the_file(runs, tmp_path, name):
+    folder, args = copy_of_stopped_run(runs, tmp_path)
+    checkpoint = folder / "checkpoint-2"
+    if name == "rng_state.pth":
+        (checkpoint / name).unlink()  # without it the resumed steps would draw other dropout masks
+        expected = f"{checkpoint / name} is missing"
+    else:
+        data = (checkpoint / name).read_bytes()
+        (checkpoint / name).write_bytes(data[: len(data) // 2])  # cut short, as by a full disk or a kill
+        expected = f"{checkpoint / name} (is not valid JSON|cannot be read|is cut)"
+    with pytest.raises(CheckpointError, match=expected):
         run_ifcl.run([*args, "--resume_from_checkpoint", str(checkpoint)])
+    with pytest.raises(CheckpointError, match="no checkpoint of .* can be resumed from"):
+        run_ifcl.run([*args, "--resume_from_checkpoint", "last"])
 
 
-def test_resume_with_the_same_settings_goes_on(finished_simcse_run):
-    folder, args = finished_simcse_run
-    trainer, metrics = run_ifcl.run([*args, "--resume_from_checkpoint", str(folder / "checkpoint-2")])
-    assert trainer.state.global_step == 4 and "test_stsb_spearman" in metrics
+def test_resume_trains_exactly_like_an_uninterrupted_run(runs, tmp_path):
+    _, _, whole_metrics = runs["whole"]
+    folder, args = copy_of_stopped_run(runs, tmp_path)
+    trainer, metrics = run_ifcl.run([*args, "--resume_from_checkpoint", "last"])
+    assert trainer.state.global_step == 4
+    assert metrics["test_stsb_spearman"] == pytest.approx(whole_metrics["test_stsb_spearman"], abs=1e-9)
+    whole_folder = runs["whole"][0]
+    whole_losses = {
+        entry["step"]: entry["loss"]
+        for entry in json.loads((whole_folder / "trainer_state.json").read_text())["log_history"]
+        if "loss" in entry
+    }
+    assert losses_by_step(trainer) == pytest.approx(whole_losses, rel=1e-6) and 4 in whole_losses
+    assert record(folder).finished and "checkpoint-2" in record(folder).written
+    with pytest.raises(OutputFolderError, match="is finished"):  # nothing left to resume
+        run_ifcl.run([*args, "--resume_from_checkpoint", "last"])
 
 
-def test_a_run_that_fails_in_its_final_test_evaluation_does_not_look_finished(
+def test_last_skips_a_broken_newer_checkpoint_and_names_it(runs, tmp_path, caplog):
+    folder, args = copy_of_stopped_run(runs, tmp_path)
+    broken = folder / "checkpoint-3"  # a save cut short by a kill: its weights half written
+    shutil.copytree(folder / "checkpoint-2", broken)
+    state = json.loads((broken / "trainer_state.json").read_text())
+    (broken / "trainer_state.json").write_text(json.dumps({**state, "global_step": 3}))
+    data = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(data[: len(data) // 3])
+    with caplog.at_level("WARNING"):
+        trainer, _ = run_ifcl.run([*args, "--resume_from_checkpoint", "last"])
+    assert trainer.state.global_step == 4
+    assert any("checkpoint-3" in message and "model.safetensors" in message for message in caplog.messages)
+
+
+def test_a_checkpoint_with_nan_weights_is_not_resumed_from(runs, tmp_path):
+    folder, args = copy_of_stopped_run(runs, tmp_path)
+    weights = folder / "checkpoint-2" / "model.safetensors"
+    tensors = load_file(str(weights))
+    name = next(n for n, t in tensors.items() if t.is_floating_point())
+    tensors[name] = torch.full_like(tensors[name], float("nan"))
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=f"NaN or infinite values \\({name}"):
+        run_ifcl.run([*args, "--resume_from_checkpoint", "last"])
+
+
+def test_a_run_stopped_after_training_finishes_its_results_without_a_step(
     tiny_encoder_dir, english_sts_data, tmp_path, monkeypatch
 ):
     from trainer_ifcl import IFCLTrainer
 
+    args = [
+        *objective_run_args(tiny_encoder_dir, english_sts_data, tmp_path / "whole", "simcse"),
+        "--save_total_limit",
+        "3",
+    ]
+    _, whole_metrics = run_ifcl.run(args)
     evaluate = IFCLTrainer.evaluate
 
-    def fail_on_the_final_test(self, *args, **kwargs):
+    def stop_in_the_final_test(self, *a, **kwargs):
         if kwargs.get("metric_key_prefix") == "test":
             raise KeyboardInterrupt  # Ctrl-C during the last evaluation
-        return evaluate(self, *args, **kwargs)
+        return evaluate(self, *a, **kwargs)
 
-    monkeypatch.setattr(IFCLTrainer, "evaluate", fail_on_the_final_test)
+    monkeypatch.setattr(IFCLTrainer, "evaluate", stop_in_the_final_test)
     folder = tmp_path / "run"
+    stopped_args = [str(folder) if a == str(tmp_path / "whole") else a for a in args]
     with pytest.raises(KeyboardInterrupt):
-        run_ifcl.run(objective_run_args(tiny_encoder_dir, english_sts_data, folder, "simcse"))
+        run_ifcl.run(stopped_args)
     assert (folder / "model.safetensors").exists()  # the weights were saved ...
     assert not (folder / "all_results.json").exists()  # ... but no results file says the run finished
-    assert (folder / run_ifcl.RUN_IN_PROGRESS_FILE).exists()
+    assert (folder / RUN_IN_PROGRESS_FILE).exists()
     with pytest.raises(ValueError, match="unfinished training run"):
         evaluate_sts.parse_arguments(["--model_name_or_path", str(folder)])
+    monkeypatch.undo()
+    trained = []
+    monkeypatch.setattr(IFCLTrainer, "training_step", lambda *a, **k: trained.append(1) or pytest.fail("trained"))
+    trainer, metrics = run_ifcl.run([*stopped_args, "--resume_from_checkpoint", "last"])
+    assert not trained and trainer.state.global_step == 4
+    assert metrics["test_stsb_spearman"] == pytest.approx(whole_metrics["test_stsb_spearman"], abs=1e-9)
+    assert metrics["eval_stsb_spearman"] == pytest.approx(whole_metrics["eval_stsb_spearman"], abs=1e-9)
+    assert record(folder).finished and (folder / "README.md").exists()
+
+
+# ---------------------------------------------------------------- failures once the run has begun
+
+
+def test_a_full_disk_during_a_checkpoint_ends_in_one_line_and_resume_takes_the_last_complete_one(
+    tiny_encoder_dir, english_sts_data, tmp_path, monkeypatch, capsys
+):
+    import transformers.modeling_utils
+
+    real_save = transformers.modeling_utils.safe_save_file
+
+    def disk_full_at_checkpoint_4(tensors, filename, *args, **kwargs):
+        if "checkpoint-4" in str(filename):
+            from safetensors import SafetensorError
+
+            raise SafetensorError(
+                'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+            )
+        return real_save(tensors, filename, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", disk_full_at_checkpoint_4)
+    folder = tmp_path / "run"
+    args = objective_run_args(tiny_encoder_dir, english_sts_data, folder, "simcse")
+    monkeypatch.setattr("sys.argv", ["run_ifcl.py", *args])
+    with pytest.raises(SystemExit) as exit_code:
+        run_ifcl.main()
+    assert exit_code.value.code == 1
+    error = capsys.readouterr().err
+    assert "Traceback" not in error and "run_ifcl.py: error: writing into" in error and "at step 4" in error
+    assert "No space left on device" in error and "--resume_from_checkpoint last" in error
+    assert (folder / RUN_IN_PROGRESS_FILE).exists()
+    monkeypatch.undo()
+    trainer, _ = run_ifcl.run([*args, "--resume_from_checkpoint", "last"])  # checkpoint-4 is broken: from 2
+    assert trainer.state.global_step == 4 and record(folder).finished
+
+
+def test_nan_in_the_weights_to_train_from_is_named_before_training(tiny_encoder_dir, english_sts_data, tmp_path):
+    broken = tmp_path / "broken-encoder"
+    shutil.copytree(tiny_encoder_dir, broken)
+    tensors = load_file(str(broken / "model.safetensors"))
+    name = sorted(n for n in tensors if "encoder.layer.0" in n and n.endswith("weight"))[0]
+    tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="weights hold NaN or infinite values"):
+        run_ifcl.run(objective_run_args(broken, english_sts_data, tmp_path / "run", "simcse"))
+    assert not (tmp_path / "run").exists()

@@ -18,6 +18,7 @@ import torch
 from conftest import ENGLISH, GERMAN, ROOT, objective_run_args, write_sts_file
 
 import run_ifcl
+from ifcl.output_folder import RUN_IN_PROGRESS_FILE
 
 IFCL_EXTRA = ("--queue_size", "2", "--forgetting_rate", "0.2")
 
@@ -78,7 +79,7 @@ def test_a_failed_push_ends_with_exit_code_1_after_everything_is_saved(
     # Everything is saved before the push: results, model, card, plot; the run is marked finished.
     for name in ("all_results.json", "model.safetensors", "config.json", "README.md", "training_curves.png"):
         assert (output / name).is_file(), name
-    assert not (output / run_ifcl.RUN_IN_PROGRESS_FILE).exists()
+    assert not (output / RUN_IN_PROGRESS_FILE).exists()
     assert results(output)["test_stsb_spearman"] is not None
     # The command that pushes later, as the push would: the folder's content at the repo's root, the same exclusions.
     command = err.split("push it later with: ", 1)[1].splitlines()[0]
@@ -172,7 +173,7 @@ def test_do_train_alone_trains_with_dev_evaluations_and_nothing_else(tiny_encode
     assert (output / "model.safetensors").is_file() and (output / "README.md").is_file()
     state = json.loads((output / "trainer_state.json").read_text())
     assert any("eval_stsb_spearman" in entry for entry in state["log_history"])  # the dev evaluations while training
-    assert not (output / run_ifcl.RUN_IN_PROGRESS_FILE).exists()
+    assert not (output / RUN_IN_PROGRESS_FILE).exists()
 
 
 def test_do_train_and_do_predict_give_the_test_figures_before_and_after(tiny_encoder_dir, english_sts_data, tmp_path):
@@ -194,7 +195,7 @@ def test_without_do_train_the_model_is_evaluated_as_it_is(tiny_encoder_dir, engl
     # The same file for dev and test here: the same figure, of the untrained encoder.
     assert written["eval_stsb_spearman"] == pytest.approx(written["test_stsb_spearman"])
     assert not (output / "model.safetensors").exists() and not (output / "README.md").exists()
-    assert not (output / run_ifcl.RUN_IN_PROGRESS_FILE).exists()
+    assert not (output / RUN_IN_PROGRESS_FILE).exists()
 
     only_test = tmp_path / "test_only"
     _, metrics = run_ifcl.run(
