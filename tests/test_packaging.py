@@ -16,7 +16,7 @@ def test_every_module_of_the_repository_root_is_packaged():
     settings = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
     root_modules = {path.stem for path in ROOT.glob("*.py")}
     assert set(settings["py-modules"]) == root_modules
-    assert settings["packages"] == ["ifcl_objectives"]
+    assert settings["packages"] == ["ifcl", "ifcl_objectives"]
     assert not (ROOT / "objectives").exists()  # no package under a generic top-level name
 
 
