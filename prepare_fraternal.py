@@ -28,6 +28,7 @@ nothing and is taken over).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
@@ -45,6 +46,12 @@ logger = logging.getLogger(__name__)
 PENDING_SUFFIX = ".pending"
 NEW_SUFFIX = ".new"  # --overwrite_output_file writes OUTPUT.new, then replaces OUTPUT with it
 LOCK_SUFFIX = ".lock"
+DEFAULT_MAX_LENGTH = 128  # --max_length when not given (lowered to the model's positions where they are fewer)
+# Config attributes that count a model's absolute positions, encoder side and decoder side, the first one set wins
+# (Marian, M2M100/NLLB, mBART, FSMT: max_position_embeddings; LED: its own two). Relative positions (T5) have none:
+# the n_positions of T5 configs is no limit, and is not read.
+ENCODER_POSITION_ATTRIBUTES = ("max_encoder_position_embeddings", "max_source_positions", "max_position_embeddings")
+DECODER_POSITION_ATTRIBUTES = ("max_decoder_position_embeddings", "max_target_positions", "max_position_embeddings")
 
 # Characters that would break a `sentence<TAB>translation` line: the tab, and everything str.splitlines splits on.
 _FIELD_BREAKERS = "\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
@@ -89,9 +96,11 @@ class PrepareFraternalArguments:
         metadata={"help": "Sentences are sorted by length within chunks of this many batches (less padding); "
                   "output stays in input order."},
     )  # fmt: skip
-    max_length: int = field(
-        default=128, metadata={"help": "Longer sentences are truncated to this many tokens; translations stop there."}
-    )
+    max_length: int | None = field(
+        default=None,
+        metadata={"help": f"Longer sentences are truncated to this many tokens; translations stop there. Default: "
+                  f"{DEFAULT_MAX_LENGTH}, or the model's positions where they are fewer (more is refused)."},
+    )  # fmt: skip
     num_beams: int | None = field(
         default=None, metadata={"help": "Beam width. Default: the model's generation config."}
     )
@@ -279,23 +288,116 @@ def resolve_prefix(config: Any, tokenizer: Any, args: PrepareFraternalArguments)
     return ""
 
 
-def resolve_device_and_dtype(device_name: str | None, dtype_name: str) -> tuple[Any, Any]:
-    """The torch device (a GPU when present unless told) and weights' dtype (auto: bfloat16 on capable GPUs)."""
+def available_devices() -> list[str]:
+    """The devices this machine can translate on: the CPU, each CUDA GPU (``cuda:0``, ...), Apple's MPS."""
     import torch
 
-    if device_name is not None:
+    devices = ["cpu"]
+    if torch.cuda.is_available():
+        devices += [f"cuda:{index}" for index in range(torch.cuda.device_count())]
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        devices.append("mps")
+    return devices
+
+
+def select_device(device_name: str | None) -> Any:
+    """The torch device to translate on: ``--device`` if this machine has it, else a GPU when present.
+
+    A name torch does not understand, or a device this machine lacks (CUDA on a CPU-only torch, a GPU index beyond
+    those present, MPS off a Mac, any other kind of device): SettingsError naming ``--device`` and what there is.
+    """
+    import torch
+
+    available = available_devices()
+    if device_name is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("mps" if "mps" in available else "cpu")
+    try:
         device = torch.device(device_name)
-    elif torch.cuda.is_available():
-        device = torch.device("cuda")
-    elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        device = torch.device("mps")
-    else:
-        device = torch.device("cpu")
+    except RuntimeError:  # "Expected one of cpu, cuda, ... device type at start of device string: gpu"
+        raise SettingsError(
+            f"--device {device_name}: not a device name torch understands (cpu, cuda, cuda:1, mps...); this machine "
+            f"has {', '.join(available)}."
+        ) from None
+    indexed = {name if ":" in name else f"{name}:0" for name in available}  # "cuda" is cuda:0, "mps" mps:0
+    if device.type == "cpu" or f"{device.type}:{device.index or 0}" in indexed:
+        return device
+    reason = ""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        reason = " (this torch is built without CUDA)" if torch.version.cuda is None else " (no CUDA GPU found)"
+    raise SettingsError(
+        f"--device {device_name}: not on this machine{reason}; it has {', '.join(available)}. Pass one of them, "
+        "or leave --device out for a GPU when there is one."
+    )
+
+
+def resolve_device_and_dtype(device_name: str | None, dtype_name: str) -> tuple[Any, Any]:
+    """The torch device (``select_device``) and weights' dtype (auto: bfloat16 on capable GPUs)."""
+    import torch
+
+    device = select_device(device_name)
     if dtype_name != "auto":
         return device, getattr(torch, dtype_name)
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return device, torch.bfloat16
     return device, torch.float32
+
+
+def position_limit(config: Any) -> int | None:
+    """The most tokens the model reads and writes: the fewer of its encoder's and its decoder's absolute positions
+    (an EncoderDecoderModel's from their own configs); None where the config gives none (T5's relative positions).
+
+    Sentences are truncated to ``--max_length`` tokens and translations stop after as many new ones, which the
+    decoder reads (its start token and all but the last generated one): both sides must hold ``--max_length``.
+    """
+
+    def first_set(part: str, names: Sequence[str]) -> int | None:
+        part_config = getattr(config, part, None)
+        if not hasattr(part_config, "model_type"):  # not an EncoderDecoderConfig: the config speaks for both
+            part_config = config
+        values = [getattr(part_config, name, None) for name in names]
+        return next((value for value in values if isinstance(value, int) and value > 0), None)
+
+    limits = [first_set("encoder", ENCODER_POSITION_ATTRIBUTES), first_set("decoder", DECODER_POSITION_ATTRIBUTES)]
+    known = [limit for limit in limits if limit is not None]
+    return min(known) if known else None
+
+
+def resolve_max_length(max_length: int | None, config: Any, model_name_or_path: str) -> int:
+    """``--max_length`` within the model's positions (``position_limit``), else SettingsError; not given: the
+    default, lowered (with a log line) to the model's positions where they are fewer."""
+    limit = position_limit(config)
+    if max_length is None:
+        if limit is not None and limit < DEFAULT_MAX_LENGTH:
+            logger.info(
+                f"--max_length {limit}: {model_name_or_path} has {limit} positions, fewer than the default "
+                f"{DEFAULT_MAX_LENGTH}"
+            )
+            return limit
+        return DEFAULT_MAX_LENGTH
+    if limit is not None and max_length > limit:
+        raise SettingsError(
+            f"--max_length {max_length}: more than the {limit} positions of {model_name_or_path}, which reads and "
+            f"writes at most {limit} tokens; pass --max_length {limit} or less, or leave it out "
+            f"({min(limit, DEFAULT_MAX_LENGTH)})."
+        )
+    return max_length
+
+
+def check_device_and_max_length(args: PrepareFraternalArguments) -> PrepareFraternalArguments:
+    """``--device`` against this machine and ``--max_length`` against the model's config (neither tokenizer nor
+    weights are loaded); the arguments with ``max_length`` resolved. Done before the output is locked, so that a bad
+    setting stops the run with nothing written. A config that cannot be read is no error here: a finished output
+    needs no model, and ``load_translator`` names the model when one is needed."""
+    from transformers import AutoConfig
+
+    select_device(args.device)
+    try:
+        config = AutoConfig.from_pretrained(args.model_name_or_path)
+    except (OSError, ValueError):
+        return args
+    return dataclasses.replace(args, max_length=resolve_max_length(args.max_length, config, args.model_name_or_path))
 
 
 class Translator:
@@ -306,7 +408,7 @@ class Translator:
         model: Any,
         tokenizer: Any,
         prefix: str = "",
-        max_length: int = 128,
+        max_length: int = DEFAULT_MAX_LENGTH,
         num_beams: int | None = None,
         forced_bos_token_id: int | None = None,
     ) -> None:
@@ -322,23 +424,25 @@ class Translator:
 
     @classmethod
     def from_arguments(cls, args: PrepareFraternalArguments) -> Translator:
-        """Load tokenizer and model, check the language settings, put the model on its device."""
+        """Check device and length against the config, load the tokenizer and check the language settings, then load
+        the model and put it on its device."""
         from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
+        device, dtype = resolve_device_and_dtype(args.device, args.dtype)
         config = AutoConfig.from_pretrained(args.model_name_or_path)
+        max_length = resolve_max_length(args.max_length, config, args.model_name_or_path)
         tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
         forced_bos_token_id = set_up_languages(tokenizer, args)
         prefix = resolve_prefix(config, tokenizer, args)
         if forced_bos_token_id is None and not prefix and (args.source_lang or args.target_lang):
             logger.info(f"{args.model_name_or_path} translates one direction: --source_lang/--target_lang unused")
-        device, dtype = resolve_device_and_dtype(args.device, args.dtype)
         model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, config=config, dtype=dtype)
         model.to(device).eval()
         logger.info(
             f"Translating with {args.model_name_or_path} on {device} ({dtype}); prefix {prefix!r}"
             + (f", target language token {args.target_lang}" if forced_bos_token_id is not None else "")
         )
-        return cls(model, tokenizer, prefix, args.max_length, args.num_beams, forced_bos_token_id)
+        return cls(model, tokenizer, prefix, max_length, args.num_beams, forced_bos_token_id)
 
     def translate_batch(self, sentences: list[str]) -> list[str]:
         """Translations of ``sentences``, in their order (one generate call)."""
@@ -554,7 +658,8 @@ def parse_arguments(argv: list[str]) -> PrepareFraternalArguments:
 
 
 def run(argv: list[str]) -> PrepareSummary:
-    """Parse ``argv``, check the input, lock the output and check it, translate what is missing."""
+    """Parse ``argv``, check the input, the device and the length, lock the output and check it, translate what is
+    missing."""
     args = parse_arguments(argv)
     COMMAND.details.update(output_file=args.output_file, overwrite=args.overwrite_output_file)
     logging.basicConfig(
@@ -568,6 +673,7 @@ def run(argv: list[str]) -> PrepareSummary:
     sentences, empty_lines = read_input_sentences(args.input_file)
     if empty_lines:
         logger.warning(f"{args.input_file}: skipped {empty_lines} empty line(s)")
+    args = check_device_and_max_length(args)
     with output_lock(args.output_file):
         return translate_into_output(args, sentences, PrepareSummary(args.output_file, len(sentences), empty_lines))
 

@@ -61,6 +61,9 @@ CASES = [
     ("prepare_fraternal.py", ["--output_file", "{files}/pairs.tsv"], "must end in .txt"),
     ("prepare_fraternal.py", ["--input_file", "{files}/missing.txt"], "missing.txt"),
     ("prepare_fraternal.py", ["--model_name_or_path", "./no/such/model"], "./no/such/model"),
+    ("prepare_fraternal.py", ["--max_length", "129"], "--max_length 129: more than the 128 positions"),
+    ("prepare_fraternal.py", ["--device", "cuda:99"], "--device cuda:99: not on this machine"),
+    ("prepare_fraternal.py", ["--device", "gpu"], "--device gpu: not a device name torch understands"),
 ]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import re
 from collections import Counter
@@ -622,3 +623,166 @@ def test_bfloat16_weights(marian_dir):
     translator = Translator.from_arguments(args)
     assert translator.model.dtype == torch.bfloat16
     assert len(translator.translate_batch(SENTENCES[:3])) == 3
+
+
+def without_max_length(arguments: list[str]) -> list[str]:
+    """``arguments`` without ``--max_length`` and its value: the run takes the default."""
+    at = arguments.index("--max_length")
+    return arguments[:at] + arguments[at + 2 :]
+
+
+def test_max_length_beyond_the_model_positions_is_refused(
+    marian_dir, input_file, reference_output, tmp_path, monkeypatch, capsys
+):
+    """The tiny Marian model has 64 positions (max_position_embeddings=64) on both sides: 64 tokens in and out
+    work, one more on either side is an IndexError; --max_length 65 is refused before anything loads."""
+    from transformers import MarianMTModel
+
+    generated = []
+    original_generate = MarianMTModel.generate
+
+    def recording_generate(self, **kwargs):
+        output_ids = original_generate(self, **kwargs)
+        generated.append((kwargs["input_ids"].shape[1], output_ids.shape[1]))
+        return output_ids
+
+    monkeypatch.setattr(MarianMTModel, "generate", recording_generate)
+    translator = Translator.from_arguments(
+        PrepareFraternalArguments("in.txt", "out.txt", str(marian_dir), max_length=64, num_beams=1, device="cpu")
+    )
+    long_sentence = " ".join(SENTENCES)  # 181 tokens: truncated to --max_length
+    assert len(translator.translate_batch([long_sentence, SENTENCES[0]])) == 2
+    assert generated == [(64, 1 + 64)], "64 tokens read, 64 written (after the decoder's start token)"
+    one_more = Translator(translator.model, translator.tokenizer, max_length=65, num_beams=1)
+    with pytest.raises(IndexError):
+        one_more.translate_batch([long_sentence])
+    with pytest.raises(IndexError):
+        one_more.translate_batch([SENTENCES[0]])  # a short input: the 65th generated token is too many
+    monkeypatch.undo()
+
+    output = tmp_path / "pairs.txt"
+    before = started_output(reference_output, output)
+    monkeypatch.setattr(Translator, "from_arguments", lambda args: pytest.fail("model loaded"))
+    monkeypatch.setattr(prepare_fraternal, "output_lock", lambda output_file: pytest.fail("output locked"))
+    with pytest.raises(SystemExit) as exit_info:
+        prepare_fraternal.main(tool_args(input_file, output, marian_dir, "--max_length", "65"))
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err
+    assert f"prepare_fraternal.py: error: --max_length 65: more than the 64 positions of {marian_dir}" in message
+    assert "pass --max_length 64 or less, or leave it out (64)." in message and "Traceback" not in message
+    assert output.read_bytes() == before and sorted(path.name for path in tmp_path.iterdir()) == ["pairs.txt"]
+
+
+def test_default_max_length_is_lowered_to_the_model_positions(marian_dir, input_file, tmp_path, monkeypatch, caplog):
+    lengths = []
+
+    def recording(self, sentences):
+        lengths.append((self.max_length, self.generation_kwargs["max_new_tokens"]))
+        return UNPATCHED_TRANSLATE_BATCH(self, sentences)
+
+    monkeypatch.setattr(Translator, "translate_batch", recording)
+    output = tmp_path / "pairs.txt"
+    arguments = without_max_length(tool_args(input_file, output, marian_dir, "--max_sentences", "4"))
+    with caplog.at_level(logging.INFO, logger="prepare_fraternal"):
+        summary = prepare_fraternal.run(arguments)
+    assert summary.translated == 4 and lengths == [(64, 64)]
+    assert f"--max_length 64: {marian_dir} has 64 positions, fewer than the default 128" in caplog.text
+
+
+def test_max_length_against_the_positions_of_each_model_family():
+    from transformers import (
+        BertConfig,
+        EncoderDecoderConfig,
+        GPT2Config,
+        LEDConfig,
+        M2M100Config,
+        MarianConfig,
+        MBartConfig,
+        T5Config,
+    )
+
+    limit = prepare_fraternal.position_limit
+    assert limit(MarianConfig(max_position_embeddings=512)) == 512  # opus-mt
+    assert limit(M2M100Config(max_position_embeddings=1024)) == 1024  # M2M100, NLLB
+    assert limit(MBartConfig(max_position_embeddings=1024)) == 1024
+    assert limit(LEDConfig(max_encoder_position_embeddings=16384, max_decoder_position_embeddings=1024)) == 1024
+    bert_to_gpt2 = EncoderDecoderConfig.from_encoder_decoder_configs(
+        BertConfig(max_position_embeddings=512), GPT2Config(n_positions=256)
+    )
+    assert limit(bert_to_gpt2) == 256, "the decoder writes the translation: its positions count too"
+    t5 = T5Config(n_positions=512)  # as t5-base's config.json says; relative positions have no limit
+    assert limit(t5) is None
+
+    def resolve(max_length, config):
+        return prepare_fraternal.resolve_max_length(max_length, config, "model")
+
+    assert (resolve(None, t5), resolve(2000, t5)) == (128, 2000)
+    marian = MarianConfig(max_position_embeddings=512)
+    assert (resolve(None, marian), resolve(512, marian)) == (128, 512)
+    with pytest.raises(SettingsError, match=re.escape("--max_length 513: more than the 512 positions of model")):
+        resolve(513, marian)
+    with pytest.raises(SettingsError, match=re.escape("or leave it out (128).")):
+        resolve(513, marian)
+    assert resolve(None, MarianConfig(max_position_embeddings=100)) == 100
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """A CPU-only torch, whatever this machine has."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+
+
+def test_unavailable_device_is_refused_before_anything_loads(
+    marian_dir, input_file, reference_output, tmp_path, monkeypatch, capsys, no_gpu
+):
+    select = prepare_fraternal.select_device
+    assert select(None) == torch.device("cpu") and select("cpu") == torch.device("cpu")
+    with pytest.raises(SettingsError) as error:
+        select("cuda")
+    assert str(error.value) == (
+        "--device cuda: not on this machine (this torch is built without CUDA); it has cpu. Pass one of them, or "
+        "leave --device out for a GPU when there is one."
+    )
+    for unavailable in ("mps", "meta", "xpu"):
+        with pytest.raises(SettingsError, match=f"^--device {unavailable}: not on this machine; it has cpu\\."):
+            select(unavailable)
+    with pytest.raises(
+        SettingsError,
+        match=re.escape(
+            "--device gpu: not a device name torch understands (cpu, cuda, cuda:1, mps...); this machine has cpu."
+        ),
+    ):
+        select("gpu")
+
+    output = tmp_path / "pairs.txt"
+    before = started_output(reference_output, output)
+    monkeypatch.setattr(Translator, "from_arguments", lambda args: pytest.fail("model loaded"))
+    monkeypatch.setattr(prepare_fraternal, "output_lock", lambda output_file: pytest.fail("output locked"))
+    for device in ("cuda", "cuda:1", "gpu"):
+        with pytest.raises(SystemExit) as exit_info:
+            prepare_fraternal.main(tool_args(input_file, output, marian_dir, "--device", device))
+        assert exit_info.value.code == 2
+        message = capsys.readouterr().err
+        assert message.startswith(f"prepare_fraternal.py: error: --device {device}: ") and "Traceback" not in message
+    assert output.read_bytes() == before and sorted(path.name for path in tmp_path.iterdir()) == ["pairs.txt"]
+
+
+def test_gpu_index_beyond_the_gpus_present_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    select = prepare_fraternal.select_device
+    assert select(None) == torch.device("cuda") and select("cuda") == torch.device("cuda")
+    assert select("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(
+        SettingsError, match=re.escape("--device cuda:2: not on this machine; it has cpu, cuda:0, cuda:1.")
+    ):
+        select("cuda:2")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert select(None) == torch.device("mps") and select("mps") == torch.device("mps")
+    assert select("mps:0") == torch.device("mps:0")
+    with pytest.raises(SettingsError, match=re.escape("--device mps:1: not on this machine; it has cpu, mps.")):
+        select("mps:1")
