@@ -144,6 +144,8 @@ class IFCLTrainer(Trainer):
         self._loss_sums: dict[str, torch.Tensor] = {}
         self._loss_count = 0
         self._last_checked_step = 0
+        # CPU seconds this process spent in STS evaluations, so that training time can be told without them.
+        self.evaluation_cpu_seconds = 0.0
         self.add_callback(ObjectiveStepCallback(self))
 
     def tokenize_text(self, dataset, model, tokenizer: PreTrainedTokenizerBase):
@@ -266,9 +268,10 @@ class IFCLTrainer(Trainer):
         if isinstance(dataset, str):
             dataset = self.eval_dataset[dataset]
         evaluator = dataset if isinstance(dataset, STSEvaluator) else STSEvaluator.from_dataset(dataset)
-        start = time.time()
+        start, cpu_start = time.time(), time.process_time()
         model = unwrap_model(self.model)
         scores = evaluator(model, batch_size=self.args.per_device_eval_batch_size)
+        self.evaluation_cpu_seconds += time.process_time() - cpu_start
         metrics = {f"{metric_key_prefix}_{name}": value for name, value in scores.items()}
         metrics.update(speed_metrics(metric_key_prefix, start, num_samples=len(evaluator)))
         self.log(metrics)

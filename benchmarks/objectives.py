@@ -11,15 +11,19 @@ evaluation included; the Trainer's own memory metrics are not used, since their 
 busy and would slow the runs it measures).
 
 Equal time (``--equal_time``): IFCL, SimCSE and PCL each get the training time of the IFCL default instead of its
-number of steps: a method's steps are IFCL's mean training time over that method's mean seconds per step at equal
-steps (so the equal-step runs come first), with four dev evaluations each, as the default has.
+number of steps, counted in one unit: CPU seconds of training with the STS evaluations left out, on both sides. The
+budget is the IFCL runs' mean; a method's steps are the budget over its training CPU seconds per step, taken from its
+equal-step runs where they recorded it, else from a 20-step calibration run without evaluations
+(``results/objectives-step-cost/``). Each equal-time run has four dev evaluations, as the default has; the table
+shows the training CPU seconds each actually spent.
 
     python benchmarks/objectives.py                               # every run, seeds 1 2 3, two runs at a time
-    python benchmarks/objectives.py --only ifcl,simcse --seeds 1 2 3 4 5
+    python benchmarks/objectives.py --only ifcl,simcse --seeds 1 2 3 4 5 --redo   # the headline at five seeds
     python benchmarks/objectives.py --equal_time --readme         # both tables, into README.md as well
 
-Finished runs (``results/objectives/<key>/seed-<s>/all_results.json``) are read, not trained again; ``--redo``
-trains them again.
+Finished runs (``results/objectives/<key>/seed-<s>/all_results.json``, or the runs ``results/objectives.json``
+records) are read, not trained again; ``--redo`` trains the ``--only`` runs again. Each row is summarised over every
+seed it has, which the table names, so a call for some runs at more seeds keeps the others' records.
 """
 
 from __future__ import annotations
@@ -63,17 +67,61 @@ EQUAL_TIME_RUNS = ("ifcl", "simcse", "pcl")
 DEFAULT_STEPS = 200  # run_ifcl.py's embedded default
 
 
-def objective_runs(keys: list[str], seeds: list[int], extra: list[str], folder: str = "objectives") -> dict:
-    """Run objects of the wanted keys and seeds (output folders under ``results/<folder>/``)."""
+def objective_runs(
+    keys: list[str], seeds: list[int] | dict[str, list[int]], extra: list[str], folder: str = "objectives"
+) -> dict:
+    """Run objects of the wanted keys and seeds (the same seeds for all, or each key's own), output folders under
+    ``results/<folder>/``."""
     return {
         key: [
             Run(key, seed, ["--objective", objective, *flags, *extra],
                 os.path.join(RESULTS, folder, key, f"seed-{seed}"))
-            for seed in seeds
+            for seed in (seeds[key] if isinstance(seeds, dict) else seeds)
         ]
         for key, _, objective, flags in RUNS
         if key in keys
     }  # fmt: skip
+
+
+def recorded_seeds(previous: dict, section: str) -> dict[str, list[int]]:
+    """The seeds of each key's runs that a section of the JSON file records."""
+    records = previous.get(section, {})
+    records = records.get("runs", {}) if section == "equal_time" else records
+    return {key: [int(seed) for seed in record.get("runs", {})] for key, record in records.items()}
+
+
+# The unit of the equal-time budget. A budget recorded in another unit (wall-clock seconds, evaluations included, as
+# before this one) is computed anew.
+EQUAL_TIME_UNIT = "training CPU seconds, STS evaluations excluded"
+CALIBRATION_STEPS = 20
+
+
+def training_cpu_seconds(results: dict) -> float | None:
+    """CPU seconds a run spent training, its STS evaluations left out; None for runs that did not record them."""
+    if "train_evaluation_cpu_seconds" not in results:
+        return None
+    return results["train_cpu_seconds"] - results["train_evaluation_cpu_seconds"]
+
+
+def recorded_step_cost(runs: list[Run]) -> float | None:
+    """Mean training CPU seconds per step (evaluations excluded) of the runs that recorded it, else None."""
+    costs = [run.results["train_cpu_seconds_per_step"] for run in runs
+             if run.results and training_cpu_seconds(run.results) is not None]  # fmt: skip
+    return statistics.fmean(costs) if costs else None
+
+
+def calibrated_step_cost(key: str, extra: list[str], jobs: int) -> float:
+    """Training CPU seconds per step of ``key`` from a short run without evaluations (seed 1)."""
+    flags = [*extra, "--max_steps", str(CALIBRATION_STEPS), "--do_train", "True", "--do_eval", "False",
+             "--do_predict", "False", "--eval_strategy", "no", "--save_strategy", "no",
+             "--load_best_model_at_end", "False"]  # fmt: skip
+    run = objective_runs([key], [1], flags, folder="objectives-step-cost")[key]
+    train_all(run, jobs=jobs)
+    read_finished(run)
+    cost = recorded_step_cost(run)
+    if cost is None:
+        raise SystemExit(f"--equal_time: the {key} calibration run failed: {run[0].results}")
+    return cost
 
 
 def trained_equal_time_steps(key: str, previous: dict) -> int | None:
@@ -88,14 +136,6 @@ def trained_equal_time_steps(key: str, previous: dict) -> int | None:
     return previous.get("equal_time", {}).get("steps", {}).get(key)
 
 
-def step_cost(runs: list[Run], result: dict) -> float:
-    """Seconds a training step of these runs costs: the CPU time per step where the runs recorded it (one thread
-    each, so what a step takes with a core to itself, whatever else shared the machine), else the wall time."""
-    cpu = [run.results["train_cpu_seconds_per_step"] for run in runs
-           if run.results and "train_cpu_seconds_per_step" in run.results]  # fmt: skip
-    return statistics.fmean(cpu) if cpu else result["seconds_per_step"][0]
-
-
 def by_seed(runs: dict[str, list[Run]]) -> list[Run]:
     """Seed by seed across settings, so that a stopped benchmark has whole seeds rather than whole settings."""
     count = max(len(r) for r in runs.values())
@@ -103,31 +143,40 @@ def by_seed(runs: dict[str, list[Run]]) -> list[Run]:
 
 
 def table(runs: dict[str, list[Run]], names: dict[str, str], steps: dict[str, int] | None = None) -> tuple[str, dict]:
-    """A Markdown table of the runs over seeds, and its figures for the JSON file."""
+    """A Markdown table of the runs over seeds, and its figures for the JSON file. With ``steps`` (equal time), the
+    CPU seconds of training each run spent, evaluations excluded, take the place of the wall-clock s/step."""
     baseline = runs.get(BASELINE, [])
     baseline_summary = summary(baseline) if baseline else {}
     steps_column = " steps |" if steps else ""
+    cost_column = "training CPU s (evaluations excluded)" if steps else "s/step (wall clock)"
     lines = [
-        f"| objective |{steps_column} STS-B dev | STS-B test | test gain | paired test difference to SimCSE, per seed | "
-        "verdict | s/step | peak memory (MB) |",
-        "|---|" + ("---|" if steps else "") + "---|---|---|---|---|---|---|",
+        f"| objective | seeds |{steps_column} STS-B dev | STS-B test | test gain | paired test difference to SimCSE, per "
+        f"seed | verdict | {cost_column} | peak memory (MB) |",
+        "|---|---|" + ("---|" if steps else "") + "---|---|---|---|---|---|---|",
     ]
     records = {}
     for key, key_runs in runs.items():
         result = summary(key_runs)
         if not result:
-            lines.append(f"| {names[key]} |" + (f" {steps[key]} |" if steps else "") + " not run | | | | | | |")
+            lines.append(f"| {names[key]} | |" + (f" {steps[key]} |" if steps else "") + " not run | | | | | | |")
             continue
         differences = paired(key_runs, baseline, "test") if key != BASELINE else {}
         spread = max(result["test"][1], baseline_summary.get("test", (0, 0))[1])
         judged = verdict(differences, spread) if key != BASELINE else ""
         mean_difference = f"{statistics.fmean(differences.values()):+.2f}" if differences else ""
         per_seed = f"{mean_difference} ({', '.join(f'{d:+.2f}' for d in differences.values())})" if differences else ""
+        if steps:
+            spent = [
+                training_cpu_seconds(run.results) for run in key_runs if run.results and "error" not in run.results
+            ]
+            cost = f"{statistics.fmean(spent):.0f}" if None not in spent else "not recorded"
+        else:
+            cost = f"{result['seconds_per_step'][0]:.2f}"
         lines.append(
-            f"| {names[key]} |"
+            f"| {names[key]} | {len(result['seeds'])} |"
             + (f" {steps[key]} |" if steps else "")
             + f" {pm(result['dev'])} | {pm(result['test'])} | {result['gain'][0]:+.2f} | {per_seed} | {judged} | "
-            f"{result['seconds_per_step'][0]:.2f} | {result['peak_memory_mb'][0]:.0f} |"
+            f"{cost} | {result['peak_memory_mb'][0]:.0f} |"
         )
         records[key] = {
             "name": names[key],
@@ -140,6 +189,47 @@ def table(runs: dict[str, list[Run]], names: dict[str, str], steps: dict[str, in
                      for run in key_runs if run.results and "error" not in run.results},
         }  # fmt: skip
     return "\n".join(lines), records
+
+
+def equal_time(args, extra: list[str], equal_steps: dict, names: dict, previous: dict, wanted: list[str]):
+    """Train and tabulate the equal-time runs; returns the table's text and its JSON record."""
+    spent = [training_cpu_seconds(run.results) for run in equal_steps["ifcl"] if run.results]
+    spent = [seconds for seconds in spent if seconds is not None]
+    if not spent:
+        raise SystemExit("--equal_time needs IFCL runs at equal steps that recorded their training CPU seconds.")
+    budget = statistics.fmean(spent)
+    kept = previous.get("equal_time", {})
+    same_budget = kept.get("unit") == EQUAL_TIME_UNIT and not args.redo
+    steps, step_costs = {"ifcl": DEFAULT_STEPS}, {"ifcl": budget / DEFAULT_STEPS}
+    for key in EQUAL_TIME_RUNS[1:]:
+        if same_budget and key in kept.get("steps", {}):  # a budget once trained on is kept
+            steps[key], step_costs[key] = kept["steps"][key], kept["step_cpu_seconds"][key]
+            continue
+        cost = recorded_step_cost(equal_steps[key]) or calibrated_step_cost(key, extra, args.jobs)
+        steps[key], step_costs[key] = max(4, round(budget / cost)), cost
+    # IFCL's equal-time runs are its equal-step runs: the budget is their time.
+    timed = {"ifcl": equal_steps["ifcl"]}
+    seeds = {key: sorted(set(args.seeds) | set(recorded_seeds(previous, "equal_time").get(key, []))) for key in steps}
+    for key in steps:
+        if key == "ifcl":
+            continue
+        every = str(max(1, steps[key] // 4))
+        budget_flags = ["--max_steps", str(steps[key]), "--eval_steps", every, "--save_steps", every]
+        timed[key] = objective_runs([key], seeds, [*extra, *budget_flags], folder="objectives-equal-time")[key]
+    benchmark_runs.restore_recorded(by_seed(timed), os.path.join(RESULTS, "objectives.json"))
+    train_all([run for run in by_seed(timed) if run.key in wanted and run.key != "ifcl"], jobs=args.jobs)
+    read_finished(by_seed(timed))
+    text, records = table(timed, names, steps)
+    caption = (
+        f"Equal time: each objective trains for the IFCL default's mean training time at {DEFAULT_STEPS} steps, "
+        f"{budget:.0f} {EQUAL_TIME_UNIT}, as many steps as its own training CPU seconds per step allow (IFCL "
+        f"{step_costs['ifcl']:.2f}, "
+        + ", ".join(f"{names[key]} {step_costs[key]:.2f}" for key in steps if key != "ifcl")
+        + "), four dev evaluations each; otherwise as above."
+    )
+    record = {"unit": EQUAL_TIME_UNIT, "budget_cpu_seconds": budget, "steps": steps, "step_cpu_seconds": step_costs,
+              "runs": records}  # fmt: skip
+    return caption + "\n\n" + text, record
 
 
 def main() -> None:
@@ -160,17 +250,22 @@ def main() -> None:
         raise SystemExit(f"--only: unknown run(s) {sorted(unknown)}; choose from {keys}.")
     names = {key: name for key, name, *_ in RUNS}
 
-    equal_steps = objective_runs(keys, args.seeds, extra)
     recorded = os.path.join(RESULTS, "objectives.json")
     previous: dict = {}
     if os.path.isfile(recorded):
         with open(recorded, encoding="utf-8") as f:
             previous = json.load(f)
-    if not args.redo:
-        benchmark_runs.restore_recorded(by_seed(equal_steps), recorded)
+    # Each key keeps the seeds the JSON records for it, beside this call's.
+    seeds = {key: sorted(set(args.seeds) | set(recorded_seeds(previous, "equal_steps").get(key, []))) for key in keys}
+    equal_steps = objective_runs(keys, seeds, extra)
     if args.report:
         wanted = []
-    train_all([run for run in by_seed(equal_steps) if run.key in wanted], jobs=args.jobs, redo=args.redo)
+    trained = [run for run in by_seed(equal_steps) if run.key in wanted and run.seed in args.seeds]
+    if not args.redo:
+        benchmark_runs.restore_recorded(by_seed(equal_steps), recorded)
+    else:  # --redo trains this call's runs again; the others stay as recorded
+        benchmark_runs.restore_recorded([run for run in by_seed(equal_steps) if run not in trained], recorded)
+    train_all(trained, jobs=args.jobs, redo=args.redo)
     read_finished(by_seed(equal_steps))  # and what earlier calls finished
     shown = {key: runs for key, runs in equal_steps.items() if any(run.results for run in runs)}
     text, records = table(shown, names)
@@ -178,69 +273,22 @@ def main() -> None:
     caption = (
         f"{machine()}, torch {package_versions()['torch']}, {how}; all-MiniLM-L6-v2 on trans-de-en (English side "
         f"for the objectives without fraternal twins), {DEFAULT_STEPS} steps of batch 32, lr 1e-5, avg pooling, "
-        f"every objective at its paper's defaults; seeds {', '.join(map(str, args.seeds))}"
+        f"every objective at its paper's defaults; the seeds counted in each row (from 1 up)"
         f"{' ' + ' '.join(extra) if extra else ''}. Best dev checkpoint, then STS-B test; Spearman × 100, mean ± std "
         "over seeds. Verdict: a mean paired difference within the larger seed std of the two is a tie."
     )
     print("\n" + caption + "\n\n" + text)
-    output: dict = {"machine": machine(), "packages": package_versions(), "seeds": args.seeds, "extra": extra,
-                    "how": how, "equal_steps": records}  # fmt: skip
+    output: dict = {"machine": machine(), "packages": package_versions(), "extra": extra, "how": how,
+                    "equal_steps": records}  # fmt: skip
 
     equal_time_text = None
     if args.equal_time:
-        ifcl = summary(equal_steps["ifcl"])
-        if not ifcl:
-            raise SystemExit("--equal_time needs the IFCL runs at equal steps first.")
-        budget = statistics.fmean(
-            run.results["train_runtime"] for run in equal_steps["ifcl"] if run.results and "error" not in run.results
-        )
-        steps = {}
-        for key in EQUAL_TIME_RUNS:
-            spent = None if args.redo else trained_equal_time_steps(key, previous)
-            if spent is not None:  # a budget once trained on is kept (--redo computes it again)
-                steps[key] = spent
-                continue
-            result = summary(equal_steps[key])
-            if not result:  # its seconds per step come from its equal-step runs
-                print(f"--equal_time: no {key} runs at equal steps yet, so no equal-time {key} runs.")
-                continue
-            steps[key] = max(4, round(budget / step_cost(equal_steps[key], result)))
-        # IFCL's equal-time runs are its equal-step runs: the budget is their time.
-        steps["ifcl"] = DEFAULT_STEPS
-        timed = {"ifcl": equal_steps["ifcl"]}
-        for key in steps:
-            if key == "ifcl":
-                continue
-            evaluate_every = str(max(1, steps[key] // 4))
-            budget_flags = [
-                "--max_steps",
-                str(steps[key]),
-                "--eval_steps",
-                evaluate_every,
-                "--save_steps",
-                evaluate_every,
-            ]
-            timed[key] = objective_runs([key], args.seeds, [*extra, *budget_flags], folder="objectives-equal-time")[
-                key
-            ]
-        if not args.redo:
-            benchmark_runs.restore_recorded(by_seed(timed), recorded)
-        train_all([run for run in by_seed(timed) if run.key in wanted], jobs=args.jobs, redo=args.redo)
-        read_finished(by_seed(timed))
-        equal_time_text, equal_time_records = table(timed, names, steps)
-        equal_time_caption = (
-            f"Equal time: each objective trains for IFCL's mean training time at {DEFAULT_STEPS} steps "
-            f"({budget:.0f} s, dev evaluations included), as many steps as its own cost per step allows (the CPU "
-            f"seconds per step of its runs at equal steps where they recorded it, which other processes on the "
-            f"machine do not lengthen; else the s/step above), four dev evaluations each; otherwise as above."
-        )
-        equal_time_text = equal_time_caption + "\n\n" + equal_time_text
+        equal_time_text, output["equal_time"] = equal_time(args, extra, equal_steps, names, previous, wanted)
         print("\n" + equal_time_text)
-        output["equal_time"] = {"budget_seconds": budget, "steps": steps, "runs": equal_time_records}
 
     if not args.equal_time and "equal_time" in previous:
         output["equal_time"] = previous["equal_time"]  # kept as recorded: this call did not look at it
-    path = os.path.join(RESULTS, "objectives.json")
+    path = recorded
     with open(path, "w", encoding="utf-8") as f:
         json.dump(output, f, indent=2)
     print(f"\nwritten: {relative(path)}")

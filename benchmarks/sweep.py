@@ -7,10 +7,11 @@ and the per-seed paired difference to the centre; a difference within the spread
 test figures are recorded in the JSON file but not shown: settings are chosen on dev, never on test.
 
     python benchmarks/sweep.py                           # every setting, seeds 1 2 3, two runs at a time
-    python benchmarks/sweep.py --only eps0.3,eps0.7 --seeds 1 2 3 4
+    python benchmarks/sweep.py --only eps0.9,twins2      # two more settings; the others stay as recorded
     python benchmarks/sweep.py --readme                  # also put the table into README.md
 
-Runs already finished (``results/sweep/<setting>/seed-<s>/all_results.json``) are read, not trained again.
+Runs already finished (``results/sweep/<setting>/seed-<s>/all_results.json``, or recorded in ``results/sweep.json``)
+are read, not trained again; ``--only`` trains the settings it names and keeps every earlier record in the JSON.
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--only: unknown setting(s) {sorted(unknown)}; choose from {list(SETTINGS)}.")
     if args.report:
-        wanted = list(SETTINGS)
-    keys = ["centre"] + [key for key in SETTINGS if key in wanted and key != "centre"]
+        wanted = []
+    keys = list(SETTINGS)  # every setting is reported: those this call trains, and those recorded before
 
     runs = {
         key: [
@@ -87,10 +88,9 @@ def main() -> None:
     # Seed by seed across settings, so that a stopped sweep has whole seeds rather than whole settings.
     order = [runs[key][i] for i in range(len(args.seeds)) for key in keys]
     path = os.path.join(RESULTS, "sweep.json")
-    if not args.redo:
-        restore_recorded(order, path)
-    if not args.report:
-        train_all(order, jobs=args.jobs, redo=args.redo)
+    # Recorded runs count as finished, except those this call trains again (--redo).
+    restore_recorded([run for run in order if not (args.redo and run.key in wanted)], path)
+    train_all([run for run in order if run.key in wanted], jobs=args.jobs, redo=args.redo)
     read_finished(order)
 
     centre = runs["centre"]
