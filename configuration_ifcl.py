@@ -6,21 +6,16 @@ This file travels with every saved model as remote code, beside ``modeling_ifcl.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
 POOLER_TYPES = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
-
-
-def registered_objectives() -> tuple[str, ...] | None:
-    """The names of the training objectives (``ifcl_objectives.OBJECTIVES``, the one registry), or None where the
-    training code is not importable: a model loaded as remote code, whose config was checked when it was trained."""
-    try:
-        from ifcl_objectives import OBJECTIVES
-    except ImportError:
-        return None
-    return tuple(OBJECTIVES)
+# The objective whose model holds the fraternal word table and the hippocampus queue; every other objective's model
+# holds neither. The one place that tells IFCL from its peers by name: the rest reads the config's settings. Names
+# are checked where training starts (``ifcl.objectives.objective_class``), not here: a saved model carries this file.
+DEFAULT_OBJECTIVE = "ifcl"
 
 
 def uses_fraternal_twins(fraternal_loss_weight: float, twins_loss_weight: float) -> bool:
@@ -76,6 +71,14 @@ def check_ifcl_settings(
             raise ValueError(f"{name} must be one of {', '.join(POOLER_TYPES)}; got {value!r}.")
 
 
+def check_model_path(option: str, path: str | None) -> None:
+    """A Hub id is ``name`` or ``owner/name``: any other model path that is not a folder here is a mistyped one
+    (found before anything loads, instead of the Hub client's "Repo id must be in the form ...")."""
+    looks_local = path is not None and (path.startswith((".", "/", "~")) or path.count("/") > 1)
+    if looks_local and not os.path.isdir(os.path.expanduser(path)):
+        raise FileNotFoundError(f"{option} {path}: no such folder (and not a Hub id of the form owner/name).")
+
+
 class IFCLConfig(PretrainedConfig):
     """Every setting needed to rebuild an :class:`IFCLModel` from its folder alone.
 
@@ -106,10 +109,10 @@ class IFCLConfig(PretrainedConfig):
         max_seq_length: truncation length of the training sentences (``encode`` truncates only at the encoder's limit).
         export_sentence_transformers: ``save_pretrained`` also writes the sentence-transformers modules (a copy of
             the encoder in ``0_Transformer/`` and the pooler), so the folder loads with ``SentenceTransformer``.
-        objective: the training objective the model was (or is being) trained with, one of ``ifcl_objectives.OBJECTIVES``. For
-            other objectives than ``ifcl``, queue_size and the fraternal and Twins loss weights are set to 0 and
-            no word table is frozen.
-        objective_settings: that objective's own settings (``ifcl_objectives.<name>``), as a dict.
+        objective: the training objective the model was (or is being) trained with, a name of
+            ``ifcl.objectives.OBJECTIVES`` (checked when training starts). For other objectives than ``ifcl``,
+            queue_size and the fraternal and Twins loss weights are set to 0 and no word table is frozen.
+        objective_settings: that objective's own settings (``ifcl.objectives.<name>``), as a dict.
         stack_views: encode the three training views in one encoder call (True), in two (False: anchors and
             identical twins, then fraternal twins), or choose by device (None: one call on accelerators, two on CPU).
     """
@@ -138,14 +141,11 @@ class IFCLConfig(PretrainedConfig):
         max_seq_length: int = 32,
         stack_views: bool | None = None,
         export_sentence_transformers: bool = True,
-        objective: str = "ifcl",
+        objective: str = DEFAULT_OBJECTIVE,
         objective_settings: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        known = registered_objectives()
-        if known is not None and objective not in known:
-            raise ValueError(f"objective must be one of {', '.join(known)}; got {objective!r}.")
-        if objective != "ifcl":
+        if objective != DEFAULT_OBJECTIVE:
             # The queue, the fraternal and Twins losses and the frozen word table (IFCL's reading of BEL_S) are
             # IFCL's: the other objectives build neither the fraternal table nor the hippocampus queue and train the
             # whole encoder, as their papers do, and the saved config says so.

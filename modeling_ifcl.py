@@ -24,9 +24,9 @@ from transformers.utils import ModelOutput, cached_file, logging
 logger = logging.get_logger(__name__)
 
 try:  # loaded as remote code (a package made by transformers)
-    from .configuration_ifcl import POOLER_TYPES, IFCLConfig
+    from .configuration_ifcl import POOLER_TYPES, IFCLConfig, check_model_path
 except ImportError:  # imported from a checkout of the project
-    from configuration_ifcl import POOLER_TYPES, IFCLConfig
+    from configuration_ifcl import POOLER_TYPES, IFCLConfig, check_model_path
 
 FRATERNAL_TOKENIZER_FOLDER = "fraternal_tokenizer"
 SENTENCE_TRANSFORMERS_ENCODER_FOLDER = "0_Transformer"
@@ -97,7 +97,7 @@ def scaled_orthogonal_projection(
 ) -> None:
     """Set ``projection`` (BEL_F's width → BEL_S's) so that the projected BEL_F starts at BEL_S's scale.
 
-    Decision (SPEC.md): a randomly initialised projection of, say, ALBERT's 128-wide table would start BEL_F at a
+    Decision (docs/paper-reading.md): a randomly initialised projection of, say, ALBERT's 128-wide table would start BEL_F at a
     fraction of BEL_S's scale, so that at first the fraternal twin would carry almost no fraternal language. The
     projection starts instead as an orthogonal map scaled so that the projected table's per-dimension standard
     deviation (root mean square over dimensions) equals BEL_S's, with the bias that gives it BEL_S's mean. Both
@@ -128,9 +128,9 @@ def fuse_word_embeddings(
     """Fraternal twin input of Eq. 3: ε·BEL_S(x) + (1−ε)·BEL_F(x⁻), at the word-embedding level.
 
     ``tokens`` and ``fraternal_tokens`` are (input ids, attention mask, pad id). The two token sequences differ in
-    length. Decision (SPEC.md): both are right-padded with their own tokenizer's pad id to one length L, and the
+    length. Decision (docs/paper-reading.md): both are right-padded with their own tokenizer's pad id to one length L, and the
     fused sequence attends to the union of the two masks. Returns (BEL_S(x) padded to L, fused embeddings, the anchor
-    mask padded to L, the union mask). Shared by ``IFCLModel`` and ``sentence_transformers_ifcl.IFCLLoss``.
+    mask padded to L, the union mask). Shared by ``IFCLModel`` and ``ifcl.IFCLLoss``.
     """
     (input_ids, attention_mask, pad_id), (fraternal_ids, fraternal_mask, fraternal_pad_id) = tokens, fraternal_tokens
     length = max(input_ids.shape[1], fraternal_ids.shape[1])
@@ -507,6 +507,8 @@ class IFCLModel(PreTrainedModel):
         tokenizes the fraternal text), or, without one, copied from the encoder's own word embeddings. ``settings``
         are :class:`IFCLConfig` fields (fusion_rate, queue_size, ...).
         """
+        check_model_path("encoder_name_or_path", encoder_name_or_path)
+        check_model_path("fraternal_model_name_or_path", fraternal_model_name_or_path)
         encoder = drop_pooler_head(AutoModel.from_pretrained(encoder_name_or_path))
         encoder_table = encoder.get_input_embeddings()
         if not isinstance(encoder_table, nn.Embedding):

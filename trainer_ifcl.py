@@ -17,15 +17,15 @@ import torch
 from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint, speed_metrics
 
-from evaluation_ifcl import STSEvaluator
-from ifcl_objectives import Objective, build_objective, unwrap_model
+from ifcl.evaluation import STSEvaluator
+from ifcl.objectives import Objective, build_objective, unwrap_model
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class ObjectiveDataCollator:
-    """The data collator of an objective: its :meth:`~ifcl_objectives.Objective.collate` hook (padding, and the
+    """The data collator of an objective: its :meth:`~ifcl.objectives.Objective.collate` hook (padding, and the
     augmentations some objectives make per batch)."""
 
     objective: Objective
@@ -45,14 +45,14 @@ def tokenize_training_text(
     num_proc: int | None = None,
 ):
     """The training features of a text ``datasets.Dataset`` (columns sentence[, fraternal]), made by the objective's
-    :meth:`~ifcl_objectives.Objective.tokenize` hook.
+    :meth:`~ifcl.objectives.Objective.tokenize` hook.
 
     The hook holds the objective, whose modules (a peer network, a momentum encoder) datasets would otherwise pickle
     to fingerprint the map: the fingerprint is made from what the features depend on instead.
     """
     from datasets.fingerprint import Hasher
 
-    from ifcl_objectives import settings_as_dict
+    from ifcl.objectives import settings_as_dict
 
     def tokenize(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
         return objective.tokenize(batch, tokenizer, max_length, fraternal_tokenizer)
@@ -79,6 +79,50 @@ def tokenize_training_text(
 def global_batch_size(args) -> int:
     """Sentences per optimizer step over all processes: per-device batch × processes × gradient accumulation."""
     return args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
+
+
+def check_training_data_size(num_rows: int, global_batch: int, queue_size: int) -> None:
+    """Refuse training data smaller than one global batch, or than the k·N rows the hippocampus queue holds when it
+    is on (its negatives would repeat the batch's own sentences). Shared by ``run_ifcl.py`` and the Python API."""
+    if num_rows < global_batch:
+        raise ValueError(
+            f"{num_rows} training sentences are fewer than one global batch of {global_batch} (per-device batch × "
+            "processes × gradient accumulation): lower per_device_train_batch_size or give more data."
+        )
+    if queue_size > 0 and num_rows < queue_size * global_batch:
+        raise ValueError(
+            f"{num_rows} training sentences are fewer than the hippocampus queue holds (k·N = {queue_size} × "
+            f"{global_batch}): its negatives would repeat the batch's own sentences. Lower queue_size or give more "
+            "data."
+        )
+
+
+def check_text_dataset(dataset, columns: tuple[str, ...] = ("sentence", "fraternal")) -> None:
+    """Refuse an empty training set, and text columns that hold anything but non-empty strings, naming the column
+    and the first bad row (read with Arrow: no row becomes a Python object)."""
+    import pyarrow.compute as pc
+    from datasets import Value
+
+    if len(dataset) == 0:
+        raise ValueError("The training set is empty: give at least one global batch of sentences.")
+    for column in columns:
+        if column not in dataset.column_names:
+            continue
+        feature = dataset.features[column]
+        if not (isinstance(feature, Value) and feature.dtype in ("string", "large_string")):
+            raise ValueError(
+                f"The training set's column {column!r} holds {feature}, not text: every row must be a sentence "
+                "(a non-empty string)."
+            )
+        values = dataset.with_format("arrow")[column]
+        blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(values)), 0)
+        bad = pc.fill_null(pc.or_kleene(pc.is_null(values), blank), True)
+        row = pc.index(bad, True).as_py()
+        if row >= 0:
+            raise ValueError(
+                f"The training set's column {column!r} has {values[row].as_py()!r} in row {row}: every row must be "
+                "a sentence (a non-empty string). Drop or fill such rows first (dataset.filter)."
+            )
 
 
 def is_text_dataset(dataset) -> bool:
@@ -108,7 +152,7 @@ class ObjectiveStepCallback(TrainerCallback):
 class IFCLTrainer(Trainer):
     """Trainer for IFCL (Eq. 9), its ablations and the peer objectives, with STS Spearman evaluation.
 
-    - ``objective``: the training objective (``ifcl_objectives/``); by default the one the model's config names
+    - ``objective``: the training objective (``ifcl/objectives/``); by default the one the model's config names
       (``IFCLConfig.objective``). It becomes the model's sub-module ``training_objective`` while training, so its own
       weights are optimized and checkpointed; :meth:`save_model` leaves it out of the published model.
     - ``compute_loss``: the objective's loss; its terms are logged (``loss_identical``, ``loss_fraternal``,
@@ -136,9 +180,11 @@ class IFCLTrainer(Trainer):
                     self.objective, tokenizer, model.config.fraternal_pad_token_id
                 )
             if is_text_dataset(kwargs.get("train_dataset")):
+                check_text_dataset(kwargs["train_dataset"])
                 kwargs["train_dataset"] = self.tokenize_text(kwargs["train_dataset"], model, tokenizer)
         super().__init__(model, args, *rest, **kwargs)
         self.size_queue_for_global_batch()
+        self.check_training_data_size()
         # compute_loss returns a per-micro-batch mean: the Trainer divides it by the accumulation steps.
         self.loss_is_scaled_for_ga = False
         self._loss_sums: dict[str, torch.Tensor] = {}
@@ -150,7 +196,7 @@ class IFCLTrainer(Trainer):
 
     def tokenize_text(self, dataset, model, tokenizer: PreTrainedTokenizerBase):
         """Tokenize a text training set with the objective's own hook (``model.config.max_seq_length``)."""
-        needs_fraternal = self.objective.name == "ifcl" and model.config.uses_fraternal_twins
+        needs_fraternal = self.objective.uses_fraternal_twins
         if needs_fraternal and "fraternal" not in dataset.column_names:
             raise ValueError(
                 f"The training set has columns {dataset.column_names}, but IFCL with fraternal twins needs a "
@@ -163,6 +209,21 @@ class IFCLTrainer(Trainer):
         return tokenize_training_text(
             dataset, self.objective, tokenizer, fraternal_tokenizer, model.config.max_seq_length
         )
+
+    def check_training_data_size(self) -> None:
+        """Warn when the training set holds less than one global batch, or than the k·N rows of the queue: the
+        queue's negatives would repeat the batch's own sentences (``run_ifcl.py`` refuses such data; the Python API
+        warns, for experiments on small data)."""
+        dataset = self.train_dataset
+        if dataset is None or not hasattr(dataset, "__len__"):
+            return
+        queue = getattr(unwrap_model(self.model), "queue", None)
+        try:
+            check_training_data_size(
+                len(dataset), global_batch_size(self.args), 0 if queue is None else queue.num_slots
+            )
+        except ValueError as problem:
+            logger.warning(str(problem))
 
     def size_queue_for_global_batch(self) -> None:
         """Give the hippocampus queue one slot of N rows per optimizer step, N the global batch (per-device batch
@@ -303,6 +364,26 @@ class IFCLTrainer(Trainer):
         logger.info(f"Training had ended at step {self.state.global_step}; the final model is {final}.")
         self._load_from_checkpoint(final)
 
+    def train_or_finish(self, resume) -> dict[str, float]:
+        """Train (from the checkpoint of ``resume``, a :class:`~ifcl.checkpoints.ResumePoint`, when resuming), or, when that checkpoint already ends the planned
+        training, take up its state and final model without a step. Returns the train metrics."""
+        if resume is not None and resume.finished:
+            self.finish_from_checkpoint(resume.checkpoint)
+            return {"train_steps": self.state.global_step}
+        cpu_started, evaluation_started = time.process_time(), self.evaluation_cpu_seconds
+        train_result = self.train(resume_from_checkpoint=resume.checkpoint if resume is not None else None)
+        metrics = dict(train_result.metrics)
+        steps = max(self.state.global_step, 1)
+        metrics["train_steps"] = self.state.global_step
+        metrics["train_seconds_per_step"] = metrics["train_runtime"] / steps
+        # CPU time of the process (all its threads): unlike the wall time, not lengthened by other processes that share
+        # the cores; the STS evaluations during training are counted apart, so steps compare without them.
+        metrics["train_cpu_seconds"] = time.process_time() - cpu_started
+        metrics["train_evaluation_cpu_seconds"] = self.evaluation_cpu_seconds - evaluation_started
+        spent = metrics["train_cpu_seconds"] - metrics["train_evaluation_cpu_seconds"]
+        metrics["train_cpu_seconds_per_step"] = spent / steps
+        return metrics
+
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Checkpoints keep the objective's modules (exact resume); the model saved at the end leaves them out, so
         every published model loads with ``AutoModel`` and embeds the same way whatever it was trained with."""
@@ -312,10 +393,10 @@ class IFCLTrainer(Trainer):
             super().save_model(output_dir, _internal_call)
 
     def create_model_card(self, model_name: str | None = None, **kwargs) -> None:
-        """Write README.md in the output folder: STS results, IFCL settings, how to load (see ``model_card_ifcl``)."""
+        """Write README.md in the output folder: STS results, IFCL settings, how to load (see ``ifcl.model_card``)."""
         if not self.is_world_process_zero():
             return
-        from model_card_ifcl import write_model_card
+        from ifcl.model_card import write_model_card
 
         results_path = os.path.join(self.args.output_dir, "all_results.json")
         results = {}

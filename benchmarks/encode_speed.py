@@ -69,8 +69,8 @@ def build_encoders(args: BenchmarkArguments, model_path: str) -> tuple[dict, dic
     length."""
     from sentence_transformers import SentenceTransformer
 
+    from ifcl.sts_encoders import IFCLEncoder, TransformersEncoder
     from modeling_ifcl import IFCLModel
-    from sts_encoders import IFCLEncoder, TransformersEncoder
 
     st_model = SentenceTransformer(model_path, device=args.device)
     max_length = st_model.max_seq_length
@@ -163,8 +163,8 @@ def stsb_agreement(model_path: str, st_model, args: BenchmarkArguments) -> dict:
     """The suite's STS-B test Spearman (evaluate_sts.main) and EmbeddingSimilarityEvaluator's, same model."""
     from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
 
-    import evaluate_sts
-    from data_ifcl import load_stsb
+    from ifcl import evaluate_sts
+    from ifcl.data import load_stsb
 
     with tempfile.TemporaryDirectory() as output_dir:
         summary = evaluate_sts.main(
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
     from transformers import HfArgumentParser
 
-    from data_ifcl import load_stsb
+    from ifcl.data import load_stsb
 
     (args,) = HfArgumentParser(BenchmarkArguments).parse_args_into_dataclasses(args=argv)
     if args.threads:

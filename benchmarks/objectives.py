@@ -19,7 +19,7 @@ shows the training CPU seconds each actually spent.
 
     python benchmarks/objectives.py                               # every run, seeds 1 2 3, two runs at a time
     python benchmarks/objectives.py --only ifcl,simcse --seeds 1 2 3 4 5 --redo   # the headline at five seeds
-    python benchmarks/objectives.py --equal_time --readme         # both tables, into README.md as well
+    python benchmarks/objectives.py --equal_time --readme         # both tables, into benchmarks/README.md as well
 
 Finished runs (``results/objectives/<key>/seed-<s>/all_results.json``, or the runs ``results/objectives.json``
 records) are read, not trained again; ``--redo`` trains the ``--only`` runs again. Each row is summarised over every
@@ -240,7 +240,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (each gets cores / jobs threads).")
     parser.add_argument("--redo", action="store_true", help="Train finished runs again.")
     parser.add_argument("--report", action="store_true", help="Train nothing: the tables of the finished runs.")
-    parser.add_argument("--readme", action="store_true", help="Put the tables into README.md between their markers.")
+    parser.add_argument(
+        "--readme", action="store_true", help="Put the tables into benchmarks/README.md between their markers."
+    )
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
     keys = [key for key, *_ in RUNS]

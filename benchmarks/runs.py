@@ -216,8 +216,10 @@ def verdict(differences: dict[int, float], spread: float) -> str:
     return "better" if mean > 0 else "worse"
 
 
-def put_into_readme(text: str, start: str, end: str, path: str = os.path.join(ROOT, "README.md")) -> None:
-    """Replace what lies between two marker lines of a Markdown file."""
+def put_into_readme(
+    text: str, start: str, end: str, path: str = os.path.join(ROOT, "benchmarks", "README.md")
+) -> None:
+    """Replace what lies between two marker lines of a Markdown file (the results page, benchmarks/README.md)."""
     with open(path, encoding="utf-8") as f:
         readme = f.read()
     if start not in readme or end not in readme:

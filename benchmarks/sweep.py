@@ -7,8 +7,8 @@ and the per-seed paired difference to the centre; a difference within the spread
 test figures are recorded in the JSON file but not shown: settings are chosen on dev, never on test.
 
     python benchmarks/sweep.py                           # every setting, seeds 1 2 3, two runs at a time
-    python benchmarks/sweep.py --only eps0.9,twins2      # two more settings; the others stay as recorded
-    python benchmarks/sweep.py --readme                  # also put the table into README.md
+    python benchmarks/sweep.py --only eps0.3 --seeds 4   # one setting; the others stay as recorded
+    python benchmarks/sweep.py --readme                  # also put the table into benchmarks/README.md
 
 Runs already finished (``results/sweep/<setting>/seed-<s>/all_results.json``, or recorded in ``results/sweep.json``)
 are read, not trained again; ``--only`` trains the settings it names and keeps every earlier record in the JSON.
@@ -47,12 +47,10 @@ SETTINGS: dict[str, tuple[str, dict[str, str]]] = {
     "centre": ("ε 0.5, both tables frozen, lr 1e-5, 200 steps", {}),
     "eps0.3": ("ε 0.3", {"--fusion_rate": "0.3"}),
     "eps0.7": ("ε 0.7", {"--fusion_rate": "0.7"}),
-    "eps0.9": ("ε 0.9", {"--fusion_rate": "0.9"}),
     "trained": ("both word tables trained", {"--freeze_word_embeddings": "False",
                                              "--freeze_fraternal_embeddings": "False"}),
     "lr3e-5": ("lr 3e-5", {"--learning_rate": "3e-5"}),
     "steps100": ("100 steps", {"--max_steps": "100"}),
-    "twins2": ("Twins loss weight 2", {"--twins_loss_weight": "2"}),
 }  # fmt: skip
 
 
@@ -68,7 +66,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (each gets cores / jobs threads).")
     parser.add_argument("--redo", action="store_true", help="Train finished runs again.")
     parser.add_argument("--report", action="store_true", help="Train nothing: the table of the finished runs.")
-    parser.add_argument("--readme", action="store_true", help="Put the table into README.md between its markers.")
+    parser.add_argument(
+        "--readme", action="store_true", help="Put the table into benchmarks/README.md between its markers."
+    )
     args = parser.parse_args()
     wanted = args.only.split(",") if args.only else list(SETTINGS)
     unknown = set(wanted) - set(SETTINGS)

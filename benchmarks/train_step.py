@@ -32,8 +32,8 @@ import transformers
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from data_ifcl import parse_trans_de_en  # noqa: E402
-from losses_ifcl import IFCLLoss  # noqa: E402
+from ifcl.data import parse_trans_de_en  # noqa: E402
+from ifcl.losses import IFCLLoss  # noqa: E402
 from modeling_ifcl import IFCLModel  # noqa: E402
 
 # Dense bf16 peak of the GPUs this project measures on, for model FLOPs utilisation.

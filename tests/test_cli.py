@@ -1,4 +1,4 @@
-"""How the scripts end (``cli_ifcl.Command``): one line per error, exit 2 for bad input, 1 for a failure once the
+"""How the scripts end (``ifcl.cli.Command``): one line per error, exit 2 for bad input, 1 for a failure once the
 work has begun, 130 for Ctrl-C with the way on, the traceback only with IFCL_DEBUG=1."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import run_ifcl
-from cli_ifcl import Command
+from ifcl.cli import Command
 
 
 def fail_with(error: BaseException, command: Command | None = None, running: bool = False):
@@ -85,7 +85,7 @@ def test_ctrl_c_names_the_newest_complete_checkpoint_and_the_resume_command(tmp_
 
 LAUNCHER = """
 import os, subprocess, sys
-child = "import sys; sys.path.insert(0, {root!r}); import run_ifcl; print(run_ifcl.launcher_chose_one_thread())"
+child = "import sys; sys.path.insert(0, {root!r}); from ifcl.cli import launcher_chose_one_thread; print(launcher_chose_one_thread())"
 env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_MIXED_PRECISION="no")
 print(subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True).stdout.strip())
 """

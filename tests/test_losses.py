@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from losses_ifcl import FraternalTwinsLoss, IdenticalTwinsLoss, IFCLLoss, TwinsLoss
+from ifcl.losses import FraternalTwinsLoss, IdenticalTwinsLoss, IFCLLoss, TwinsLoss
 from modeling_ifcl import IFCLTwinsOutput
 
 TAU = 0.5

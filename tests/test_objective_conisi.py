@@ -1,4 +1,4 @@
-"""ConIsI (ifcl_objectives/conisi.py, ifcl_objectives/wordnet.py): the losses against hand computations, the three ways of
+"""ConIsI (ifcl/objectives/conisi.py, ifcl/objectives/wordnet.py): the losses against hand computations, the three ways of
 making c_i, WordNet antonyms from the installed database, settings, and a tiny run of run_ifcl."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import ENGLISH, build_tokenizer, objective_run_args, saved_weight_names
 
-from ifcl_objectives.conisi import (
+from ifcl.objectives.conisi import (
     ConIsIHead,
     ConIsILoss,
     ConIsIObjective,
@@ -22,7 +22,7 @@ from ifcl_objectives.conisi import (
     second_segment_span,
     swap_second_segment,
 )
-from ifcl_objectives.wordnet import (
+from ifcl.objectives.wordnet import (
     DEFAULT_WORDNET_PATH,
     AntonymLexicon,
     WordNetNotFoundError,

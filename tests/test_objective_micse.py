@@ -12,8 +12,8 @@ import pytest
 import torch
 from conftest import ENGLISH, objective_run_args, saved_weight_names
 
-from ifcl_objectives import build_objective, settings_as_dict
-from ifcl_objectives.micse import (
+from ifcl.objectives import build_objective, settings_as_dict
+from ifcl.objectives.micse import (
     AttentionMutualInformationLoss,
     MiCSEObjective,
     MiCSESettings,

@@ -15,8 +15,8 @@ from conftest import ENGLISH, objective_run_args, saved_weight_names
 from torch import nn
 
 import run_ifcl
-from ifcl_objectives import build_objective
-from ifcl_objectives.pcl import (
+from ifcl.objectives import build_objective
+from ifcl.objectives.pcl import (
     PCLLoss,
     PCLObjective,
     PCLSettings,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import fields
 from types import SimpleNamespace
 
 import pytest
@@ -14,8 +15,8 @@ from conftest import ENGLISH, objective_run_args, saved_weight_names, train_and_
 from torch import nn
 
 import run_ifcl
-from ifcl_objectives import OBJECTIVES, build_objective, objective_class, pad_features
-from ifcl_objectives.simcse import SimCSEObjective
+from ifcl.objectives import OBJECTIVES, build_objective, objective_class, pad_features
+from ifcl.objectives.simcse import SimCSEObjective
 from modeling_ifcl import IFCLModel, IFCLTwinsOutput
 from trainer_ifcl import IFCLTrainer, ObjectiveDataCollator
 
@@ -87,15 +88,37 @@ def test_every_registered_objective_is_importable_with_its_name():
         objective_class("moco")
 
 
-def test_the_config_and_the_command_line_take_their_objective_names_from_the_registry():
-    from configuration_ifcl import IFCLConfig, registered_objectives
+def test_objective_names_are_checked_where_training_starts_from_the_registry():
+    from types import SimpleNamespace
 
-    assert registered_objectives() == tuple(OBJECTIVES) == ("ifcl", "simcse", "conisi", "pcl", "micse")
-    with pytest.raises(ValueError, match="objective must be one of ifcl, simcse, conisi, pcl, micse"):
-        IFCLConfig(objective="moco")
+    import run_ifcl
+    from configuration_ifcl import IFCLConfig
+
+    assert tuple(OBJECTIVES) == ("ifcl", "simcse", "conisi", "pcl", "micse")
+    choices = next(f for f in fields(run_ifcl.ObjectiveArguments) if f.name == "objective").metadata["choices"]
+    assert choices == list(OBJECTIVES)
+    config = IFCLConfig(objective="moco")  # the config a saved model carries reads no registry ...
+    with pytest.raises(ValueError, match="Unknown objective 'moco'; choose one of ifcl, simcse, conisi, pcl, micse"):
+        build_objective(SimpleNamespace(config=config))  # ... training does, when it starts
     for name, cls in OBJECTIVES.items():
         assert cls.paper.title and "@" in cls.paper.citation and cls.loss_terms
         assert IFCLConfig(objective=name).objective == name
+
+
+def test_the_remote_code_pair_imports_nothing_of_the_training_code():
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    check = (
+        "import sys; import modeling_ifcl, configuration_ifcl; "
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('ifcl', 'trainer_ifcl', 'run_ifcl')); "
+        "print(loaded)"
+    )
+    result = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("name", list(OBJECTIVES))
@@ -119,7 +142,7 @@ def test_each_objective_logs_the_loss_terms_it_declares(tiny_encoder_dir, name):
 
 
 def test_training_curves_draw_the_objectives_own_loss_terms(tmp_path):
-    from plots_ifcl import plot_training_curves
+    from ifcl.plots import plot_training_curves
 
     history = [{"step": s, "loss": 1.0 / s, "loss_contrastive": 1.0 / s} for s in (1, 2, 3)]
     history.append({"step": 3, "eval_stsb_spearman": 70.0})
@@ -138,8 +161,8 @@ class ProjectedSimCSE(SimCSEObjective):
 
     def forward(self, model, inputs, gather=None):
         twins = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], return_twins=True)
-        from ifcl_objectives import ObjectiveOutput
-        from losses_ifcl import info_nce
+        from ifcl.losses import info_nce
+        from ifcl.objectives import ObjectiveOutput
 
         loss = info_nce(self.head(twins.anchor), self.head(twins.identical), self.temperature)
         return ObjectiveOutput(loss, {"loss_contrastive": loss.detach()})

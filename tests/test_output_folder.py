@@ -13,10 +13,10 @@ import torch
 from conftest import losses_by_step, objective_run_args
 from safetensors.torch import load_file, save_file
 
-import evaluate_sts
 import run_ifcl
-from cli_ifcl import exclusive_lock
+from ifcl import evaluate_sts
 from ifcl.checkpoints import CheckpointError
+from ifcl.cli import exclusive_lock
 from ifcl.output_folder import LOCK_FILE, RUN_IN_PROGRESS_FILE, RUN_RECORD_FILE, OutputFolderError, RunRecord
 
 

@@ -1,45 +1,80 @@
-"""``pip install .``: the modules side by side, the objectives package under a name of its own, the scripts."""
+"""``pip install .``: the wheel holds the package ``ifcl`` and the four top-level modules, nothing else; one dependency
+list (``evaluate`` in it); the STS metric inside the package; the library imports from outside the checkout."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 from conftest import ROOT
 
+TOP_LEVEL_MODULES = {"run_ifcl.py", "modeling_ifcl.py", "configuration_ifcl.py", "trainer_ifcl.py"}
 
-def test_every_module_of_the_repository_root_is_packaged():
+
+def test_one_dependency_list():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    settings = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
-    root_modules = {path.stem for path in ROOT.glob("*.py")}
-    assert set(settings["py-modules"]) == root_modules
-    assert settings["packages"] == ["ifcl", "ifcl_objectives"]
-    assert not (ROOT / "objectives").exists()  # no package under a generic top-level name
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert project["project"]["dynamic"] == ["dependencies"]
+    assert project["tool"]["setuptools"]["dynamic"]["dependencies"] == {"file": ["requirements.txt"]}
+    assert not (ROOT / "requirements-dev.txt").exists()
+    requirements = (ROOT / "requirements.txt").read_text(encoding="utf-8")
+    assert any(line.startswith("evaluate") for line in requirements.splitlines())
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    pytest.importorskip("setuptools")
+    folder = tmp_path_factory.mktemp("wheel")
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir",
+         str(folder), str(ROOT)],
+        capture_output=True, text=True, cwd=folder,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    return next(folder.glob("ifcl-*.whl"))
 
 
 @pytest.mark.slow
-def test_pip_install_gives_the_modules_and_the_scripts(tmp_path):
-    pytest.importorskip("setuptools")
+def test_the_wheel_holds_the_package_and_the_four_modules_only(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {name.split("/", 1)[0] for name in names if not name.split("/", 1)[0].endswith(".dist-info")}
+    assert top == {"ifcl", *TOP_LEVEL_MODULES}
+    assert "ifcl/metrics/sts_spearman/sts_spearman.py" in names
+    assert "ifcl/templates/model_card.md" in names
+    metadata = next(name for name in names if name.endswith(".dist-info/METADATA"))
+    requires = [
+        line for line in zipfile.ZipFile(wheel).read(metadata).decode().splitlines() if "Requires-Dist" in line
+    ]
+    assert any(line.startswith("Requires-Dist: evaluate") for line in requires)
+    assert any("sentence-transformers<7,>=6.0" in line and "extra ==" in line for line in requires), requires
+
+
+@pytest.mark.slow
+def test_the_installed_library_imports_and_registers_from_outside_the_checkout(wheel, tmp_path):
     target = tmp_path / "site"
-    built = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target",
-         str(target), str(ROOT)],
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
         capture_output=True, text=True, cwd=tmp_path,
     )  # fmt: skip
-    assert built.returncode == 0, built.stderr[-3000:]
-    for name in ("modeling_ifcl.py", "configuration_ifcl.py", "run_ifcl.py", "ifcl_objectives/__init__.py"):
-        assert (target / name).is_file(), name
-    assert not (target / "objectives").exists() and not (target / "tests").exists()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(target)
-    script = Path(target) / "bin" / "ifcl-train"
-    shown = subprocess.run(
-        [sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=tmp_path, env=env
-    )
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    code = f"""
+import evaluate
+from transformers import AutoConfig
+import ifcl
+from ifcl import IFCLConfig, IFCLModel, IFCLTrainer, STSEvaluator
+assert ifcl.__file__.startswith({str(target)!r}), ifcl.__file__
+assert type(AutoConfig.for_model("ifcl")) is IFCLConfig
+metric = evaluate.load(ifcl.STS_METRIC_PATH)
+print(metric.compute(predictions=[0.1, 0.5, 0.9], references=[1.0, 2.0, 4.0])["spearman"])
+"""
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH",)}
+    env.update(PYTHONPATH=str(target), HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert shown.returncode == 0, shown.stderr[-3000:]
-    assert "--fusion_rate" in shown.stdout and "--freeze_word_embeddings" in shown.stdout
-    for name in ("ifcl-evaluate-sts", "ifcl-prepare-fraternal"):
-        assert (Path(target) / "bin" / name).is_file()
+    assert shown.stdout.strip().endswith("100.0")
+    for name in ("ifcl-train", "ifcl-evaluate-sts", "ifcl-prepare-fraternal"):
+        assert (target / "bin" / name).is_file()

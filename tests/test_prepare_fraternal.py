@@ -19,9 +19,9 @@ import pytest
 import torch
 from conftest import ENGLISH, GERMAN
 
-import prepare_fraternal
-from data_ifcl import DataFormatError, load_train_dataset
-from prepare_fraternal import PrepareFraternalArguments, SettingsError, Translator
+import ifcl.translation as prepare_fraternal
+from ifcl.data import DataFormatError, load_train_dataset
+from ifcl.translation import PrepareFraternalArguments, SettingsError, Translator
 
 SENTENCES = ENGLISH + GERMAN  # 24 sentences of different lengths
 BATCH_SIZE, BATCHES_PER_CHUNK = 4, 2  # chunks of 8 sentences: 3 chunks, 6 batches

@@ -1,4 +1,4 @@
-"""The hippocampus queue against its specification (SPEC.md, Section 3.2, Eq. 4)."""
+"""The hippocampus queue against its specification (the paper's Section 3.2, Eq. 4: p_m = 1 − λ·⌈m/N⌉)."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import CANTONESE, ENGLISH, GERMAN, MANDARIN, ROOT, build_tiny_bert, write_sts_file
 
+import ifcl.hub
 import run_ifcl
 
 
@@ -288,6 +289,6 @@ def test_push_to_hub_offline_keeps_everything_and_says_how_to_push_later(
     args = tiny_args(
         tiny_encoder_dir, tiny_fraternal_dir, data_dir, output, "--max_steps", "2", "--eval_strategy", "no"
     )
-    with pytest.raises(run_ifcl.PushError, match="push it later with: hf upload someone/x"):
+    with pytest.raises(ifcl.hub.PushError, match="push it later with: hf upload someone/x"):
         run_ifcl.run([*args, "--load_best_model_at_end", "false", "--push_to_hub", "--hub_model_id", "someone/x"])
     assert (output / "all_results.json").is_file() and (output / "model.safetensors").is_file()

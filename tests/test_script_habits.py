@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import ENGLISH, GERMAN, ROOT, objective_run_args, write_sts_file
 
+import ifcl.hub
 import run_ifcl
 from ifcl.output_folder import RUN_IN_PROGRESS_FILE
 
@@ -86,7 +87,7 @@ def test_a_failed_push_ends_with_exit_code_1_after_everything_is_saved(
     words = shlex.split(command)
     assert words[:5] == ["hf", "upload", "you/x", str(output), "."]
     excluded = [words[i + 1] for i, word in enumerate(words) if word == "--exclude"]
-    assert excluded == run_ifcl.PUSH_IGNORE_PATTERNS
+    assert excluded == ifcl.hub.PUSH_IGNORE_PATTERNS
 
 
 @pytest.mark.parametrize("strategy", ["every_save", "checkpoint", "all_checkpoints"])

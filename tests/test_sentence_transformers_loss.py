@@ -1,4 +1,4 @@
-"""``sentence_transformers_ifcl.IFCLLoss``: IFCL as a sentence-transformers loss, equal to the trainer's objective."""
+"""``ifcl.IFCLLoss``: IFCL as a sentence-transformers loss, equal to the trainer's objective."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ pytest.importorskip("sentence_transformers")
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer  # noqa: E402
 from sentence_transformers.sentence_transformer.modules import Pooling, Transformer  # noqa: E402
 
+from ifcl.sentence_transformers_loss import IFCLLoss  # noqa: E402
 from modeling_ifcl import IFCLModel  # noqa: E402
-from sentence_transformers_ifcl import IFCLLoss  # noqa: E402
 from trainer_ifcl import IFCLTrainer  # noqa: E402
 
 SETTINGS = dict(fusion_rate=0.4, queue_size=3, forgetting_rate=0.2, temperature=0.05, fraternal_loss_weight=0.7,
@@ -138,3 +138,24 @@ def test_the_readme_sentence_transformers_example_runs(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "outputs" / "st-ifcl" / "modules.json").is_file()
+
+
+def test_its_collator_takes_the_columns_by_name_and_a_missing_fraternal_model_is_named(tiny_encoder_dir, tmp_path):
+    transformer = Transformer(str(tiny_encoder_dir), max_seq_length=16)
+    st_model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")])
+    loss = IFCLLoss(st_model)
+    swapped = [{"fraternal": german, "sentence": english} for english, german in zip(ENGLISH[:3], GERMAN[:3])]
+    batch = loss.data_collator()(swapped)
+    first = next(key for key in batch if key.endswith("_input_ids"))
+    assert first == "sentence_input_ids" and loss.collated_by_name
+    assert torch.equal(batch["sentence_input_ids"], st_model.tokenize(ENGLISH[:3])["input_ids"])
+    missing = str(tmp_path / "no" / "such" / "model")
+    with pytest.raises(FileNotFoundError, match=f"fraternal_model_name_or_path {missing}: no such folder"):
+        IFCLLoss(st_model, fraternal_model_name_or_path=missing)
+
+
+def test_its_settings_reach_sentence_transformers_cards(tiny_encoder_dir):
+    transformer = Transformer(str(tiny_encoder_dir), max_seq_length=16)
+    st_model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")])
+    config = IFCLLoss(st_model, **SETTINGS).get_config_dict()
+    assert config == {**SETTINGS, "fraternal_model": None}

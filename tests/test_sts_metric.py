@@ -15,8 +15,8 @@ import pytest
 from conftest import ENGLISH, ROOT, write_sts_file
 from torch.nn import functional as F
 
-from data_ifcl import load_sts_file
-from evaluation_ifcl import STSEvaluator, sts_correlations
+from ifcl.data import load_sts_file
+from ifcl.evaluation import STSEvaluator, sts_correlations
 from modeling_ifcl import IFCLModel
 
 evaluate = pytest.importorskip("evaluate")

@@ -9,7 +9,7 @@ from conftest import ENGLISH, GERMAN, train_and_resume
 from torch import nn
 from transformers import TrainingArguments
 
-from ifcl_objectives import pad_features
+from ifcl.objectives import pad_features
 from modeling_ifcl import IFCLModel
 from trainer_ifcl import IFCLTrainer
 
@@ -165,7 +165,7 @@ def test_trainer_takes_a_text_dataset_as_it_is(tiny_encoder_dir, tiny_fraternal_
         assert model.queue.slot_size == 4 and model.config.queue_batch_size == 4 and len(model.queue) == 12
         assert any("loss_twins" in entry for entry in trainer.state.log_history)
     write_sts_file(tmp_path / "sts.tsv")
-    from data_ifcl import load_sts_file
+    from ifcl.data import load_sts_file
 
     metrics = trainer.evaluate({"mine": load_sts_file(str(tmp_path / "sts.tsv"))})
     assert "eval_mine_spearman" in metrics

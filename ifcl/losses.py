@@ -95,7 +95,7 @@ class TwinsLoss(nn.Module):
     """ℓ^T, the Twins loss of Eq. 8: keep the innate margin between identical and fraternal twins.
 
     ℓ^T_i = | e^{sim(h_i,h_i⁺)} − e^{sim(h_i,h_i⁻)} − M_i |, M_i = e^{sim(emb_i,emb_i⁺)} − e^{sim(emb_i,emb_i⁻)},
-    with emb the embedding-layer outputs of the three views, mean-pooled. No temperature. Decision (SPEC.md): M is
+    with emb the embedding-layer outputs of the three views, mean-pooled. No temperature. Decision (docs/paper-reading.md): M is
     a target and carries no gradient.
     """
 

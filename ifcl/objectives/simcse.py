@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from losses_ifcl import info_nce
+from ifcl.losses import info_nce
 
 from .base import Gather, Objective, ObjectiveOutput, Paper, no_gather
 

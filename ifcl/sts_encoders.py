@@ -1,6 +1,6 @@
 """Encoders for STS evaluation by name, and the mutual information of the IFCL paper's Eq. 10 (Table 4).
 
-What ``evaluate_sts.py`` needs beyond :class:`evaluation_ifcl.STSEvaluator`; the Trainer does not import it.
+What ``evaluate_sts.py`` needs beyond :class:`ifcl.evaluation.STSEvaluator`; the Trainer does not import it.
 Three kinds of encoder, each behind ``encode(sentences, batch_size) -> Tensor`` and ``twins(...)``:
 
 - a saved IFCL model, :class:`IFCLEncoder`;
@@ -289,10 +289,11 @@ class IFCLEncoder:
         dtype: torch.dtype | None = None,
         show_progress_bar: bool = False,
     ) -> IFCLEncoder:
-        """A saved IFCL model through its remote code; ``pooler_type`` overrides its evaluation pooler."""
-        from transformers import AutoModel
+        """A saved IFCL model, loaded by this project's own :class:`IFCLModel`: the ``.py`` files saved beside the
+        weights are never run. ``pooler_type`` overrides its evaluation pooler."""
+        from modeling_ifcl import IFCLModel
 
-        model = AutoModel.from_pretrained(name_or_path, trust_remote_code=True)
+        model = IFCLModel.from_pretrained(name_or_path)
         if pooler_type is not None and pooler_type != model.config.eval_pooler_type:
             if pooler_type == "cls" and getattr(model, "mlp", None) is None:
                 raise ValueError(
@@ -469,6 +470,35 @@ def load_encoder(
                 "layers are left out; normalisation does not change cosines)."
             )
             model_type = "transformers"
+    try:
+        return load_known_encoder(
+            name_or_path, model_type, pooler_type, max_length, device, dtype, show_progress_bar, trust_remote_code
+        )
+    except Exception as error:
+        if not is_unreadable_weights(error):
+            raise
+        raise OSError(
+            f"{name_or_path}: its weights cannot be read ({type(error).__name__}: {str(error).splitlines()[0]}); the "
+            "file is damaged or was cut short (a full disk, an interrupted copy): save or copy the model again."
+        ) from error
+
+
+def is_unreadable_weights(error: BaseException) -> bool:
+    """Whether loading failed on a weights file that is damaged or cut short (safetensors' own error)."""
+    return type(error).__name__ == "SafetensorError" or "deserializ" in str(error).lower()
+
+
+def load_known_encoder(
+    name_or_path: str,
+    model_type: str,
+    pooler_type: str | None,
+    max_length: int | None,
+    device: str | torch.device | None,
+    dtype: torch.dtype | None,
+    show_progress_bar: bool,
+    trust_remote_code: bool,
+) -> LoadedEncoder:
+    """:func:`load_encoder` once the model type is known."""
     if model_type == "ifcl":
         encoder = IFCLEncoder.from_pretrained(name_or_path, pooler_type, max_length, device, dtype, show_progress_bar)
         return LoadedEncoder(encoder, model_type, encoder.pooler_type)

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from losses_ifcl import float32_region
+from ifcl.losses import float32_region
 from modeling_ifcl import max_input_length
 
 from .base import TOKEN_FIELDS, Gather, Objective, ObjectiveOutput, Paper, no_gather, unwrap_model

@@ -96,13 +96,19 @@ class Objective(nn.Module):
     Subclasses set ``name`` (``--objective``), ``paper`` (model card and citation), ``loss_terms`` (the terms
     :meth:`forward` logs, which the training-curve plot draws) and ``settings_class`` (a dataclass of the objective's
     own command-line settings, each field prefixed with the objective's name, checked in ``__post_init__``), and
-    implement :meth:`forward`; :data:`ifcl_objectives.OBJECTIVES` registers them. They are built from the model by
-    :func:`ifcl_objectives.build_objective`; they must not keep the model as an attribute (they become its sub-module
+    implement :meth:`forward`; :data:`ifcl.objectives.OBJECTIVES` registers them. They are built from the model by
+    :func:`ifcl.objectives.build_objective`; they must not keep the model as an attribute (they become its sub-module
     while training), only what they copy from it.
     """
 
     name: ClassVar[str] = ""
     paper: ClassVar[Paper]
+    # The model-config fields this objective alone reads, shown on the model card.
+    card_settings: ClassVar[tuple[str, ...]] = ()
+    # The command-line settings this objective alone reads beyond ``settings_class`` (refused with another objective).
+    own_arguments: ClassVar[tuple[str, ...]] = ()
+    # Whether training reads a fraternal (translation) column; IFCL's instances say so from the model's config.
+    uses_fraternal_twins: bool = False
     loss_terms: ClassVar[tuple[str, ...]] = ()
     settings_class: ClassVar[type | None] = None
 

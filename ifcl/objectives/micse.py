@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from losses_ifcl import float32_region, info_nce
+from ifcl.losses import float32_region, info_nce
 from modeling_ifcl import ALL_LAYER_POOLERS, RingBufferQueue
 
 from .base import Gather, Objective, ObjectiveOutput, Paper, RowGather, no_gather, no_row_gather, unwrap_model

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from losses_ifcl import float32_region, info_nce
+from ifcl.losses import float32_region, info_nce
 
 from .base import Gather, Objective, ObjectiveOutput, Paper, no_gather, pad_features, unwrap_model
 from .wordnet import DEFAULT_WORDNET_PATH, AntonymLexicon, check_wordnet_folder, load_antonym_lexicon

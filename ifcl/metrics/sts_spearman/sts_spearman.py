@@ -1,18 +1,15 @@
 """STS Spearman: the STS protocol's correlations of predicted similarities with gold scores, as an ``evaluate`` metric.
 
-Load it from this repository, offline: ``evaluate.load("metrics/sts_spearman")`` (from the repository root) or
-``evaluate.load("/path/to/repository/metrics/sts_spearman")`` (from anywhere).
+It ships inside the ``ifcl`` package and loads offline: ``evaluate.load(ifcl.STS_METRIC_PATH)``.
 
-The maths is not copied here: ``evaluation_ifcl.py`` next to this script is a symbolic link to the repository's
-``evaluation_ifcl.py``, whose ``sts_correlations`` is also what ``STSEvaluator`` (the Trainer's evaluation and
-``evaluate_sts.py``) calls. ``evaluate`` copies that file with this script into its module cache and puts it in the
-cache key, so a change to the maths gives a fresh copy.
+The maths is not copied here: it is ``ifcl.evaluation.sts_correlations``, which ``STSEvaluator`` (the Trainer's
+evaluation and ``evaluate_sts.py``) also calls.
 """
 
 import datasets
 import evaluate
 
-from .evaluation_ifcl import sts_correlations
+from ifcl.evaluation import sts_correlations
 
 _DESCRIPTION = """\
 The STS (semantic textual similarity) protocol of SimCSE, IFCL, ConIsI, PCL and miCSE: one Spearman rank correlation
@@ -20,9 +17,9 @@ The STS (semantic textual similarity) protocol of SimCSE, IFCL, ConIsI, PCL and 
 pair (the cosine of the two sentence embeddings) and the pair's gold score, both × 100. No regressor is trained.
 
 The metric takes the similarities, not the embeddings: compute them however you like (for an IFCL model and its STS
-sets, `evaluation_ifcl.STSEvaluator` encodes each distinct sentence once and gives the same figures). The figures are
-those of `evaluation_ifcl.STSEvaluator` and of the Trainer's `eval_<set>_spearman` / `eval_<set>_pearson`: both call
-the same function, `evaluation_ifcl.sts_correlations`.
+sets, `ifcl.STSEvaluator` encodes each distinct sentence once and gives the same figures). The figures are
+those of `ifcl.STSEvaluator` and of the Trainer's `eval_<set>_spearman` / `eval_<set>_pearson`: both call
+the same function, `ifcl.evaluation.sts_correlations`.
 """
 
 _KWARGS_DESCRIPTION = """

@@ -15,14 +15,18 @@ input checks they share, and how they write results files.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
+import logging
 import math
 import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 DEBUG_VARIABLE = "IFCL_DEBUG"
 INPUT_ERROR, RUNTIME_FAILURE, INTERRUPTED = 2, 1, 130
@@ -55,14 +59,6 @@ class Command:
             if self.running:
                 print(f"{self.script}: the run failed; {DEBUG_VARIABLE}=1 shows the traceback.", file=sys.stderr)
             raise SystemExit(RUNTIME_FAILURE if self.running else INPUT_ERROR) from None
-
-
-def check_model_path(option: str, path: str | None) -> None:
-    """A Hub id is ``name`` or ``owner/name``: any other model path that is not a folder here is a mistyped one
-    (found before anything loads, instead of the Hub client's "Repo id must be in the form ...")."""
-    looks_local = path is not None and (path.startswith((".", "/", "~")) or path.count("/") > 1)
-    if looks_local and not os.path.isdir(os.path.expanduser(path)):
-        raise FileNotFoundError(f"{option} {path}: no such folder (and not a Hub id of the form owner/name).")
 
 
 def without_nan(value: Any) -> Any:
@@ -119,3 +115,100 @@ def exclusive_lock(lock_file: str) -> Iterator[str]:
         with contextlib.suppress(FileNotFoundError):
             os.remove(lock_file)
         os.close(descriptor)
+
+
+def launcher_chose_one_thread() -> bool:
+    """Whether ``OMP_NUM_THREADS=1`` is ``accelerate launch``'s own default rather than a number the user set.
+
+    Without a config file, on a machine without GPUs, the launcher gives its one process ``OMP_NUM_THREADS=1`` unless
+    the user set ``OMP_NUM_THREADS`` or ``--num_cpu_threads_per_process``; the launcher's own environment and command
+    line (``/proc/<parent>/``) tell which. Where they cannot be read, the number counts as the user's.
+    """
+    if os.environ.get("OMP_NUM_THREADS") != "1" or "ACCELERATE_MIXED_PRECISION" not in os.environ:
+        return False  # not started by accelerate launch, or not its default
+    try:
+        with open(f"/proc/{os.getppid()}/environ", "rb") as handle:
+            launcher_environment = handle.read().split(b"\0")
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as handle:
+            launcher_arguments = handle.read().split(b"\0")
+    except OSError:
+        return False
+    user_set_it = any(entry.startswith(b"OMP_NUM_THREADS=") for entry in launcher_environment) or any(
+        argument.startswith(b"--num_cpu_threads_per_process") for argument in launcher_arguments
+    )
+    return not user_set_it
+
+
+def use_all_cpu_cores(training_args) -> None:
+    """Train a single CPU process on every core the machine gives it, when the one thread it has is the launcher's
+    default (:func:`launcher_chose_one_thread`), which halves the speed on two cores. A number the user set is kept.
+    """
+    if training_args.world_size != 1 or training_args.device.type != "cpu" or not launcher_chose_one_thread():
+        return
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    import torch
+
+    if torch.get_num_threads() < available:
+        logger.info(f"Training on {available} CPU threads (accelerate launch's default is 1).")
+        torch.set_num_threads(available)
+
+
+# What a failed write reports: no space, no quota, a read-only file system, no permission, an I/O error, too large.
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG)
+
+
+def is_write_failure(error: BaseException) -> bool:
+    """Whether ``error`` is a failed write to disk (full disk, no permission, ...), as torch and safetensors report
+    it (their own error types, or a RuntimeError)."""
+    if isinstance(error, OSError):
+        return error.errno in WRITE_ERRNOS
+    text = str(error)
+    return type(error).__name__ == "SafetensorError" or (
+        isinstance(error, RuntimeError) and any(words in text for words in ("write failed", "No space left"))
+    )
+
+
+@contextlib.contextmanager
+def write_failures_named(folder: str, step: Callable[[], int]) -> Iterator[None]:
+    """A failed write while training or saving ends in one line naming the folder, the step and the way on."""
+    try:
+        yield
+    except Exception as error:
+        if not is_write_failure(error):
+            raise
+        raise OSError(
+            f"writing into {folder} failed at step {step()} ({type(error).__name__}: {error}). Free space or fix "
+            "the folder, then continue with the same command and --resume_from_checkpoint last (it takes the newest "
+            "complete checkpoint and names a broken one)."
+        ) from error
+
+
+def setup_logging(training_args, logger: logging.Logger) -> None:
+    """The examples' logging: the process's own level for transformers and datasets, the script's progress on the
+    main process (``logger``, the script's own, and the package's); says what runs when not all of training, STS dev and STS test do."""
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        datefmt="%m/%d/%Y %H:%M:%S",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+    log_level = training_args.get_process_log_level()
+    script_log_level = min(log_level, logging.INFO) if training_args.should_log else log_level
+    logger.setLevel(script_log_level)
+    logging.getLogger("ifcl").setLevel(script_log_level)
+    import datasets
+    import transformers
+
+    datasets.utils.logging.set_verbosity(log_level)
+    transformers.utils.logging.set_verbosity(log_level)
+    logger.warning(
+        f"Process rank: {training_args.process_index}, device: {training_args.device}, "
+        f"n_gpu: {training_args.n_gpu}, distributed: {training_args.parallel_mode.value == 'distributed'}"
+    )
+    steps = {
+        "training": training_args.do_train,
+        "STS dev": training_args.do_eval,
+        "STS test": training_args.do_predict,
+    }
+    if not all(steps.values()):
+        done = ", ".join(name for name, wanted in steps.items() if wanted)
+        logger.info(f"Running only: {done} (--do_train, --do_eval, --do_predict).")

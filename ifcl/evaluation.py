@@ -3,7 +3,7 @@
 The protocol shared by SimCSE, IFCL, ConIsI, PCL and miCSE: no regressor, one correlation over all pairs. The
 Trainer's evaluation during training and the standalone evaluation (``evaluate_sts.py``) go through
 :class:`STSEvaluator`, so the two never disagree. It takes anything with ``encode(sentences, batch_size) -> Tensor``:
-an ``IFCLModel`` as it is (what the Trainer passes), or one of the encoders of ``sts_encoders.py`` (plain
+an ``IFCLModel`` as it is (what the Trainer passes), or one of the encoders of ``ifcl.sts_encoders`` (plain
 ``transformers`` and sentence-transformers models, loaded by name), which the Trainer does not import.
 
 The correlations themselves are :func:`sts_correlations`, the one copy of the maths: ``STSEvaluator`` and the
@@ -108,9 +108,25 @@ class STSEvaluator:
         unique = list(dict.fromkeys(self.sentences1 + self.sentences2))
         index = {sentence: i for i, sentence in enumerate(unique)}
         embeddings = model.encode(unique, batch_size=batch_size or self.batch_size)
+        self.check_finite(embeddings, unique, model)
         first = embeddings[[index[s] for s in self.sentences1]]
         second = embeddings[[index[s] for s in self.sentences2]]
         return F.cosine_similarity(first.float(), second.float(), dim=-1).numpy().astype(np.float64)
+
+    def check_finite(self, embeddings: torch.Tensor, sentences: list[str], model: SentenceEncoder) -> None:
+        """``FloatingPointError`` naming the model, the set, how many sentences and one of them, when an embedding
+        holds NaN or an infinity (NaN weights, or an overflow in half precision): its Spearman would be NaN."""
+        broken = (~torch.isfinite(embeddings.float())).any(dim=-1)
+        if broken.any():
+            count, first = int(broken.sum()), int(broken.nonzero()[0])
+            model_name = getattr(model, "name_or_path", None) or getattr(
+                getattr(model, "model", None), "name_or_path", None
+            )
+            raise FloatingPointError(
+                f"{model_name or type(model).__name__} gives NaN or infinite embeddings for {count} of the "
+                f"{len(sentences)} sentences of STS set {self.name!r} (the first: {sentences[first]!r}): its weights "
+                "hold NaN or infinities, or half precision overflowed; no correlation can be computed."
+            )
 
     def correlations(self, similarities: np.ndarray) -> tuple[float, float]:
         """(Spearman × 100, Pearson × 100) of ``similarities`` against the gold scores (:func:`sts_correlations`)."""

@@ -2,12 +2,12 @@
 
 The same equations, settings and code as the trainer's IFCL objective (Xiao et al., arXiv:2307.10932, Eq. 1–9):
 the three views of a batch (anchors, identical twins by dropout, fraternal twins by word-embedding fusion), then
-ℓ^I + w_F·ℓ^F + w_T·ℓ^T (``losses_ifcl.IFCLLoss``), ℓ^I with the hippocampus queue's weighted negatives. What the
+ℓ^I + w_F·ℓ^F + w_T·ℓ^T (``ifcl.losses.IFCLLoss``), ℓ^I with the hippocampus queue's weighted negatives. What the
 IFCL model keeps in itself lives here in the loss module: the fraternal word table BEL_F, its width-matching
 projection and the queue. The trained model stays a plain sentence-transformers model.
 
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
-    from sentence_transformers_ifcl import IFCLLoss
+    from ifcl.sentence_transformers_loss import IFCLLoss
 
     model = SentenceTransformer("sentence-transformers/all-MiniLM-L6-v2")
     loss = IFCLLoss(model)                                    # BEL_F: a copy of the encoder's word table
@@ -28,6 +28,7 @@ model (they are training devices, as in the published IFCL models).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -37,8 +38,8 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator
 from torch import nn
 
-from configuration_ifcl import check_ifcl_settings
-from losses_ifcl import IFCLLoss as IFCLTerms  # the equations, shared with the trainer's objective
+from configuration_ifcl import check_ifcl_settings, check_model_path
+from ifcl.losses import IFCLLoss as IFCLTerms  # the equations, shared with the trainer's objective
 from modeling_ifcl import (
     HippocampusQueue,
     IFCLTwinsOutput,
@@ -46,6 +47,8 @@ from modeling_ifcl import (
     mean_pool,
     scaled_orthogonal_projection,
 )
+
+logger = logging.getLogger(__name__)
 
 
 class IFCLLoss(nn.Module):
@@ -101,9 +104,12 @@ class IFCLLoss(nn.Module):
             raise ValueError("IFCLLoss: the model's first module has no word-embedding table (get_input_embeddings).")
         words.weight.requires_grad_(not freeze_word_embeddings)
         self.fraternal_tokenizer = None
+        self.fraternal_model_name_or_path = fraternal_model_name_or_path
         table, pad_token_id = words.weight.detach(), encoder.config.pad_token_id
         if fraternal_model_name_or_path is not None:
             from transformers import AutoModel, AutoTokenizer
+
+            check_model_path("fraternal_model_name_or_path", fraternal_model_name_or_path)
 
             fraternal_model = AutoModel.from_pretrained(fraternal_model_name_or_path)
             table = fraternal_model.get_input_embeddings().weight.detach()
@@ -118,6 +124,8 @@ class IFCLLoss(nn.Module):
             self.fraternal_projection = nn.Linear(table.shape[1], words.embedding_dim)
             scaled_orthogonal_projection(self.fraternal_projection, words.weight, self.fraternal_embeddings.weight)
         self.to(words.weight.device)
+        self.collated_by_name = False  # set by :meth:`data_collator`'s collator at each batch
+        self.warned_about_positions = False
         self.queue: HippocampusQueue | None = None  # built at the first push: one slot holds one batch (N rows)
         self.pending_anchors: torch.Tensor | None = None  # the last training batch's anchors, pushed at the next one
 
@@ -127,12 +135,14 @@ class IFCLLoss(nn.Module):
         return self.model[0].auto_model
 
     def data_collator(self, **kwargs: Any) -> IFCLDataCollator:
-        """The collator for ``SentenceTransformerTrainer(data_collator=...)``: the fraternal column tokenized by the
-        fraternal model's tokenizer (needed only with ``fraternal_model_name_or_path``)."""
+        """The collator for ``SentenceTransformerTrainer(data_collator=...)``: columns named ``sentence`` and
+        ``fraternal`` are taken by name, whatever their order in the dataset, and the fraternal column is tokenized by
+        the fraternal model's tokenizer (with ``fraternal_model_name_or_path``)."""
         return IFCLDataCollator(
             preprocess_fn=self.model.preprocess,
             fraternal_tokenizer=self.fraternal_tokenizer,
             max_length=self.model.max_seq_length,
+            loss=self,
             **kwargs,
         )
 
@@ -196,6 +206,13 @@ class IFCLLoss(nn.Module):
     def forward(self, sentence_features: Iterable[dict[str, torch.Tensor]], labels: torch.Tensor | None = None):
         """The terms of Eq. 9 by name, each times its weight: the trainer sums them (Eq. 9) and logs each."""
         columns = list(sentence_features)
+        if self.training and not self.collated_by_name and not self.warned_about_positions:
+            self.warned_about_positions = True
+            logger.warning(
+                "IFCLLoss: the batch comes from another data collator, so its columns are taken by position (the "
+                "first the sentence, the second its fraternal twin). Pass data_collator=loss.data_collator() to "
+                "take columns named 'sentence' and 'fraternal' by name."
+            )
         uses_fraternal = self.ifcl_loss.fraternal_loss_weight > 0 or self.ifcl_loss.twins_loss_weight > 0
         if uses_fraternal and len(columns) < 2:
             raise ValueError(
@@ -224,9 +241,22 @@ class IFCLLoss(nn.Module):
             self.queue.to(anchors.device)
         self.queue.push(anchors.float())
 
+    def get_config_dict(self) -> dict[str, Any]:
+        """The loss's settings, which sentence-transformers writes into the model card it generates."""
+        terms = self.ifcl_loss
+        return {
+            "fusion_rate": self.fusion_rate,
+            "queue_size": self.queue_size,
+            "forgetting_rate": self.forgetting_rate,
+            "temperature": terms.identical_loss.temperature,
+            "fraternal_loss_weight": terms.fraternal_loss_weight,
+            "twins_loss_weight": terms.twins_loss_weight,
+            "fraternal_model": self.fraternal_model_name_or_path,
+        }
+
     @property
     def citation(self) -> str:
-        from ifcl_objectives import objective_class
+        from ifcl.objectives import objective_class
 
         return objective_class("ifcl").paper.citation
 
@@ -237,9 +267,16 @@ class IFCLDataCollator(SentenceTransformerDataCollator):
 
     fraternal_tokenizer: Any = None
     fraternal_column: str = "fraternal"
+    sentence_column: str = "sentence"
     max_length: int | None = None
+    loss: Any = None  # the IFCLLoss this collator feeds (told that its columns come by name)
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        named = [name for name in (self.sentence_column, self.fraternal_column) if name in features[0]]
+        if named:  # the named columns first, in the loss's order: sentence_features follow the batch's keys
+            features = [{**{name: row[name] for name in named}, **row} for row in features]
+        if self.loss is not None:
+            self.loss.collated_by_name = True
         batch = super().__call__(features)
         if self.fraternal_tokenizer is not None and self.fraternal_column in features[0]:
             for key in [k for k in batch if k.startswith(f"{self.fraternal_column}_")]:

@@ -1,0 +1,146 @@
+"""The checks ``run_ifcl.py`` makes before any model loads: training settings, loggers, model paths, sequence length,
+data size and, once loaded, finite weights. Each raises ``ValueError`` or ``OSError`` naming the setting."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+from transformers import TrainingArguments
+
+from configuration_ifcl import check_model_path
+from ifcl.arguments import strategy_name
+
+
+def check_training_settings(training_args: TrainingArguments) -> None:
+    """Sizes and rates that the Trainer would only reject late, or unclearly; ``--hub_strategy`` other than end
+    (this script pushes once, at the end); a push or a resume without training (``--do_train``)."""
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+        value = getattr(training_args, name)
+        if value < 1:
+            raise ValueError(f"--{name} must be ≥ 1, got {value}.")
+    if not math.isfinite(training_args.learning_rate) or training_args.learning_rate < 0:
+        raise ValueError(f"--learning_rate must be a finite number ≥ 0, got {training_args.learning_rate}.")
+    if training_args.do_train and training_args.max_steps == 0:
+        raise ValueError(
+            "--max_steps 0 trains no step: give a number of steps ≥ 1, or -1 to train --num_train_epochs."
+        )
+    if training_args.do_train and training_args.max_steps < 0 and not training_args.num_train_epochs > 0:
+        raise ValueError(
+            f"--num_train_epochs must be > 0 (with --max_steps -1), got {training_args.num_train_epochs}."
+        )
+    check_report_to(training_args.report_to)
+    hub_strategy = strategy_name(training_args.hub_strategy)
+    if hub_strategy != "end":
+        raise ValueError(
+            f"--hub_strategy {hub_strategy}: this script pushes once, at the end, the finished output folder "
+            "(--push_to_hub), never checkpoints during training; only --hub_strategy end is possible."
+        )
+    if not training_args.do_train:
+        if training_args.push_to_hub:
+            raise ValueError("--push_to_hub without --do_train: no model is trained or saved here to push.")
+        if training_args.resume_from_checkpoint is not None:
+            raise ValueError("--resume_from_checkpoint without --do_train: there is no training to resume.")
+
+
+def check_report_to(report_to: list[str]) -> None:
+    """Every ``--report_to`` backend is one the Trainer knows and whose package is installed."""
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        get_available_reporting_integrations,
+    )
+
+    unknown = [name for name in report_to if name not in INTEGRATION_TO_CALLBACK]
+    if unknown:
+        raise ValueError(
+            f"--report_to {' '.join(unknown)}: not a logger the Trainer knows ({', '.join(INTEGRATION_TO_CALLBACK)})."
+        )
+    missing = [name for name in report_to if name not in get_available_reporting_integrations()]
+    if missing:
+        raise ValueError(
+            f"--report_to {' '.join(missing)}: its package is not installed (pip install {' '.join(missing)}), "
+            "or choose --report_to none."
+        )
+
+
+def check_data_size(train_size: int, training_args: TrainingArguments, queue_size: int) -> None:
+    """Refuse training data smaller than one global batch, or than the k·N rows of the queue when it is on."""
+    from trainer_ifcl import check_training_data_size, global_batch_size
+
+    check_training_data_size(train_size, global_batch_size(training_args), queue_size)
+
+
+def check_model_paths(model_args) -> None:
+    """The encoder's and the fraternal model's paths: local folders that exist, or Hub ids."""
+    for name in ("model_name_or_path", "fraternal_model_name_or_path"):
+        check_model_path(f"--{name}", getattr(model_args, name))
+
+
+def check_max_seq_length(
+    model_name_or_path: str, max_seq_length: int, objective: str, saved: dict[str, Any] | None = None
+) -> None:
+    """``--max_seq_length`` within the encoder's limit, read from its config and tokenizer (no weights loaded);
+    ConIsI's sentence pairs are about twice as long. ``saved``: the config of an IFCL model, whose encoder's own
+    config it holds."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from modeling_ifcl import max_input_length
+
+    if saved is None:
+        encoder_config = AutoConfig.from_pretrained(model_name_or_path)
+    else:
+        from configuration_ifcl import IFCLConfig
+
+        encoder_config = IFCLConfig.from_dict(saved).build_encoder_config()
+    # Given the encoder's config, AutoTokenizer does not read config.json (an IFCL model's would need remote code).
+    tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, config=encoder_config)
+    limit = max_input_length(tokenizer, encoder_config)
+    special = tokenizer.num_special_tokens_to_add(pair=False)
+    if max_seq_length <= special:
+        raise ValueError(
+            f"--max_seq_length {max_seq_length}: the tokenizer of {model_name_or_path} adds {special} special "
+            f"token(s) to every sentence, so no word would be left; give at least {special + 1}."
+        )
+    length, what = max_seq_length, "--max_seq_length"
+    if objective == "conisi":
+        from ifcl.objectives.conisi import pair_max_length
+
+        length = pair_max_length(tokenizer, max_seq_length)
+        what = f"ConIsI's sentence pairs ({length} tokens for --max_seq_length {max_seq_length})"
+    if length > limit:
+        raise ValueError(f"{what}: longer than the {limit} tokens {model_name_or_path} takes.")
+
+
+def check_finite_weights(model: torch.nn.Module, source: str) -> None:
+    """Refuse a loaded model whose weights hold NaN or infinite values (they would only make the loss NaN)."""
+    broken = [
+        name
+        for name, tensor in model.state_dict().items()
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
+    ]
+    if broken:
+        shown = ", ".join(broken[:3]) + (", ..." if len(broken) > 3 else "")
+        raise ValueError(f"{source}: its weights hold NaN or infinite values ({shown}); train from a sound copy.")
+
+
+def check_data_arguments(data_args) -> None:
+    """``run_ifcl.py``'s ``DataArguments``: one source of training text, a valid score range, files that exist and
+    positive sizes."""
+    if data_args.train_file is not None and data_args.dataset_name is not None:
+        raise ValueError(
+            f"--train_file {data_args.train_file} and --dataset_name {data_args.dataset_name}: give one source of "
+            "training text, not both."
+        )
+    low_high = data_args.sts_score_range
+    if len(low_high) != 2 or not all(math.isfinite(v) for v in low_high) or low_high[0] >= low_high[1]:
+        raise ValueError(f"--sts_score_range takes two finite numbers LOW HIGH with LOW < HIGH, got {low_high}.")
+    for name in ("train_file", "validation_file", "test_file"):
+        path = getattr(data_args, name)
+        if path is not None and not os.path.isfile(path):
+            raise FileNotFoundError(f"--{name} {path}: no such file.")
+    if data_args.max_seq_length < 1:
+        raise ValueError(f"--max_seq_length must be ≥ 1, got {data_args.max_seq_length}.")
+    if data_args.max_train_samples is not None and data_args.max_train_samples < 1:
+        raise ValueError(f"--max_train_samples must be ≥ 1, got {data_args.max_train_samples}.")

@@ -1,0 +1,575 @@
+#!/usr/bin/env python
+"""Evaluate a sentence encoder on the STS tasks of the IFCL paper (Tables 1 and 3) and on your own STS files.
+
+    python evaluate_sts.py --model_name_or_path outputs/ifcl-all-MiniLM-L6-v2-trans-de-en --tasks stsb
+    python evaluate_sts.py --model_name_or_path bert-base-uncased --pooler_type avg --data_dir SentEval/data/downstream
+    python evaluate_sts.py --model_name_or_path MODEL --tasks chinese --data_dir data/sts
+    python evaluate_sts.py --model_name_or_path MODEL --tasks stsb my_pairs.tsv --mutual_information pairs.txt
+
+The model is a saved IFCL model (its remote code gives ``IFCLModel.encode``), a plain ``transformers`` encoder
+(``--pooler_type``) or a sentence-transformers model (a folder with ``modules.json``). Every figure goes through
+``ifcl.evaluation.STSEvaluator``, the Trainer's evaluator (encoders loaded by ``ifcl.sts_encoders``). Writes to ``--output_dir``: ``sts_results.md`` (the
+paper's table layout), ``sts_results.json`` (every figure; written atomically, NaN as null) and ``scatter_<task>.png``
+(predicted cosine against gold, the paper's Fig. 4b). Task layouts and sources: ``sts_tasks.py`` and
+``docs/evaluation.md``.
+
+Each model has its own default folder: ``outputs/sts/<last two parts of the folder>-<hash of its absolute path>``
+for a local model (``a/checkpoint-8`` and ``b/checkpoint-8`` get two), ``outputs/sts/<Hub id, file-safe>`` for a Hub
+id. Evaluating the same model again updates its results; a folder whose ``sts_results.json`` belongs to another model
+is refused before the model is loaded, unless ``--overwrite_output_dir`` (which then deletes that model's
+``sts_results.*`` and ``scatter_*.png`` there, once the new model is loaded).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from configuration_ifcl import POOLER_TYPES, check_model_path
+from ifcl.cli import Command, write_json_atomically
+from ifcl.evaluation import STSEvaluator
+from ifcl.sts_encoders import MODEL_TYPES, mutual_information
+from ifcl.sts_tasks import ENGLISH_TASKS, TASK_TITLES, STSData, load_requests, parse_task_requests
+
+logger = logging.getLogger("evaluate_sts")
+
+RESULTS_MARKDOWN = "sts_results.md"
+RESULTS_JSON = "sts_results.json"
+CHINESE_COLUMNS = ("cstsb", "simclue")
+
+
+@dataclass
+class ModelArguments:
+    """Which encoder, and how it embeds."""
+
+    model_name_or_path: str = field(
+        metadata={"help": "Folder or Hub id of an IFCL, transformers or sentence-transformers model."}
+    )
+    model_type: str = field(
+        default="auto",
+        metadata={
+            "help": f"One of {MODEL_TYPES}. auto: 'ifcl' if config.json says so, 'sentence-transformers' "
+            "if the folder has modules.json, else 'transformers'."
+        },
+    )
+    pooler_type: str | None = field(
+        default=None,
+        metadata={
+            "help": f"One of {POOLER_TYPES}. Plain encoders: default avg; 'cls' is the model's pooler_output "
+            "(no MLP). IFCL models: overrides the saved evaluation pooler. Ignored for sentence-transformers."
+        },
+    )
+    max_seq_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Truncation length. Default: the model's own (IFCL and plain encoders: the encoder's "
+            "limit, as IFCLModel.encode and the Trainer; sentence-transformers: its max_seq_length)."
+        },
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={
+            "help": "Run the code a plain or sentence-transformers model ships with. IFCL models never need it: "
+            "they load with this project's own classes, whatever .py files their folder holds."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        from ifcl.output_folder import RUN_IN_PROGRESS_FILE
+
+        if os.path.isfile(os.path.join(self.model_name_or_path, RUN_IN_PROGRESS_FILE)):
+            raise ValueError(
+                f"--model_name_or_path {self.model_name_or_path} holds an unfinished training run "
+                f"({RUN_IN_PROGRESS_FILE}: interrupted, or still going), so its weights may not be the final ones. "
+                f"Evaluate one of its checkpoint-* folders, or resume the run with --resume_from_checkpoint last."
+            )
+        check_model_path("--model_name_or_path", self.model_name_or_path)
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"--model_type must be one of {MODEL_TYPES}, got {self.model_type!r}.")
+        if self.pooler_type is not None and self.pooler_type not in POOLER_TYPES:
+            raise ValueError(f"--pooler_type must be one of {POOLER_TYPES}, got {self.pooler_type!r}.")
+        if self.max_seq_length is not None and self.max_seq_length < 1:
+            raise ValueError(f"--max_seq_length must be ≥ 1, got {self.max_seq_length}.")
+
+
+@dataclass
+class EvaluationArguments:
+    """Which STS sets, where their files lie, how to run, where results go."""
+
+    tasks: list[str] = field(
+        default_factory=lambda: list(ENGLISH_TASKS),
+        metadata={
+            "help": "Tasks: sts12 sts13 sts14 sts15 sts16 stsb sickr cstsb simclue, the groups 'english' "
+            "(default) and 'chinese', your STS files (PATH or NAME=PATH; sentence1, sentence2, score), "
+            "or 'none'."
+        },
+    )
+    data_dir: str = field(
+        default="data/sts",
+        metadata={
+            "help": "Folder with the task files (SentEval's data/downstream works as is; see docs/evaluation.md)."
+        },
+    )
+    use_hub: bool = field(
+        default=True,
+        metadata={"help": "Read a task's Hub copy when its local files are missing and the Hub can be reached."},
+    )
+    batch_size: int = field(default=64, metadata={"help": "Sentences per encoder call."})
+    device: str | None = field(default=None, metadata={"help": "cpu, cuda, cuda:1, ... Default: cuda if available."})
+    bf16: bool = field(default=False, metadata={"help": "Encode in bfloat16 (for GPUs)."})
+    fp16: bool = field(default=False, metadata={"help": "Encode in float16 (for GPUs)."})
+    output_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Where results go. Default, one folder per model: outputs/sts/<last two parts of the model "
+            "folder>-<hash of its absolute path> for a local model, outputs/sts/<Hub id, / as _> for a Hub id. "
+            "A folder whose sts_results.json belongs to another model is refused (see --overwrite_output_dir); "
+            "the same model's results are updated."
+        },
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Replace another model's results in --output_dir: its sts_results.json, sts_results.md and "
+            "scatter_*.png are deleted once this model is loaded (other files are left alone)."
+        },
+    )
+    scatter_plots: bool = field(
+        default=True, metadata={"help": "Write scatter_<task>.png (--no_scatter_plots: none)."}
+    )
+    show_progress_bar: bool = field(default=True, metadata={"help": "Progress bars while encoding."})
+
+    def __post_init__(self) -> None:
+        if self.bf16 and self.fp16:
+            raise ValueError("--bf16 and --fp16 exclude each other.")
+        if self.batch_size < 1:
+            raise ValueError(f"--batch_size must be ≥ 1, got {self.batch_size}.")
+
+
+@dataclass
+class MutualInformationArguments:
+    """The paper's Eq. 10 (Table 4) between dropout twins and between anchors and fraternal twins."""
+
+    mutual_information: str | None = field(
+        default=None,
+        metadata={
+            "help": "File of sentence pairs (.txt 'sentence<TAB>translation', or .csv/.json/.jsonl with columns "
+            "sentence, fraternal): compute MI(h, h+) and, for IFCL models with fraternal twins, MI(h, h-)."
+        },
+    )
+    mi_batch_size: int = field(default=64, metadata={"help": "N of Eq. 10: sentences per batch."})
+    mi_temperature: float = field(default=0.05, metadata={"help": "τ of Eq. 10."})
+    mi_max_batches: int | None = field(default=None, metadata={"help": "Use at most this many batches."})
+    mi_task_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "N of MI_task (Table 4): default all of the task's top-score pairs as one batch, as Table 4's "
+            "values imply (their bound is log 97: the 97 STS-B test pairs scored 5.0). A number caps N at it."
+        },
+    )
+    seed: int = field(default=42, metadata={"help": "Seed of the dropout masks."})
+
+    def __post_init__(self) -> None:
+        if self.mutual_information is not None and not os.path.isfile(self.mutual_information):
+            raise FileNotFoundError(f"--mutual_information {self.mutual_information}: no such file.")
+        if self.mi_batch_size < 2:
+            raise ValueError(f"--mi_batch_size must be ≥ 2, got {self.mi_batch_size}.")
+        if self.mi_task_batch_size is not None and self.mi_task_batch_size < 2:
+            raise ValueError(f"--mi_task_batch_size must be ≥ 2, got {self.mi_task_batch_size}.")
+        if self.mi_temperature <= 0:
+            raise ValueError(f"--mi_temperature must be > 0, got {self.mi_temperature}.")
+
+
+def parse_arguments(argv: list[str]) -> tuple[ModelArguments, EvaluationArguments, MutualInformationArguments]:
+    """Command line (or one .json file of arguments) → the three argument dataclasses."""
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser((ModelArguments, EvaluationArguments, MutualInformationArguments))
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        return parser.parse_json_file(argv[0])
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+# ---------------------------------------------------------------------------------------------------- output
+
+
+def model_label(model_name_or_path: str, pooler_type: str | None) -> str:
+    """Row name of the results table: the folder name (or Hub id) and the pooler."""
+    name = model_name_or_path.rstrip("/\\")
+    if os.path.isdir(name):
+        name = os.path.basename(os.path.abspath(name))
+    return f"{name} ({pooler_type})" if pooler_type else name
+
+
+def safe_file_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+def model_identity(model_name_or_path: str) -> tuple[str, str]:
+    """What makes two evaluations the same model: ``("local", absolute path)`` for a folder (symbolic links
+    resolved), ``("hub", id)`` for anything else."""
+    if os.path.isdir(model_name_or_path):
+        return "local", os.path.normcase(os.path.realpath(model_name_or_path))
+    return "hub", model_name_or_path.rstrip("/\\")
+
+
+def default_output_dir(model_name_or_path: str) -> str:
+    """``outputs/sts/<name>``, one per model: for a local folder its last two path parts and a hash of its absolute
+    path (``a/checkpoint-8`` → ``a_checkpoint-8-<hash>``), for a Hub id the id made file-safe."""
+    kind, key = model_identity(model_name_or_path)
+    if kind == "hub":
+        return os.path.join("outputs", "sts", safe_file_name(key))
+    parts = [part for part in re.split(r"[\\/]", key) if part][-2:] or ["root"]
+    digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return os.path.join("outputs", "sts", f"{safe_file_name('_'.join(parts))}-{digest}")
+
+
+def recorded_model(results: Any) -> tuple[tuple[str, str], str]:
+    """The model that a ``sts_results.json`` belongs to: its identity (see :func:`model_identity`) and its name for
+    messages. Files written before ``model_path`` was recorded: ``model_name_or_path`` as it resolves from here.
+    Raises ValueError for a file that is not this script's results."""
+    if not isinstance(results, dict) or not isinstance(results.get("model_name_or_path"), str):
+        raise ValueError("no model_name_or_path in it")
+    name = results["model_name_or_path"]
+    if "model_path" not in results:
+        identity = model_identity(name)
+        return identity, identity[1]
+    path = results["model_path"]
+    if path is None:
+        return ("hub", name.rstrip("/\\")), name
+    if not isinstance(path, str):
+        raise ValueError(f"model_path is {path!r}")
+    return ("local", os.path.normcase(path)), path
+
+
+def check_output_dir(output_dir: str, model_name_or_path: str, overwrite: bool, default: bool) -> str | None:
+    """Refuse a folder whose ``sts_results.json`` belongs to another model, unless ``overwrite``; reads only, before
+    the model is loaded. Returns the other model whose results are to be replaced (None: nothing to replace).
+    ``default``: the folder is the model's default one, not an --output_dir given."""
+    where = f"The default output folder {output_dir}" if default else f"--output_dir {output_dir}"
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ValueError(f"{where} is a file, not a folder. Choose another --output_dir.")
+    results_path = os.path.join(output_dir, RESULTS_JSON)
+    if not os.path.exists(results_path):
+        return None
+    way_on = "Choose another --output_dir, or replace them with --overwrite_output_dir."
+    try:
+        with open(results_path, encoding="utf-8") as handle:
+            owner_identity, owner = recorded_model(json.load(handle))
+    except (OSError, ValueError) as error:  # unreadable, not JSON, or not this script's results
+        if overwrite:
+            return f"an unknown model ({RESULTS_JSON} could not be read)"
+        raise ValueError(
+            f"{where} holds a {RESULTS_JSON} that cannot be read as this script's results ({error}), so which "
+            f"model they belong to is unknown. {way_on}"
+        ) from error
+    identity = model_identity(model_name_or_path)
+    if owner_identity == identity:
+        return None
+    if overwrite:
+        return owner
+    raise ValueError(f"{where} already holds the STS results of another model, {owner} (not {identity[1]}). {way_on}")
+
+
+def remove_results(output_dir: str) -> list[str]:
+    """Delete the files this script writes (sts_results.json first, then sts_results.md and scatter_*.png) from
+    ``output_dir``; other files stay. Returns the names deleted."""
+    names = [RESULTS_JSON, RESULTS_MARKDOWN]
+    names += sorted(
+        os.path.basename(path) for path in glob.glob(os.path.join(glob.escape(output_dir), "scatter_*.png"))
+    )
+    removed = []
+    for name in names:
+        path = os.path.join(output_dir, name)
+        if os.path.isfile(path):
+            os.remove(path)
+            removed.append(name)
+    return removed
+
+
+def format_score(value: float | None) -> str:
+    return "–" if value is None or math.isnan(value) else f"{value:.2f}"
+
+
+def english_average(results: dict[str, dict[str, Any]]) -> float | None:
+    """Mean Spearman of the seven English tasks, only when all seven were evaluated (Table 1's Avg.)."""
+    if not all(name in results for name in ENGLISH_TASKS):
+        return None
+    return float(np.mean([results[name]["spearman"] for name in ENGLISH_TASKS]))
+
+
+def markdown_tables(label: str, results: dict[str, dict[str, Any]]) -> str:
+    """Spearman × 100 in the paper's layouts: Table 1 (English, with Avg.), Table 3 (Chinese), then user sets.
+
+    Table 1 always has its eight columns, '–' where a task was not run, so rows of several runs can be stacked;
+    Avg. needs all seven tasks. Sets read from a source that differs from the paper's get a footnote.
+    """
+
+    def row(cells: list[str]) -> str:
+        return "| " + " | ".join(cells) + " |"
+
+    def table(columns: list[str], cells: list[str]) -> list[str]:
+        return [row(["Model", *columns]), row(["---"] * (len(columns) + 1)), row([label, *cells])]
+
+    def cell(name: str) -> str:
+        marker = "*" if results.get(name, {}).get("note") else ""
+        return format_score(results[name]["spearman"]) + marker if name in results else "–"
+
+    lines: list[str] = []
+    if any(name in results for name in ENGLISH_TASKS) or not results:
+        columns = [TASK_TITLES[name] for name in ENGLISH_TASKS] + ["Avg."]
+        lines += table(columns, [cell(name) for name in ENGLISH_TASKS] + [format_score(english_average(results))])
+    if any(name in results for name in CHINESE_COLUMNS):
+        lines += [""] + table(
+            [TASK_TITLES[name] for name in CHINESE_COLUMNS], [cell(name) for name in CHINESE_COLUMNS]
+        )
+    others = [name for name, result in results.items() if result["table"] == "other"]
+    if others:
+        lines += [""] + table(others, [cell(name) for name in others])
+    notes = [f"\\* {result['title']}: {result['note']}." for result in results.values() if result.get("note")]
+    if notes:
+        lines += [""] + notes
+    return "\n".join(lines) + "\n"
+
+
+def scatter_plot(path: str, data: STSData, similarities: np.ndarray, spearman: float, label: str) -> None:
+    """Predicted cosine against gold score with the Spearman in the title (the paper's Fig. 4b)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    gold = np.asarray(data.scores, dtype=np.float64)
+    figure, axes = plt.subplots(figsize=(5.5, 4.5), dpi=120)
+    axes.scatter(gold, similarities, s=6, alpha=0.35, color="tab:blue", linewidths=0)
+    low, high = float(gold.min()), float(gold.max())
+    if high > low:  # the gold scores rescaled to [0, 1]: the ground-truth line of Fig. 4b
+        axes.plot([low, high], [0.0, 1.0], color="gray", linewidth=1, label="gold rescaled to [0, 1]")
+        axes.legend(loc="lower right", fontsize=8)
+    axes.set_xlabel("gold score")
+    axes.set_ylabel("predicted cosine similarity")
+    axes.set_title(f"{data.title}: Spearman {format_score(spearman)}\n{label}", fontsize=10)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+# ---------------------------------------------------------------------------------------------------- MI
+
+
+def task_mutual_information(
+    encoder, data: STSData, batch_size: int | None, temperature: float, encode_batch_size: int
+) -> dict[str, Any] | None:
+    """MI_task of Table 4: Eq. 10 between the two sentences of the pairs with the top gold score (5.0 on STS-B),
+    evaluation embeddings.
+
+    ``batch_size`` None: all those pairs form one batch, N = their number (Table 4's MI_task values lie just below
+    log 97, the 97 pairs of STS-B test scored 5.0). A number: batches of at most N in file order (a shorter last
+    batch left out unless it is the only one).
+    """
+    top = max(data.scores)
+    rows = [i for i, score in enumerate(data.scores) if score == top]
+    if len(rows) < 2:
+        return None
+    first = encoder.encode([data.sentences1[i] for i in rows], batch_size=encode_batch_size)
+    second = encoder.encode([data.sentences2[i] for i in rows], batch_size=encode_batch_size)
+    size = len(rows) if batch_size is None else min(batch_size, len(rows))
+    values = [
+        mutual_information(first[start : start + size], second[start : start + size], temperature)
+        for start in range(0, len(rows) - size + 1, size)
+    ]
+    return {
+        "mi_task": float(np.mean(values)),
+        "task": data.name,
+        "gold_score": top,
+        "pairs": len(rows),
+        "batch_size": size,
+        "num_batches": len(values),
+        "upper_bound": float(np.log(size)),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- main
+
+
+def evaluate_sts_set(encoder, data, eval_args, output_dir: str, label: str) -> dict[str, Any]:
+    """One STS set's figures (and its scatter plot with ``--scatter_plots``), as sts_results.json holds them."""
+    evaluator = STSEvaluator(data.sentences1, data.sentences2, data.scores, data.name, eval_args.batch_size)
+    start = time.perf_counter()
+    evaluation = evaluator.evaluate(encoder)
+    seconds = time.perf_counter() - start
+    result: dict[str, Any] = {
+        "title": data.title,
+        "table": data.table,
+        "spearman": evaluation.spearman,
+        "pearson": evaluation.pearson,
+        "num_pairs": evaluation.num_pairs,
+        "source": data.source,
+        "note": data.note,
+        "seconds": round(seconds, 3),
+    }
+    if data.details:
+        result["pairs_per_subset"] = data.details
+    if eval_args.scatter_plots:
+        plot_name = f"scatter_{safe_file_name(data.name)}.png"
+        scatter_plot(os.path.join(output_dir, plot_name), data, evaluation.similarities, evaluation.spearman, label)
+        result["scatter_plot"] = plot_name
+    logger.info(
+        f"{data.title}: Spearman {evaluation.spearman:.2f}, Pearson {evaluation.pearson:.2f} "
+        f"({evaluation.num_pairs} pairs, {seconds:.1f} s)"
+    )
+    return result
+
+
+def evaluate_mutual_information(encoder, mi_pairs, sts_sets, mi_args, eval_args) -> dict[str, Any]:
+    """MI(h, h⁺) and MI(h, h⁻) (Eq. 10) over the ``--mutual_information`` pairs, and the task-relevant MI on STS-B
+    when it is among the sets."""
+    import torch
+
+    from ifcl.sts_encoders import MutualInformationEvaluator
+
+    torch.manual_seed(mi_args.seed)
+    fraternals = list(mi_pairs["fraternal"]) if "fraternal" in mi_pairs.column_names else None
+    mi_evaluator = MutualInformationEvaluator(
+        list(mi_pairs["sentence"]), fraternals, mi_args.mi_batch_size, mi_args.mi_temperature, mi_args.mi_max_batches
+    )
+    mi_results = {
+        "file": mi_args.mutual_information,
+        "seed": mi_args.seed,
+        **mi_evaluator(encoder, show_progress_bar=eval_args.show_progress_bar),
+    }
+    stsb = next((data for data in sts_sets if data.name == "stsb"), None)
+    if stsb is not None:
+        mi_results["task_relevant"] = task_mutual_information(
+            encoder, stsb, mi_args.mi_task_batch_size, mi_args.mi_temperature, eval_args.batch_size
+        )
+    logger.info(f"Mutual information (Eq. 10): {json.dumps(mi_results)}")
+    return mi_results
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse ``argv``, evaluate, write the results. Returns what sts_results.json holds."""
+    model_args, eval_args, mi_args = parse_arguments(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        level=logging.INFO,
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+
+    # Everything that can be wrong with the input is found before the model is loaded.
+    requests = parse_task_requests(eval_args.tasks)
+    sts_sets = load_requests(requests, eval_args.data_dir, eval_args.use_hub)
+    for data in sts_sets:
+        logger.info(f"{data.name}: {len(data)} pairs from {data.source}")
+    mi_pairs = None
+    if mi_args.mutual_information is not None:
+        from ifcl.data import load_train_dataset
+
+        mi_pairs = load_train_dataset(mi_args.mutual_information)
+        logger.info(f"Mutual information: {len(mi_pairs)} sentence pairs from {mi_args.mutual_information}")
+    if not sts_sets and mi_pairs is None:
+        raise ValueError("Nothing to do: --tasks none and no --mutual_information file.")
+    output_dir = eval_args.output_dir or default_output_dir(model_args.model_name_or_path)
+    replaced = check_output_dir(
+        output_dir,
+        model_args.model_name_or_path,
+        eval_args.overwrite_output_dir,
+        default=eval_args.output_dir is None,
+    )
+
+    import torch
+
+    from ifcl.sts_encoders import load_encoder
+
+    dtype = torch.bfloat16 if eval_args.bf16 else torch.float16 if eval_args.fp16 else None
+    loaded = load_encoder(
+        model_args.model_name_or_path,
+        model_type=model_args.model_type,
+        pooler_type=model_args.pooler_type,
+        max_length=model_args.max_seq_length,
+        device=eval_args.device,
+        dtype=dtype,
+        show_progress_bar=eval_args.show_progress_bar,
+        trust_remote_code=model_args.trust_remote_code,
+    )
+    encoder = loaded.encoder
+    COMMAND.running = True  # the input is checked and the model loaded: what fails now is the run
+    if dtype is not None and encoder.device.type == "cpu":
+        logger.warning(f"--{'bf16' if eval_args.bf16 else 'fp16'} on the CPU: half precision is meant for GPUs.")
+    label = model_label(model_args.model_name_or_path, loaded.pooler_type)
+    os.makedirs(output_dir, exist_ok=True)
+    if replaced is not None:
+        removed = remove_results(output_dir)
+        logger.warning(
+            f"--overwrite_output_dir: deleted the results of {replaced} from {output_dir} ({', '.join(removed)})."
+        )
+    logger.info(f"Evaluating {label} ({loaded.model_type}) on {encoder.device}; results go to {output_dir}")
+
+    results = {data.name: evaluate_sts_set(encoder, data, eval_args, output_dir, label) for data in sts_sets}
+    mi_results = None
+    if mi_pairs is not None:
+        mi_results = evaluate_mutual_information(encoder, mi_pairs, sts_sets, mi_args, eval_args)
+
+    table = markdown_tables(label, results) if results else ""
+    kind, key = model_identity(model_args.model_name_or_path)
+    summary = {
+        "model_name_or_path": model_args.model_name_or_path,
+        "model_path": key if kind == "local" else None,  # whose results these are (check_output_dir)
+        "model_label": label,
+        "model_type": loaded.model_type,
+        "pooler_type": loaded.pooler_type,
+        "arguments": {**asdict(model_args), **asdict(eval_args), **asdict(mi_args)},
+        "device": str(encoder.device),
+        "tasks": results,
+        "english_average": english_average(results),
+        "mutual_information": mi_results,
+    }
+    write_json_atomically(os.path.join(output_dir, RESULTS_JSON), summary)
+    if table:
+        with open(os.path.join(output_dir, RESULTS_MARKDOWN), "w", encoding="utf-8") as handle:
+            handle.write(table)
+        print("\nSpearman × 100 (cosine similarity against gold scores)\n\n" + table)
+    if mi_results is not None:
+        print(format_mutual_information(mi_results))
+    print(f"Results written to {output_dir}")
+    return summary
+
+
+def format_mutual_information(mi_results: dict[str, Any]) -> str:
+    """The Table 4 figures as a Markdown table."""
+    task = mi_results.get("task_relevant") or {}
+    cells = [
+        format_score(mi_results["mi_identical"]),
+        format_score(mi_results["mi_fraternal"]),
+        format_score(task.get("mi_task")),
+    ]
+    return (
+        f"\nMutual information, Eq. 10 (N = {mi_results['batch_size']}, τ = {mi_results['temperature']}, "
+        f"{mi_results['num_batches']} batches; at most log N = {mi_results['upper_bound']:.2f})\n\n"
+        "| MI(h, h+) | MI(h, h-) | MI_task |\n|---|---|---|\n| " + " | ".join(cells) + " |\n"
+    )
+
+
+COMMAND = Command("evaluate_sts.py")
+
+
+def cli() -> None:
+    """Command-line entry (``ifcl-evaluate-sts``): a bad input ends with ``evaluate_sts.py: error: <message>`` and
+    exit code 2, a failure once the model is loaded with exit code 1 (the traceback with ``IFCL_DEBUG=1``)."""
+    COMMAND.main(main)
+
+
+if __name__ == "__main__":
+    cli()

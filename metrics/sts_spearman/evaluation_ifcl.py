@@ -1,1 +1,0 @@
-../../evaluation_ifcl.py

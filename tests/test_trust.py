@@ -1,0 +1,101 @@
+"""No code runs that the user did not trust: an IFCL folder's own ``.py`` files are never imported, unless the user
+says ``trust_remote_code``; and a model folder with broken weights ends ``evaluate_sts.py`` in one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT, write_sts_file
+from safetensors.torch import load_file, save_file
+
+SENTINEL_CODE = "import pathlib; pathlib.Path({path!r}).write_text('ran')\n"
+
+
+@pytest.fixture
+def saved_model(tiny_encoder_dir, tmp_path):
+    from modeling_ifcl import IFCLModel
+
+    folder = tmp_path / "model"
+    IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0).save_pretrained(folder)
+    write_sts_file(tmp_path / "sts.tsv")
+    return folder
+
+
+def poison(folder, sentinel) -> None:
+    """Make every ``.py`` file the folder carries write ``sentinel`` when imported."""
+    for code in folder.glob("*.py"):
+        code.write_text(SENTINEL_CODE.format(path=str(sentinel)) + code.read_text(encoding="utf-8"), encoding="utf-8")
+
+
+def run_script(script: str, *args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(cwd), "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_an_edited_ifcl_folder_never_runs_its_code(saved_model, tmp_path):
+    sentinel = tmp_path / "sentinel"
+    poison(saved_model, sentinel)
+    sts = str(tmp_path / "sts.tsv")
+    result = run_script("evaluate_sts.py", "--model_name_or_path", str(saved_model), "--tasks", sts, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not sentinel.exists(), "evaluate_sts.py ran the folder's code"
+
+    train = tmp_path / "train.txt"
+    train.write_text("".join(f"Sentence number {i} is here.\tSatz Nummer {i} ist hier.\n" for i in range(16)))
+    result = run_script(
+        "run_ifcl.py", "--model_name_or_path", str(saved_model), "--train_file", str(train),
+        "--validation_file", sts, "--test_file", sts, "--output_dir", str(tmp_path / "out"), "--max_steps", "2",
+        "--per_device_train_batch_size", "4", "--queue_size", "0", "--max_seq_length", "16", "--use_cpu",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not sentinel.exists(), "run_ifcl.py ran the folder's code"
+
+
+def test_importing_ifcl_lets_automodel_load_the_folder_with_the_package_classes(saved_model, tmp_path):
+    from transformers import AutoModel
+
+    import ifcl
+
+    sentinel = tmp_path / "sentinel"
+    poison(saved_model, sentinel)
+    model = AutoModel.from_pretrained(saved_model)
+    assert type(model) is ifcl.IFCLModel
+    assert not sentinel.exists()
+
+
+@pytest.mark.slow
+def test_nan_weights_are_named_by_evaluate_sts(saved_model, tmp_path):
+    weights = saved_model / "model.safetensors"
+    tensors = load_file(weights)
+    name = next(key for key in tensors if key.endswith("word_embeddings.weight") and key.startswith("encoder."))
+    tensors[name] = torch.full_like(tensors[name], float("nan"))
+    save_file(tensors, weights, metadata={"format": "pt"})
+    result = run_script(
+        "evaluate_sts.py", "--model_name_or_path", str(saved_model), "--tasks", str(tmp_path / "sts.tsv"), cwd=tmp_path
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "NaN or infinite embeddings for 24 of the 24 sentences of STS set 'sts'" in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+def test_truncated_weights_end_evaluate_sts_in_one_line(saved_model, tmp_path):
+    weights = saved_model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    result = run_script(
+        "evaluate_sts.py", "--model_name_or_path", str(saved_model), "--tasks", str(tmp_path / "sts.tsv"), cwd=tmp_path
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert f"{saved_model}: its weights cannot be read" in result.stderr, result.stderr
