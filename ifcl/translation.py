@@ -27,9 +27,11 @@ nothing and is taken over).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import fcntl
+import glob
 import logging
 import os
 import sys
@@ -40,6 +42,7 @@ from typing import Any, Literal
 
 from configuration_ifcl import check_model_path
 from ifcl.cli import Command
+from ifcl.ctranslate2_engine import COMPUTE_TYPES
 from ifcl.data import DataFormatError, _iter_lines
 
 logger = logging.getLogger(__name__)
@@ -91,7 +94,27 @@ class PrepareFraternalArguments:
         metadata={"help": "Text put before every sentence. Default: 'translate <source> to <target>: ' for T5, "
                   "'>><target><< ' for multilingual Marian models, else none. --prefix '' for none."},
     )  # fmt: skip
+    engine: Literal["transformers", "ctranslate2"] = field(
+        default="transformers",
+        metadata={"help": "transformers: the model's generate. ctranslate2: the model converted once for CTranslate2 "
+                  "(pip install 'ifcl[ctranslate2]'), several times faster, same greedy output."},
+    )  # fmt: skip
+    ct2_model_dir: str | None = field(
+        default=None,
+        metadata={"help": "--engine ctranslate2: where the converted model is kept and reused. Default: "
+                  "<output folder>/<model name>-ct2."},
+    )  # fmt: skip
+    compute_type: str | None = field(
+        default=None,
+        metadata={"help": "--engine ctranslate2: the type it computes in: int8, int8_float32, int8_float16, "
+                  "int8_bfloat16, int16, float16, bfloat16, float32, default, auto. Default: --dtype's type."},
+    )  # fmt: skip
     batch_size: int = field(default=32, metadata={"help": "Sentences per generate call."})
+    max_batch_tokens: int | None = field(
+        default=None,
+        metadata={"help": "Also cap each batch at this many source tokens, padding included (batch size × longest "
+                  "sentence): long sentences go in smaller batches. Default: no cap."},
+    )  # fmt: skip
     batches_per_chunk: int = field(
         default=16,
         metadata={"help": "Sentences are sorted by length within chunks of this many batches (less padding); "
@@ -121,11 +144,19 @@ class PrepareFraternalArguments:
     )  # fmt: skip
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "batches_per_chunk", "max_length", "num_beams", "max_sentences"):
+        for name in (
+            "batch_size",
+            "max_batch_tokens",
+            "batches_per_chunk",
+            "max_length",
+            "num_beams",
+            "max_sentences",
+        ):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise SettingsError(f"--{name} must be ≥ 1, got {value}.")
         check_model_path("--model_name_or_path", self.model_name_or_path)
+        check_engine_arguments(self)
         if os.path.splitext(self.output_file)[1].lower() != ".txt":
             raise SettingsError(
                 f"--output_file {self.output_file}: must end in .txt, the extension run_ifcl.py reads as "
@@ -161,21 +192,74 @@ def clean_field(text: str) -> str:
     return text.translate(_FIELD_CLEANUP).strip()
 
 
-def read_input_sentences(input_file: str) -> tuple[list[InputSentence], int]:
-    """The input's non-empty lines as cleaned sentences, and the number of empty or whitespace-only lines."""
-    if not os.path.isfile(input_file):
-        raise FileNotFoundError(f"input file not found: {input_file}")
-    sentences: list[InputSentence] = []
-    empty_lines = 0
-    for line_number, line in _iter_lines(input_file):
-        text = clean_field(line)
-        if text:
-            sentences.append(InputSentence(line_number, text))
-        else:
-            empty_lines += 1
-    if not sentences:
-        raise DataFormatError(f"{input_file}: no sentences (the file is empty or has only empty lines)")
-    return sentences, empty_lines
+def check_engine_arguments(args: PrepareFraternalArguments) -> None:
+    """The engine's own flags: ``--ct2_model_dir`` and ``--compute_type`` only with ``--engine ctranslate2``, and a
+    compute type CTranslate2 knows."""
+    if args.engine != "ctranslate2":
+        for name in ("ct2_model_dir", "compute_type"):
+            if getattr(args, name) is not None:
+                raise SettingsError(
+                    f"--{name}: only for --engine ctranslate2 (the transformers engine takes --dtype)."
+                )
+    elif args.compute_type is not None and args.compute_type not in COMPUTE_TYPES:
+        raise SettingsError(f"--compute_type {args.compute_type}: not one of {', '.join(COMPUTE_TYPES)}.")
+
+
+class InputSentences:
+    """The input's non-empty lines as cleaned sentences, read as a stream: a window of them is held at a time.
+
+    Built with one pass that counts the sentences and the empty lines (and finds invalid UTF-8). ``sentences[i]``
+    reads on until sentence ``i``; ``release_before(i)`` forgets those before it. Reading before the window starts
+    the stream over (correct, only slower; the run never does it).
+    """
+
+    def __init__(self, input_file: str) -> None:
+        if not os.path.isfile(input_file):
+            raise FileNotFoundError(f"input file not found: {input_file}")
+        self.input_file = input_file
+        self.count = 0
+        self.empty_lines = 0
+        for _, line in _iter_lines(input_file):
+            if clean_field(line):
+                self.count += 1
+            else:
+                self.empty_lines += 1
+        if not self.count:
+            raise DataFormatError(f"{input_file}: no sentences (the file is empty or has only empty lines)")
+        self._restart()
+
+    def _restart(self) -> None:
+        self._stream = (
+            InputSentence(line_number, text)
+            for line_number, text in ((number, clean_field(line)) for number, line in _iter_lines(self.input_file))
+            if text
+        )
+        self._window: collections.deque[InputSentence] = collections.deque()
+        self._window_start = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> InputSentence:
+        if not 0 <= index < self.count:
+            raise IndexError(index)
+        if index < self._window_start:
+            self._restart()
+        while index >= self._window_start + len(self._window):
+            self._window.append(next(self._stream))
+        return self._window[index - self._window_start]
+
+    def release_before(self, index: int) -> None:
+        """Forget the sentences before ``index``: they are written."""
+        while self._window and self._window_start < index:
+            self._window.popleft()
+            self._window_start += 1
+
+
+def read_input_sentences(input_file: str) -> tuple[InputSentences, int]:
+    """The input's sentences (``InputSentences``) and the number of empty or whitespace-only lines."""
+    sentences = InputSentences(input_file)
+    return sentences, sentences.empty_lines
 
 
 def count_finished_lines(output_file: str, sentences: Sequence[InputSentence], input_file: str) -> tuple[int, int]:
@@ -221,6 +305,8 @@ def count_finished_lines(output_file: str, sentences: Sequence[InputSentence], i
                 )
             finished += 1
             finished_bytes += len(raw_line)
+            if isinstance(sentences, InputSentences):
+                sentences.release_before(finished)
     return finished, finished_bytes
 
 
@@ -424,12 +510,17 @@ class Translator:
             self.generation_kwargs["forced_bos_token_id"] = forced_bos_token_id
 
     @classmethod
-    def from_arguments(cls, args: PrepareFraternalArguments) -> Translator:
+    def from_arguments(cls, args: PrepareFraternalArguments, processes: Processes | None = None) -> Any:
         """Check device and length against the config, load the tokenizer and check the language settings, then load
-        the model and put it on its device."""
+        the model and put it on its device (``--engine ctranslate2``: a ``CTranslate2Translator``)."""
+        import torch
         from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
+        if args.engine == "ctranslate2":
+            return load_ctranslate2(args, processes or Processes())
         device, dtype = resolve_device_and_dtype(args.device, args.dtype)
+        if processes is not None and processes.count > 1 and device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", processes.local_index)  # one GPU per process under accelerate launch
         config = AutoConfig.from_pretrained(args.model_name_or_path)
         max_length = resolve_max_length(args.max_length, config, args.model_name_or_path)
         tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
@@ -460,6 +551,83 @@ class Translator:
         with torch.inference_mode():
             output_ids = self.model.generate(**inputs, **self.generation_kwargs)
         return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True)
+
+    def translate_batches(self, batches: Sequence[list[str]]) -> Iterator[list[str]]:
+        """Translations of each batch in turn (one generate call each)."""
+        for batch in batches:
+            yield self.translate_batch(batch)
+
+
+def load_ctranslate2(args: PrepareFraternalArguments, processes: Processes) -> Any:
+    """The CTranslate2 engine: the tokenizer and languages as for transformers, the model converted once into
+    ``--ct2_model_dir`` (by the main process; the others wait), loaded on this process's device(s)."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer
+
+    from ifcl import ctranslate2_engine
+
+    device, dtype = resolve_device_and_dtype(args.device, args.dtype)
+    config = AutoConfig.from_pretrained(args.model_name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    forced_bos_token_id = set_up_languages(tokenizer, args)
+    prefix = resolve_prefix(config, tokenizer, args)
+    model_dir = ct2_model_dir_of(args)
+    with processes.main_first():
+        if processes.is_main:
+            ctranslate2_engine.prepare_model_dir(model_dir, args.model_name_or_path)
+    if device.type == "cuda":
+        device_index = [device.index] if device.index is not None else processes.gpus(torch.cuda.device_count())
+    else:
+        device_index = [0]
+    compute_type = args.compute_type or str(dtype).removeprefix("torch.")
+    translator = ctranslate2_engine.load_ctranslate2_translator(
+        model_dir, args.model_name_or_path, tokenizer, prefix=prefix, max_length=args.max_length or DEFAULT_MAX_LENGTH,
+        num_beams=args.num_beams, forced_bos_token_id=forced_bos_token_id, device=device.type,
+        device_index=device_index, compute_type=compute_type, cpu_threads=torch.get_num_threads(),
+    )  # fmt: skip
+    logger.info(
+        f"Translating with {args.model_name_or_path} on CTranslate2 ({model_dir}), {device.type} {device_index}, "
+        f"compute type {compute_type}; prefix {prefix!r}"
+        + (f", target prefix {translator.target_prefix}" if translator.target_prefix else "")
+    )
+    return translator
+
+
+def ct2_model_dir_of(args: PrepareFraternalArguments) -> str:
+    """``--ct2_model_dir``, or its default beside the output."""
+    from ifcl.ctranslate2_engine import default_model_dir
+
+    return args.ct2_model_dir or default_model_dir(args.output_file, args.model_name_or_path)
+
+
+def check_engine(args: PrepareFraternalArguments) -> None:
+    """``--engine ctranslate2``: installed, a CPU or CUDA device, a compute type it has there, a model family it
+    converts, and a ``--ct2_model_dir`` that is free or holds this model converted by this project. Checked before
+    the output is locked."""
+    if args.engine != "ctranslate2":
+        return
+    from transformers import AutoConfig
+
+    from ifcl import ctranslate2_engine
+
+    try:
+        ctranslate2_engine.import_ctranslate2()
+        device, _ = resolve_device_and_dtype(args.device, args.dtype)
+        if device.type not in ("cpu", "cuda"):
+            raise SettingsError(f"--device {args.device}: CTranslate2 runs on cpu or cuda, not {device.type}.")
+        ctranslate2_engine.check_compute_type(args.compute_type or "default", device.type)
+        try:
+            config = AutoConfig.from_pretrained(args.model_name_or_path)
+        except (OSError, ValueError):
+            return  # reported when the model loads, if there is something to translate
+        if config.model_type not in ctranslate2_engine.SUPPORTED_MODEL_TYPES:
+            raise SettingsError(
+                f"--engine ctranslate2: {args.model_name_or_path} is a {config.model_type} model; this script "
+                f"converts {', '.join(ctranslate2_engine.SUPPORTED_MODEL_TYPES)} (use --engine transformers)."
+            )
+        ctranslate2_engine.check_model_dir(ct2_model_dir_of(args), args.model_name_or_path)
+    except ctranslate2_engine.EngineSettingsError as error:
+        raise SettingsError(str(error)) from None
 
 
 def pending_file_of(output_file: str) -> str:
@@ -579,10 +747,6 @@ class OrderedOutput:
         if not self.waiting:
             os.remove(self.pending_file)
 
-    def missing(self, end: int) -> list[int]:
-        """Indices below ``end`` that are neither written nor waiting: what is left to translate."""
-        return [index for index in range(self.next_index, end) if index not in self.waiting]
-
     def add(self, translations: dict[int, str]) -> None:
         """Keep a batch's translations (by sentence index), then write every line whose turn has come."""
         self._pending.write(
@@ -612,38 +776,176 @@ class OrderedOutput:
 
 
 def length_sorted_batches(
-    indices: Sequence[int], sentences: Sequence[InputSentence], batch_size: int
+    indices: Sequence[int],
+    sentences: Sequence[InputSentence],
+    batch_size: int,
+    max_batch_tokens: int | None = None,
+    token_count: Any = None,
 ) -> list[list[int]]:
-    """``indices`` in batches of ``batch_size``, longest sentences first, so that similar lengths share a batch."""
+    """``indices`` in batches of ``batch_size``, longest sentences first, so that similar lengths share a batch; with
+    ``max_batch_tokens``, a batch also holds at most that many source tokens, padding included (``token_count``
+    gives a sentence's)."""
     order = sorted(indices, key=lambda index: len(sentences[index].text), reverse=True)
-    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    if max_batch_tokens is None:
+        return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    counts = dict(zip(order, token_count([sentences[index].text for index in order])))
+    batches: list[list[int]] = []
+    longest = 0
+    for index in sorted(order, key=counts.__getitem__, reverse=True):  # a batch's first sentence is its longest
+        if batches and len(batches[-1]) < batch_size and (len(batches[-1]) + 1) * longest <= max_batch_tokens:
+            batches[-1].append(index)
+        else:
+            batches.append([index])
+            longest = counts[index]
+    return batches
+
+
+def source_token_counts(translator: Any, texts: Sequence[str]) -> list[int]:
+    """How many tokens the translator's encoder reads for each of ``texts`` (prefix and truncation included)."""
+    encoded = translator.tokenizer(
+        [translator.prefix + text for text in texts], truncation=True, max_length=translator.max_length
+    )
+    return [len(ids) for ids in encoded["input_ids"]]
+
+
+@dataclass
+class Processes:
+    """This process among those ``accelerate launch`` started (one process: index 0 of 1, nothing to share)."""
+
+    index: int = 0
+    count: int = 1
+    local_index: int = 0
+    state: Any = None  # accelerate's PartialState when there are several
+
+    @classmethod
+    def from_environment(cls, cpu: bool) -> Processes:
+        """accelerate's PartialState when launched as several processes (WORLD_SIZE > 1), else one process."""
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return cls()
+        from accelerate import PartialState
+
+        state = PartialState(cpu=cpu)
+        return cls(state.process_index, state.num_processes, state.local_process_index, state)
+
+    @property
+    def is_main(self) -> bool:
+        return self.index == 0
+
+    def wait_for_everyone(self) -> None:
+        if self.state is not None:
+            self.state.wait_for_everyone()
+
+    def main_first(self) -> contextlib.AbstractContextManager:
+        """The main process runs the block first, the others after it."""
+        return self.state.main_process_first() if self.state is not None else contextlib.nullcontext()
+
+    def from_main(self, value: Any) -> Any:
+        """The main process's ``value``, on every process."""
+        if self.state is None:
+            return value
+        from accelerate.utils import broadcast_object_list
+
+        return broadcast_object_list([value], from_process=0)[0]
+
+    def gpus(self, visible: int) -> list[int]:
+        """The GPUs a CTranslate2 model of this process uses: its own under accelerate launch, else all visible."""
+        return [self.local_index % max(visible, 1)] if self.count > 1 else list(range(visible))
+
+
+def side_file_of(output_file: str, process_index: int) -> str:
+    """Where process ``process_index`` (not the main one) keeps its translations until the main one writes them."""
+    return f"{pending_file_of(output_file)}.rank{process_index}"
+
+
+def side_files(output_file: str) -> list[str]:
+    """The side files of other processes that a run (with any number of processes) left beside ``output_file``."""
+    pattern = glob.escape(pending_file_of(output_file)) + ".rank*"
+    return sorted(path for path in glob.glob(pattern) if path.rsplit(".rank", 1)[1].isdigit())
+
+
+def append_translations(handle: Any, sentences: Sequence[InputSentence], translations: dict[int, str]) -> None:
+    """Append ``index<TAB>sentence<TAB>translation`` lines (the side files' format) and flush."""
+    handle.write("".join(f"{index}\t{sentences[index].text}\t{text}\n" for index, text in translations.items()))
+    handle.flush()
+
+
+def translate_share(
+    indices: list[int], sentences: Sequence[InputSentence], translator: Any, args: PrepareFraternalArguments, keep: Any
+) -> None:
+    """Translate ``indices`` in length-sorted batches, handing each batch's translations to ``keep``."""
+    token_count = None
+    if args.max_batch_tokens is not None:
+        token_count = lambda texts: source_token_counts(translator, texts)  # noqa: E731
+    batches = length_sorted_batches(indices, sentences, args.batch_size, args.max_batch_tokens, token_count)
+    texts = [[sentences[index].text for index in batch] for batch in batches]
+    for batch, outputs in zip(batches, translator.translate_batches(texts)):
+        if len(outputs) != len(batch):
+            raise RuntimeError(f"{len(batch)} sentences gave {len(outputs)} translations")
+        keep({index: clean_field(text) for index, text in zip(batch, outputs)})
 
 
 def translate_missing(
-    output: OrderedOutput,
-    end: int,
-    translator: Translator,
-    batch_size: int,
-    batches_per_chunk: int,
+    output: OrderedOutput | None,
+    plan: dict[str, Any],
+    sentences: InputSentences | Sequence[InputSentence],
+    translator: Any,
+    args: PrepareFraternalArguments,
+    processes: Processes,
     progress: Any = None,
 ) -> int:
-    """Translate the sentences before index ``end`` that are not in ``output`` yet; return how many.
+    """Translate the sentences from ``plan["start"]`` to ``plan["end"]`` that are neither written nor waiting; return
+    how many this process translated.
 
     They go in chunks of ``batch_size * batches_per_chunk`` consecutive sentences, each translated in length-sorted
-    batches, so that lines can be written in input order soon after they are translated.
+    batches. With several processes, a round gives each process one chunk (process k the k-th); each keeps its
+    translations in its own side file, and at the end of the round the main process writes them all, in input order,
+    into the output (``output``, on the main process only), and empties their side files.
     """
-    todo = output.missing(end)
-    chunk_size = batch_size * batches_per_chunk
-    for chunk_start in range(0, len(todo), chunk_size):
-        chunk = todo[chunk_start : chunk_start + chunk_size]
-        for batch in length_sorted_batches(chunk, output.sentences, batch_size):
-            outputs = translator.translate_batch([output.sentences[index].text for index in batch])
-            if len(outputs) != len(batch):
-                raise RuntimeError(f"{len(batch)} sentences gave {len(outputs)} translations")
-            output.add({index: clean_field(text) for index, text in zip(batch, outputs)})
+    chunk_size = args.batch_size * args.batches_per_chunk
+    waiting, translated = set(plan["waiting"]), 0
+    side_file = (
+        None if processes.is_main else open(side_file_of(plan["target"], processes.index), "a", encoding="utf-8")
+    )
+    try:
+        for round_start in range(plan["start"], plan["end"], chunk_size * processes.count):
+            round_end = min(round_start + chunk_size * processes.count, plan["end"])
+            share_start = round_start + processes.index * chunk_size
+            share = [i for i in range(share_start, min(share_start + chunk_size, round_end)) if i not in waiting]
+            if processes.is_main:
+                keep = output.add
+            else:
+                keep = lambda translations: append_translations(side_file, sentences, translations)  # noqa: E731
+            translate_share(share, sentences, translator, args, keep)
+            translated += len(share)
             if progress is not None:
-                progress.update(len(batch))
-    return len(todo)
+                progress.update(len(share))
+            if processes.count > 1:
+                collect_side_files(output, plan["target"], processes, round_end, progress)
+            if isinstance(sentences, InputSentences):
+                sentences.release_before(round_end)
+    finally:
+        if side_file is not None:
+            side_file.close()
+    return translated
+
+
+def collect_side_files(
+    output: OrderedOutput | None, target: str, processes: Processes, round_end: int, progress: Any
+) -> None:
+    """End of a round: once every process has finished its chunk, the main process moves their translations into
+    the output (through its own side file first, so that nothing is lost to a kill) and empties their side files."""
+    processes.wait_for_everyone()
+    if processes.is_main:
+        for index in range(1, processes.count):
+            path = side_file_of(target, index)
+            translations = read_pending_translations(path, output.sentences, output.next_index)
+            output.add(translations)
+            open(path, "w").close()
+            if progress is not None:
+                progress.update(len(translations))
+        if output.next_index < round_end:
+            raise RuntimeError(f"sentences {output.next_index} to {round_end} were not translated by any process")
+    processes.wait_for_everyone()
 
 
 def parse_arguments(argv: list[str]) -> PrepareFraternalArguments:
@@ -659,8 +961,9 @@ def parse_arguments(argv: list[str]) -> PrepareFraternalArguments:
 
 
 def run(argv: list[str]) -> PrepareSummary:
-    """Parse ``argv``, check the input, the device and the length, lock the output and check it, translate what is
-    missing."""
+    """Parse ``argv``, check the input, the device, the length and the engine, lock the output and check it,
+    translate what is missing (with several processes under ``accelerate launch``: each its share, the main process
+    locking, checking and writing the output)."""
     args = parse_arguments(argv)
     COMMAND.details.update(output_file=args.output_file, overwrite=args.overwrite_output_file)
     logging.basicConfig(
@@ -675,14 +978,24 @@ def run(argv: list[str]) -> PrepareSummary:
     if empty_lines:
         logger.warning(f"{args.input_file}: skipped {empty_lines} empty line(s)")
     args = check_device_and_max_length(args)
-    with output_lock(args.output_file):
-        return translate_into_output(args, sentences, PrepareSummary(args.output_file, len(sentences), empty_lines))
+    check_engine(args)
+    processes = Processes.from_environment(cpu=select_device(args.device).type == "cpu")
+    summary = PrepareSummary(args.output_file, len(sentences), empty_lines)
+    if not processes.is_main:
+        return translate_into_output(args, sentences, summary, processes)
+    try:
+        with output_lock(args.output_file):
+            return translate_into_output(args, sentences, summary, processes)
+    except (ValueError, OSError) as error:
+        if not COMMAND.running:
+            processes.from_main({"error": str(error)})  # the other processes stop with the same message
+        raise
 
 
-def load_translator(args: PrepareFraternalArguments) -> Translator:
+def load_translator(args: PrepareFraternalArguments, processes: Processes | None = None) -> Any:
     """``Translator.from_arguments``; a model that cannot be loaded is a SettingsError that names its path."""
     try:
-        return Translator.from_arguments(args)
+        return Translator.from_arguments(args, processes) if processes is not None else Translator.from_arguments(args)
     except SettingsError:
         raise
     except (OSError, ValueError) as error:
@@ -691,14 +1004,9 @@ def load_translator(args: PrepareFraternalArguments) -> Translator:
         ) from error
 
 
-def translate_into_output(
-    args: PrepareFraternalArguments, sentences: Sequence[InputSentence], summary: PrepareSummary
-) -> PrepareSummary:
-    """The run once the output is locked: check the output, load the model, only then change files and translate.
-
-    Without ``--overwrite_output_file`` the output is continued in place. With it, the run writes ``OUTPUT.new``
-    (a leftover one is started over) and replaces the output with it only at the end of a finished run.
-    """
+def plan_output(args: PrepareFraternalArguments, sentences: Sequence[InputSentence], summary: PrepareSummary):
+    """Main process, output locked: check the output against the input, read the translations waiting in side files;
+    the plan ({target, start, end, waiting indices, todo}) and the waiting translations, nothing changed yet."""
     overwrite = args.overwrite_output_file
     target = new_file_of(args.output_file) if overwrite else args.output_file
     target_pending = pending_file_of(target)
@@ -706,10 +1014,11 @@ def translate_into_output(
     waiting: dict[int, str] = {}
     if not overwrite and os.path.exists(target):
         summary.already_translated, finished_bytes = count_finished_lines(target, sentences, args.input_file)
-        waiting = read_pending_translations(target_pending, sentences, summary.already_translated)
+        for pending_file in [target_pending, *side_files(target)]:
+            waiting.update(read_pending_translations(pending_file, sentences, summary.already_translated))
     end = len(sentences) if args.max_sentences is None else min(args.max_sentences, len(sentences))
-
-    todo = [index for index in range(summary.already_translated, end) if index not in waiting]
+    waiting = {index: text for index, text in waiting.items() if index < end}
+    todo = end - summary.already_translated - len(waiting) if end > summary.already_translated else 0
     logger.info(
         f"{args.input_file}: {len(sentences)} sentences; "
         + (
@@ -718,32 +1027,73 @@ def translate_into_output(
             else f"{args.output_file} holds {summary.already_translated}"
         )
         + (f" (+{len(waiting)} waiting in {target_pending})" if waiting else "")
-        + f"; {len(todo)} to translate"
+        + f"; {todo} to translate"
     )
-    translator = load_translator(args) if todo else None
-    # The model is loaded (or not needed): only now are files changed.
-    if overwrite or not os.path.exists(target):
+    plan = {"target": target, "start": summary.already_translated, "end": end, "waiting": sorted(waiting)}
+    return plan | {"todo": todo, "finished_bytes": finished_bytes}, waiting
+
+
+def reset_or_trim(args: PrepareFraternalArguments, plan: dict[str, Any]) -> None:
+    """Once the model is loaded: start OUTPUT.new (or a missing output) over with no side files, or cut the output's
+    unfinished last line."""
+    target = plan["target"]
+    if args.overwrite_output_file or not os.path.exists(target):
         # OUTPUT.new is started over; a side file without its output belongs to an output that was deleted.
-        for path in (target, target_pending):
+        for path in (target, pending_file_of(target), *side_files(target)):
             if os.path.exists(path):
                 os.remove(path)
     else:
-        remove_unfinished_line(target, finished_bytes)
+        remove_unfinished_line(target, plan["finished_bytes"])
+
+
+def translate_into_output(
+    args: PrepareFraternalArguments,
+    sentences: Sequence[InputSentence],
+    summary: PrepareSummary,
+    processes: Processes | None = None,
+) -> PrepareSummary:
+    """The run once the output is locked: check the output, load the model, only then change files and translate.
+
+    Without ``--overwrite_output_file`` the output is continued in place. With it, the run writes ``OUTPUT.new``
+    (a leftover one is started over) and replaces the output with it only at the end of a finished run. With
+    several processes the main one checks and plans, and tells the others.
+    """
+    processes = processes or Processes()
+    plan, waiting = plan_output(args, sentences, summary) if processes.is_main else (None, {})
+    if processes.count > 1:
+        plan = processes.from_main(plan)
+        if "error" in plan:
+            raise SettingsError(plan["error"])
+    translator = load_translator(args, processes if processes.count > 1 else None) if plan["todo"] else None
+    # The model is loaded (or not needed): only now are files changed.
+    if processes.is_main:
+        reset_or_trim(args, plan)
+    ready = processes.from_main(plan)  # every process starts once the files are ready
+    if "error" in ready:
+        raise SettingsError(ready["error"])
     COMMAND.running = True  # the input, the output and the model are checked: what fails now is the run
-    with OrderedOutput(target, sentences, summary.already_translated, waiting) as output:
+    if not processes.is_main:
+        if translator is not None:
+            translate_missing(None, plan, sentences, translator, args, processes)
+        processes.wait_for_everyone()
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(side_file_of(plan["target"], processes.index))
+        return summary
+    with OrderedOutput(plan["target"], sentences, summary.already_translated, waiting) as output:
         if translator is not None:
             from tqdm.auto import tqdm
 
             started = time.perf_counter()
-            with tqdm(total=end, initial=end - len(todo), unit="sentence", desc="Translating") as progress:
-                summary.translated = translate_missing(
-                    output, end, translator, args.batch_size, args.batches_per_chunk, progress
-                )
+            end = plan["end"]
+            with tqdm(total=end, initial=end - plan["todo"], unit="sentence", desc="Translating") as progress:
+                translate_missing(output, plan, sentences, translator, args, processes, progress)
+            summary.translated = plan["todo"]  # by all processes
             logger.info(f"Translated {summary.translated} sentences in {time.perf_counter() - started:.1f} s")
         summary.output_lines = output.next_index
         summary.empty_translations = output.empty_translations
-    if overwrite:
-        replace_output(target, args.output_file)
+    processes.wait_for_everyone()
+    if args.overwrite_output_file:
+        replace_output(plan["target"], args.output_file)
     if summary.empty_translations:
         logger.warning(
             f"{summary.empty_translations} translation(s) came out empty: the sentence itself was written instead"

@@ -1,0 +1,311 @@
+"""``prepare_fraternal.py --engine ctranslate2``: the translation model converted once into a CTranslate2 folder,
+then translated there with the same tokenizer, prefix, language tokens and length limits as the transformers engine.
+
+The folder (``--ct2_model_dir``, default ``<output folder>/<model name>-ct2``) is written by
+``ctranslate2.converters.TransformersConverter`` in this process (no download, no subprocess), into a temporary
+folder that is renamed into place once complete, with ``ifcl_conversion.json`` beside the weights: the model it was
+converted from (its path and a fingerprint of its files) and the converter's version. A later run reuses the folder
+only if that record matches; a folder without the record, or converted from another model, is refused and never
+deleted.
+
+Greedy output equals transformers' ``generate``: the same source tokens (the tokenizer's ids as tokens), the same
+first target tokens (NLLB/M2M100/mBART-50's target language as a target prefix), and the same end at
+``--max_length``: where the generation config forces the end-of-sentence token on the last position
+(``forced_eos_token_id``, Marian and NLLB), a hypothesis that reached the limit loses its last token, as
+``generate``'s would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+CONVERSION_RECORD = "ifcl_conversion.json"
+CONVERTED_BY = "ifcl prepare_fraternal.py"
+# The types CTranslate2 computes in (ctranslate2.Translator's compute_type).
+COMPUTE_TYPES = (
+    "default",
+    "auto",
+    "int8",
+    "int8_float32",
+    "int8_float16",
+    "int8_bfloat16",
+    "int16",
+    "float16",
+    "bfloat16",
+    "float32",
+)
+# The model families whose conversion and language handling the tests check.
+SUPPORTED_MODEL_TYPES = ("marian", "t5", "mt5", "m2m_100", "mbart")
+INSTALL_HINT = "pip install 'ifcl[ctranslate2]' (or pip install ctranslate2)"
+
+
+class EngineSettingsError(ValueError):
+    """A setting of the CTranslate2 engine that cannot work (prepare_fraternal's SettingsError wraps it)."""
+
+
+def import_ctranslate2() -> Any:
+    """The ``ctranslate2`` module, or EngineSettingsError saying how to install it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise EngineSettingsError(f"--engine ctranslate2 needs the ctranslate2 package: {INSTALL_HINT}.") from None
+    return ctranslate2
+
+
+def default_model_dir(output_file: str, model_name_or_path: str) -> str:
+    """Where the converted model goes when ``--ct2_model_dir`` is not given: beside the output, named after the
+    model (``data/pairs.txt`` and ``Helsinki-NLP/opus-mt-en-de`` give ``data/opus-mt-en-de-ct2``)."""
+    name = os.path.basename(os.path.normpath(model_name_or_path)) or "model"
+    return os.path.join(os.path.dirname(os.path.abspath(output_file)), f"{name}-ct2")
+
+
+def model_fingerprint(model_name_or_path: str) -> dict[str, Any]:
+    """What identifies the model's files: the folder they are in (a Hub model's cached snapshot, whose name is its
+    commit), the SHA-256 of its config.json, and the names and sizes of its weight files."""
+    from transformers.utils import cached_file
+
+    config_file = cached_file(model_name_or_path, "config.json")
+    folder = os.path.dirname(os.path.realpath(config_file)) if os.path.isdir(model_name_or_path) else None
+    snapshot = os.path.dirname(config_file)
+    with open(config_file, "rb") as handle:
+        config_sha256 = hashlib.sha256(handle.read()).hexdigest()
+    weights = {
+        name: os.path.getsize(os.path.join(snapshot, name))
+        for name in sorted(os.listdir(snapshot))
+        if name.endswith((".safetensors", ".bin", ".pt"))
+    }
+    return {
+        "model_name_or_path": folder or model_name_or_path,
+        "snapshot": None if folder else os.path.basename(snapshot),
+        "config_sha256": config_sha256,
+        "weight_files": weights,
+    }
+
+
+def expected_record(model_name_or_path: str) -> dict[str, Any]:
+    """The conversion record a folder converted from this model by this project holds."""
+    ctranslate2 = import_ctranslate2()
+    return {
+        "converted_by": CONVERTED_BY,
+        "ctranslate2_version": ctranslate2.__version__,
+        "quantization": None,  # the weights' own type; --compute_type converts when the model loads
+        **model_fingerprint(model_name_or_path),
+    }
+
+
+def check_model_dir(model_dir: str, model_name_or_path: str) -> bool:
+    """Whether ``model_dir`` holds this model already converted (True) or is free (False); EngineSettingsError for a
+    folder this project did not convert, or converted from another model or with another converter."""
+    if not os.path.exists(model_dir):
+        return False
+    record_file = os.path.join(model_dir, CONVERSION_RECORD)
+    hint = "pass another --ct2_model_dir (the folder is left as it is)"
+    if not os.path.isfile(record_file):
+        raise EngineSettingsError(
+            f"--ct2_model_dir {model_dir}: exists and was not converted by prepare_fraternal.py (it has no "
+            f"{CONVERSION_RECORD}); {hint}."
+        )
+    with open(record_file, encoding="utf-8") as handle:
+        record = json.load(handle)
+    expected = expected_record(model_name_or_path)
+    different = [key for key in expected if record.get(key) != expected[key]]
+    if different:
+        raise EngineSettingsError(
+            f"--ct2_model_dir {model_dir}: converted from another model or with other settings (differs in "
+            f"{', '.join(different)}: {record.get(different[0])!r} there, {expected[different[0]]!r} now); {hint}, "
+            "or delete it to convert again."
+        )
+    return True
+
+
+def make_converter(model_name_or_path: str) -> Any:
+    """ctranslate2's ``TransformersConverter`` for the model, mended for transformers 5: its mBART loader reads
+    ``config.normalize_before``, which mBART's configs no longer define unless their config.json does (mBART's
+    layers normalise before, always); and a tokenizer without a bos token (the converted model's config needs one)
+    gets the model's ``bos_token_id``'s token (or its cls token, ``<s>``)."""
+    from ctranslate2.converters import TransformersConverter
+
+    class Converter(TransformersConverter):
+        def load_model(self, model_class: Any, path: str, **kwargs: Any) -> Any:
+            model = super().load_model(model_class, path, **kwargs)
+            if model.config.model_type == "mbart" and not hasattr(model.config, "normalize_before"):
+                model.config.normalize_before = True
+            return model
+
+        def load_tokenizer(self, tokenizer_class: Any, path: str, **kwargs: Any) -> Any:
+            tokenizer = super().load_tokenizer(tokenizer_class, path, **kwargs)
+            if tokenizer.bos_token is None:
+                from transformers import AutoConfig
+
+                bos_token_id = getattr(AutoConfig.from_pretrained(path), "bos_token_id", None)
+                if bos_token_id is not None:
+                    tokenizer.bos_token = tokenizer.convert_ids_to_tokens(bos_token_id)
+                elif tokenizer.cls_token is not None:  # mBART-50's tokenizer: <s> is its cls token
+                    tokenizer.bos_token = tokenizer.cls_token
+            return tokenizer
+
+    return Converter(model_name_or_path)
+
+
+def convert_model(model_name_or_path: str, model_dir: str) -> None:
+    """Convert the Hugging Face model into ``model_dir`` (a temporary folder renamed into place when complete)."""
+    record = expected_record(model_name_or_path)
+    parent = os.path.dirname(os.path.abspath(model_dir))
+    os.makedirs(parent, exist_ok=True)
+    temporary = os.path.join(parent, f".{os.path.basename(model_dir)}.tmp-{os.getpid()}")
+    logger.info(f"Converting {model_name_or_path} for CTranslate2 into {model_dir} (once)")
+    try:
+        make_converter(model_name_or_path).convert(temporary, force=True)
+        with open(os.path.join(temporary, CONVERSION_RECORD), "w", encoding="utf-8") as handle:
+            json.dump(record, handle, indent=2)
+        os.rename(temporary, model_dir)
+    finally:
+        if os.path.exists(temporary):
+            shutil.rmtree(temporary)
+
+
+def prepare_model_dir(model_dir: str, model_name_or_path: str) -> None:
+    """Convert the model into ``model_dir`` unless this project already did (``check_model_dir``)."""
+    if not check_model_dir(model_dir, model_name_or_path):
+        convert_model(model_name_or_path, model_dir)
+
+
+def check_compute_type(compute_type: str, device: str) -> None:
+    """``compute_type`` must be one CTranslate2 computes in on ``device`` (cpu or cuda)."""
+    ctranslate2 = import_ctranslate2()
+    if compute_type in ("default", "auto"):
+        return
+    supported = sorted(ctranslate2.get_supported_compute_types(device))
+    if compute_type not in supported:
+        raise EngineSettingsError(
+            f"--compute_type {compute_type}: CTranslate2 {ctranslate2.__version__} cannot compute in it on {device} "
+            f"here; it can in {', '.join(supported)} (or default, auto)."
+        )
+
+
+class CTranslate2Translator:
+    """A converted model and the Hugging Face tokenizer, set up like ``Translator`` for one translation direction."""
+
+    def __init__(
+        self,
+        translator: Any,
+        tokenizer: Any,
+        prefix: str,
+        max_length: int,
+        beam_size: int,
+        target_prefix: Sequence[str] = (),
+        end_is_forced: bool = False,
+        uncounted_prefix: int = 0,
+    ) -> None:
+        self.translator = translator
+        self.tokenizer = tokenizer
+        self.prefix = prefix
+        self.max_length = max_length
+        self.beam_size = beam_size
+        self.target_prefix = list(target_prefix)
+        self.end_is_forced = end_is_forced
+        # generate counts the forced first token among its max_new_tokens, not the decoder's start token
+        self.generated_prefix = len(self.target_prefix) - uncounted_prefix
+
+    def source_tokens(self, sentences: Sequence[str]) -> list[list[str]]:
+        """The tokens transformers' engine would feed the encoder (prefix, truncation, special tokens)."""
+        encoded = self.tokenizer(
+            [self.prefix + sentence for sentence in sentences], truncation=True, max_length=self.max_length
+        )
+        return [self.tokenizer.convert_ids_to_tokens(ids) for ids in encoded["input_ids"]]
+
+    def submit(self, sentences: Sequence[str], **options: Any) -> list[Any]:
+        """Start translating ``sentences`` (asynchronously: the model's replicas take batches in parallel)."""
+        tokens = self.source_tokens(sentences)
+        target_prefix = [list(self.target_prefix) for _ in tokens] if self.target_prefix else None
+        options = {
+            "beam_size": self.beam_size,
+            "max_input_length": 0,
+            "max_decoding_length": self.max_length + len(self.target_prefix) - self.generated_prefix,
+            **options,
+        }
+        return self.translator.translate_batch(tokens, target_prefix, asynchronous=True, **options)
+
+    def decode(self, hypothesis: Sequence[str]) -> str:
+        """A hypothesis's tokens (target prefix dropped, the forced end applied) as text, as ``batch_decode``."""
+        tokens = list(hypothesis[len(self.target_prefix) :])
+        if self.end_is_forced and self.generated_prefix + len(tokens) >= self.max_length:
+            tokens = tokens[: self.max_length - self.generated_prefix - 1]  # generate's last token is the end
+        return self.tokenizer.decode(self.tokenizer.convert_tokens_to_ids(tokens), skip_special_tokens=True)
+
+    def translate_batch(self, sentences: list[str]) -> list[str]:
+        """Translations of ``sentences``, in their order."""
+        return next(self.translate_batches([sentences]))
+
+    def translate_batches(self, batches: Sequence[list[str]]) -> Iterator[list[str]]:
+        """Translations of each batch in turn; all batches are submitted at once, so that several replicas (GPUs in
+        ``device_index``) work in parallel."""
+        submitted = [self.submit(batch) for batch in batches]
+        for results in submitted:
+            yield [self.decode(result.result().hypotheses[0]) for result in results]
+
+
+def target_prefix_tokens(
+    model_dir: str, tokenizer: Any, decoder_start_token_id: int | None, forced: int | None
+) -> tuple[list[str], int]:
+    """The tokens the decoder must start with after CTranslate2's own start token: the target language (forced
+    first token of NLLB, M2M100, mBART-50); where the converted model has no start token of its own (mBART-25),
+    the Hugging Face model's decoder start token first. Also how many of them are that start token (0 or 1)."""
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as handle:
+        converted = json.load(handle)
+    prefix = []
+    if converted.get("decoder_start_token") is None and decoder_start_token_id is not None:
+        prefix.append(tokenizer.convert_ids_to_tokens(decoder_start_token_id))
+    uncounted = len(prefix)
+    if forced is not None:
+        prefix.append(tokenizer.convert_ids_to_tokens(forced))
+    return prefix, uncounted
+
+
+def load_ctranslate2_translator(
+    model_dir: str,
+    model_name_or_path: str,
+    tokenizer: Any,
+    *,
+    prefix: str,
+    max_length: int,
+    num_beams: int | None,
+    forced_bos_token_id: int | None,
+    device: str,
+    device_index: list[int],
+    compute_type: str,
+    cpu_threads: int,
+) -> CTranslate2Translator:
+    """Load the converted model in ``model_dir`` (see ``prepare_model_dir``) on ``device``/``device_index``."""
+    from transformers import AutoConfig, GenerationConfig
+
+    ctranslate2 = import_ctranslate2()
+    config = AutoConfig.from_pretrained(model_name_or_path)
+    try:
+        generation = GenerationConfig.from_pretrained(model_name_or_path)
+    except OSError:
+        generation = GenerationConfig.from_model_config(config)
+    options: dict[str, Any] = {"device_index": device_index, "compute_type": compute_type}
+    if device == "cpu":
+        options["intra_threads"] = cpu_threads
+    else:
+        options["inter_threads"] = 1
+    translator = ctranslate2.Translator(model_dir, device=device, **options)
+    eos = generation.eos_token_id if generation.eos_token_id is not None else config.eos_token_id
+    eos_ids = set(eos) if isinstance(eos, list) else {eos}
+    end_is_forced = generation.forced_eos_token_id is not None and generation.forced_eos_token_id in eos_ids
+    target_prefix, uncounted = target_prefix_tokens(
+        model_dir, tokenizer, getattr(config, "decoder_start_token_id", None), forced_bos_token_id
+    )
+    beam_size = num_beams if num_beams is not None else (generation.num_beams or 1)
+    return CTranslate2Translator(
+        translator, tokenizer, prefix, max_length, beam_size, target_prefix, end_is_forced, uncounted
+    )
