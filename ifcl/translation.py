@@ -1091,7 +1091,11 @@ def translate_into_output(
             logger.info(f"Translated {summary.translated} sentences in {time.perf_counter() - started:.1f} s")
         summary.output_lines = output.next_index
         summary.empty_translations = output.empty_translations
+        leftovers = [] if output.waiting else side_files(plan["target"])
     processes.wait_for_everyone()
+    for path in leftovers:  # all they held is in the output (those of a killed run with more processes, too)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
     if args.overwrite_output_file:
         replace_output(plan["target"], args.output_file)
     if summary.empty_translations:

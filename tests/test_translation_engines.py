@@ -236,3 +236,47 @@ def test_unsupported_family_and_missing_package_are_clear(tmp_path, input_file, 
         ctranslate2_engine.EngineSettingsError("--engine ctranslate2 needs the ctranslate2 package")))  # fmt: skip
     with pytest.raises(SettingsError, match="pip install|needs the ctranslate2 package"):
         prepare_fraternal.check_engine(args)
+
+
+def test_two_processes_write_the_file_of_one(marian_dir, tmp_path):
+    """accelerate launch on two CPU processes (through torchrun: --multi_gpu with --device cpu; accelerate's own
+    --cpu --num_processes 2 needs mpirun), each translating its chunks: byte-identical to one process's file."""
+    import subprocess
+    import sys
+
+    source = tmp_path / "sentences.txt"
+    source.write_text("\n".join(SENTENCES * 3) + "\n", encoding="utf-8")  # 72 sentences: 4 rounds of 2 chunks
+    one, two = tmp_path / "one.txt", tmp_path / "two.txt"
+    engine = ["--engine", "ctranslate2", "--ct2_model_dir", str(tmp_path / "converted")]
+    prepare_fraternal.run(tool_args(source, one, marian_dir, *engine))
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    script = str(Path(__file__).resolve().parents[1] / "prepare_fraternal.py")
+    done = subprocess.run(
+        [*launch, script, *tool_args(source, two, marian_dir, *engine)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert two.read_bytes() == one.read_bytes()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["converted", "one.txt", "sentences.txt", "two.txt"]
+
+
+def test_translations_left_in_another_process_side_file_are_not_translated_again(
+    marian_dir, input_file, tmp_path, monkeypatch
+):
+    reference = tmp_path / "reference.txt"
+    prepare_fraternal.run(tool_args(input_file, reference, marian_dir))
+    lines = reference.read_text(encoding="utf-8").splitlines(keepends=True)
+    output = tmp_path / "pairs.txt"
+    output.write_text("".join(lines[:8]), encoding="utf-8")  # a killed two-process run: round 1 written,
+    side_file = Path(f"{output}.pending.rank1")  # process 1's chunk of round 2 done, process 0's not
+    side_file.write_text("".join(f"{index}\t{lines[index]}" for index in range(16, 24)), encoding="utf-8")
+    sent = []
+    original = prepare_fraternal.Translator.translate_batch
+    monkeypatch.setattr(
+        prepare_fraternal.Translator,
+        "translate_batch",
+        lambda self, batch: sent.extend(batch) or original(self, batch),
+    )
+    summary = prepare_fraternal.run(tool_args(input_file, output, marian_dir))
+    assert sorted(sent) == sorted(SENTENCES[8:16]) and summary.translated == 8
+    assert output.read_bytes() == reference.read_bytes() and not side_file.exists()
