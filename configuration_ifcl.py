@@ -114,8 +114,8 @@ class IFCLConfig(PretrainedConfig):
         pooler_type: sentence representation used in training; ``cls`` adds SimCSE's MLP over [CLS].
         eval_pooler_type: sentence representation used by ``encode`` and evaluation (what a saved model embeds with).
         max_seq_length: truncation length of the training sentences (``encode`` truncates only at the encoder's limit).
-        export_sentence_transformers: ``save_pretrained`` also writes the sentence-transformers modules (a copy of
-            the encoder in ``0_Transformer/`` and the pooler), so the folder loads with ``SentenceTransformer``.
+        export_sentence_transformers: ``save_pretrained`` also writes the sentence-transformers modules (the root
+            folder as the Transformer module, then the pooler), so the folder loads with ``SentenceTransformer``.
         objective: the training objective the model was (or is being) trained with, a name of
             ``ifcl.objectives.OBJECTIVES`` (checked when training starts). For other objectives than ``ifcl``,
             queue_size and the fraternal and Twins loss weights are set to 0 and no word table is frozen.
