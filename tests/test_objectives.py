@@ -326,7 +326,7 @@ def test_two_processes_keep_the_objective_modules_in_sync(
     own = [name for name in states[0] if name.startswith("training_objective.")]
     assert own, "the objective's modules are not in the model's state"
     initial = IFCLModel.from_encoder(str(tiny_encoder_dir), objective=objective, queue_size=0).state_dict()
-    word_table = "encoder.embeddings.word_embeddings.weight"
+    word_table = "bert.embeddings.word_embeddings.weight"  # the encoder under its own base_model_prefix
     assert not torch.equal(states[0][word_table], initial[word_table])  # it trained
     # BatchNorm's running statistics (ConIsI's heads) follow each process's own batches (decision in conisi.py);
     # they are not used to embed.
