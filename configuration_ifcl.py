@@ -5,6 +5,7 @@ This file travels with every saved model as remote code, beside ``modeling_ifcl.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from typing import Any
@@ -16,6 +17,12 @@ POOLER_TYPES = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
 # holds neither. The one place that tells IFCL from its peers by name: the rest reads the config's settings. Names
 # are checked where training starts (``ifcl.objectives.objective_class``), not here: a saved model carries this file.
 DEFAULT_OBJECTIVE = "ifcl"
+# config.json holds the encoder's own config at its top level (its model_type too), so that AutoTokenizer, AutoConfig
+# and a plain AutoModel read an IFCL folder as the encoder it holds, with no remote code; IFCL's settings lie under
+# this one key. Folders saved before kept the encoder's config under "encoder_config" and said "model_type": "ifcl".
+SETTINGS_KEY = "ifcl"
+# Keys of config.json that describe the file, not the encoder.
+FILE_KEYS = ("architectures", "auto_map", "transformers_version", "_name_or_path", "_commit_hash")
 
 
 def uses_fraternal_twins(fraternal_loss_weight: float, twins_loss_weight: float) -> bool:
@@ -107,14 +114,20 @@ class IFCLConfig(PretrainedConfig):
         pooler_type: sentence representation used in training; ``cls`` adds SimCSE's MLP over [CLS].
         eval_pooler_type: sentence representation used by ``encode`` and evaluation (what a saved model embeds with).
         max_seq_length: truncation length of the training sentences (``encode`` truncates only at the encoder's limit).
-        export_sentence_transformers: ``save_pretrained`` also writes the sentence-transformers modules (a copy of
-            the encoder in ``0_Transformer/`` and the pooler), so the folder loads with ``SentenceTransformer``.
+        export_sentence_transformers: ``save_pretrained`` also writes the sentence-transformers modules (the root
+            folder as the Transformer module, then the pooler), so the folder loads with ``SentenceTransformer``.
         objective: the training objective the model was (or is being) trained with, a name of
             ``ifcl.objectives.OBJECTIVES`` (checked when training starts). For other objectives than ``ifcl``,
             queue_size and the fraternal and Twins loss weights are set to 0 and no word table is frozen.
         objective_settings: that objective's own settings (``ifcl.objectives.<name>``), as a dict.
         stack_views: encode the three training views in one encoder call (True), in two (False: anchors and
             identical twins, then fraternal twins), or choose by device (None: one call on accelerators, two on CPU).
+        encoder_prefix: the attribute, and so the prefix of the weight names, under which the model holds the
+            encoder: the encoder's own ``base_model_prefix`` (``bert`` for BERT), so that a plain ``AutoModel`` of the
+            encoder loads the trained encoder from the same weights file. ``None``: ``encoder`` (folders saved before).
+
+    config.json holds the encoder's config at its top level and these settings under ``"ifcl"``
+    (:func:`ifcl_config_dict` reads both that and the earlier nested form).
     """
 
     model_type = "ifcl"
@@ -143,6 +156,7 @@ class IFCLConfig(PretrainedConfig):
         export_sentence_transformers: bool = True,
         objective: str = DEFAULT_OBJECTIVE,
         objective_settings: dict[str, Any] | None = None,
+        encoder_prefix: str | None = None,
         **kwargs: Any,
     ) -> None:
         if objective != DEFAULT_OBJECTIVE:
@@ -185,7 +199,45 @@ class IFCLConfig(PretrainedConfig):
         self.export_sentence_transformers = export_sentence_transformers
         self.objective = objective
         self.objective_settings = dict(objective_settings or {})
+        self.encoder_prefix = encoder_prefix
         super().__init__(**kwargs)
+
+    @property
+    def shares_word_table(self) -> bool:
+        """Whether BEL_F is BEL_S itself: no fraternal model gave it its own table and both tables stay frozen, so a
+        copy would never differ from the encoder's table; it is then neither built nor stored a second time."""
+        return (
+            self.uses_fraternal_twins
+            and self.fraternal_model_name_or_path is None
+            and self.freeze_word_embeddings
+            and self.freeze_fraternal_embeddings
+            and self.fraternal_embedding_size in (None, self.encoder_config.get("hidden_size"))
+            and self.fraternal_vocab_size in (None, self.encoder_config.get("vocab_size"))
+        )
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> IFCLConfig:
+        """Read config.json in either form (:func:`ifcl_config_dict`)."""
+        return super().from_dict(ifcl_config_dict(config_dict) or config_dict, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any) -> IFCLConfig:
+        """``PretrainedConfig.from_pretrained`` without its warning that config.json names the encoder's model type
+        (it does so on purpose: see :data:`SETTINGS_KEY`)."""
+        config_dict, kwargs = cls.get_config_dict(pretrained_model_name_or_path, **kwargs)
+        return cls.from_dict(config_dict, **kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """config.json's form: the encoder's config at the top level, with its model type, and IFCL's settings under
+        ``"ifcl"``. A config without an encoder (transformers' default one) keeps the flat form."""
+        output = super().to_dict()
+        encoder = output.pop("encoder_config", None) or {}
+        if not encoder:
+            return {**output, "encoder_config": encoder}
+        settings = {name: output.pop(name) for name in SETTING_NAMES if name in output}
+        output.pop("model_type", None)
+        encoder_fields = {key: value for key, value in encoder.items() if key not in FILE_KEYS}
+        return {**output, **encoder_fields, SETTINGS_KEY: settings}
 
     @property
     def uses_fraternal_twins(self) -> bool:
@@ -199,3 +251,24 @@ class IFCLConfig(PretrainedConfig):
         settings = dict(self.encoder_config)
         model_type = settings.pop("model_type")
         return AutoConfig.for_model(model_type, **settings)
+
+
+# IFCL's own settings: the arguments of IFCLConfig, which config.json keeps under SETTINGS_KEY.
+SETTING_NAMES = tuple(
+    name
+    for name in inspect.signature(IFCLConfig.__init__).parameters
+    if name not in ("self", "encoder_config", "kwargs")
+)
+
+
+def ifcl_config_dict(config: dict[str, Any]) -> dict[str, Any] | None:
+    """An IFCL model's config.json in :class:`IFCLConfig`'s own form (``encoder_config`` and the settings side by
+    side), from either form it is saved in; None for any other model's config."""
+    if isinstance(config.get(SETTINGS_KEY), dict):
+        encoder = {key: value for key, value in config.items() if key != SETTINGS_KEY and key not in FILE_KEYS}
+        outside = {key: value for key, value in config.items() if key in FILE_KEYS or key in SETTING_NAMES}
+        return {**outside, **config[SETTINGS_KEY], **{k: v for k, v in outside.items() if k in SETTING_NAMES},
+                "encoder_config": {k: v for k, v in encoder.items() if k not in SETTING_NAMES}}  # fmt: skip
+    if config.get("model_type") == IFCLConfig.model_type:
+        return dict(config)
+    return None

@@ -29,7 +29,9 @@ except ImportError:  # imported from a checkout of the project
     from configuration_ifcl import POOLER_TYPES, IFCLConfig, check_model_path
 
 FRATERNAL_TOKENIZER_FOLDER = "fraternal_tokenizer"
-SENTENCE_TRANSFORMERS_ENCODER_FOLDER = "0_Transformer"
+# Weights that a folder may leave out: the queue (training state, left out of a published model: loading starts it
+# empty) and a fraternal table that is a copy of the encoder's (loading copies it again; see IFCLConfig.shares_word_table).
+OPTIONAL_WEIGHTS = (r"^queue\.", r"^fraternal_embeddings\.")
 # What a sentence-transformers base encoder says about itself (see read_sentence_transformers_base), saved beside
 # config.json so that a loaded model writes the same sentence-transformers view as the one trained from the base.
 SENTENCE_TRANSFORMERS_BASE_FILE = "sentence_transformers_base.json"
@@ -301,6 +303,49 @@ def read_json_file(name_or_path: str, filename: str, **hub_kwargs) -> Any:
         return json.load(f)
 
 
+def public_model_name(name_or_path: str | None) -> str | None:
+    """How a saved model names the model it started from, never by a path of the training machine: a Hub id as it
+    is; a local folder by the Hub id its own model card loads itself by (``from_pretrained('owner/name')`` or
+    ``SentenceTransformer('owner/name')`` with the card's title as name, as the PyPI copy of all-MiniLM-L6-v2's card
+    does), else by the folder's name."""
+    if name_or_path is None or not os.path.isdir(name_or_path):
+        return name_or_path
+    folder_name = os.path.basename(os.path.normpath(os.path.abspath(name_or_path)))
+    card = os.path.join(name_or_path, "README.md")
+    if os.path.isfile(card):
+        import re
+
+        with open(card, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        title = re.search(r"^# +(\S+)\s*$", text, flags=re.MULTILINE)
+        names = {title.group(1) if title else None, folder_name}
+        for hub_id in re.findall(r"(?:from_pretrained|SentenceTransformer)\(\s*['\"]([\w.-]+/[\w.-]+)['\"]", text):
+            if hub_id.split("/")[1] in names:
+                return hub_id
+    return folder_name
+
+
+def stored_weight_names(name_or_path: str, **hub_kwargs) -> set[str] | None:
+    """The weight names a folder or Hub repo holds (model.safetensors, or the index of a sharded one); None when
+    neither can be read here."""
+    index = read_json_file(name_or_path, "model.safetensors.index.json", **hub_kwargs)
+    if isinstance(index, dict) and isinstance(index.get("weight_map"), dict):
+        return set(index["weight_map"])
+    path = cached_file(
+        name_or_path,
+        "model.safetensors",
+        _raise_exceptions_for_missing_entries=False,
+        _raise_exceptions_for_connection_errors=False,
+        **hub_kwargs,
+    )
+    if path is None:
+        return None
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as weights:
+        return set(weights.keys())
+
+
 def read_sentence_transformers_base(name_or_path: str, **hub_kwargs) -> dict[str, Any] | None:
     """How a sentence-transformers model (a folder or Hub repo with a modules.json) embeds, beyond its encoder and
     pooling; None for a plain encoder. The facts are:
@@ -332,7 +377,7 @@ def read_sentence_transformers_base(name_or_path: str, **hub_kwargs) -> dict[str
         if isinstance(tokenizer_limit, int) and tokenizer_limit < 100_000:  # huge: no limit (see max_input_length)
             max_seq_length = tokenizer_limit
     return {
-        "base_model": str(name_or_path),
+        "base_model": public_model_name(str(name_or_path)),
         "max_seq_length": max_seq_length,
         "do_lower_case": bool(transformer_config.get("do_lower_case", False)),
         "normalize": "Normalize" in kinds,
@@ -391,6 +436,15 @@ def drop_pooler_head(encoder: PreTrainedModel) -> PreTrainedModel:
     return encoder
 
 
+def encoder_attribute_name(encoder: PreTrainedModel) -> str:
+    """The attribute an :class:`IFCLModel` holds ``encoder`` under: its own ``base_model_prefix`` (``bert``,
+    ``roberta``, ...), so that the saved weight names are the ones its plain ``AutoModel`` reads; ``encoder`` when it
+    has none or the name is taken by IFCLModel's own parts."""
+    prefix = getattr(encoder, "base_model_prefix", "") or ""
+    taken = {"encoder", "mlp", "queue", "fraternal_embeddings", "fraternal_projection", "training_objective"}
+    return prefix if prefix.isidentifier() and prefix not in taken else "encoder"
+
+
 def build_encoder(encoder_config) -> PreTrainedModel:
     """The bare encoder for a config (random weights until loaded), without its pooler head."""
     return drop_pooler_head(AutoModel.from_config(encoder_config))
@@ -405,13 +459,19 @@ class IFCLModel(PreTrainedModel):
     """
 
     config_class = IFCLConfig
-    base_model_prefix = "encoder"  # the attribute that holds the wrapped encoder (PreTrainedModel.base_model)
+    base_model_prefix = "encoder"  # the property that gives the wrapped encoder (PreTrainedModel.base_model)
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
+    _keys_to_ignore_on_load_missing = list(OPTIONAL_WEIGHTS)
+    # A copy of the encoder's table saved before such copies were left out: the model now reads the encoder's own.
+    _keys_to_ignore_on_load_unexpected = [r"^fraternal_embeddings\."]
 
     def __init__(self, config: IFCLConfig) -> None:
         super().__init__(config)
-        self.encoder = build_encoder(config.build_encoder_config())
+        # Held under the encoder's own base_model_prefix (config.encoder_prefix), so that the weight names are those
+        # a plain AutoModel of the encoder reads from the same file.
+        self.encoder_prefix = config.encoder_prefix or "encoder"
+        self.add_module(self.encoder_prefix, build_encoder(config.build_encoder_config()))
         word_embeddings = self.encoder.get_input_embeddings()
         if not isinstance(word_embeddings, nn.Embedding):
             raise ValueError(
@@ -423,7 +483,9 @@ class IFCLModel(PreTrainedModel):
 
         self.fraternal_embeddings: nn.Embedding | None = None
         self.fraternal_projection: nn.Linear | None = None
-        if config.uses_fraternal_twins:
+        # BEL_F is the encoder's own (frozen) table when a copy of it would never differ: nothing to hold or store.
+        self.shares_word_table = config.shares_word_table
+        if config.uses_fraternal_twins and not self.shares_word_table:
             vocab_size = config.fraternal_vocab_size or word_embeddings.num_embeddings
             width = config.fraternal_embedding_size or hidden_size
             self.fraternal_embeddings = nn.Embedding(vocab_size, width, padding_idx=config.fraternal_pad_token_id)
@@ -445,6 +507,16 @@ class IFCLModel(PreTrainedModel):
         self.post_init()
         self.freeze_word_tables()
 
+    @property
+    def encoder(self) -> PreTrainedModel:
+        """The wrapped encoder (registered under :attr:`encoder_prefix`)."""
+        return self._modules[self.encoder_prefix]
+
+    @property
+    def has_fraternal_view(self) -> bool:
+        """Whether the model can build fraternal twins: it holds BEL_F, or reads the encoder's table as BEL_F."""
+        return self.fraternal_embeddings is not None or self.shares_word_table
+
     def freeze_word_tables(self) -> None:
         """Make BEL_S and BEL_F trainable or fixed as the config says (``freeze_word_embeddings``,
         ``freeze_fraternal_embeddings``).
@@ -452,6 +524,12 @@ class IFCLModel(PreTrainedModel):
         A frozen table gets no gradient buffer and, since the Trainer's optimizer takes only parameters that require
         gradients, no optimizer state. The width-matching projection of BEL_F always trains.
         """
+        if self.shares_word_table and not self.config.shares_word_table:
+            raise ValueError(
+                "This IFCL model reads BEL_F from the encoder's own frozen word table (both tables were frozen when it "
+                "was built); to train a table, build the model with that setting (IFCLModel.from_encoder(..., "
+                "freeze_word_embeddings=False), or from_pretrained(folder, freeze_word_embeddings=False))."
+            )
         self.get_input_embeddings().weight.requires_grad_(not self.config.freeze_word_embeddings)
         if self.fraternal_embeddings is not None:
             self.fraternal_embeddings.weight.requires_grad_(not self.config.freeze_fraternal_embeddings)
@@ -481,10 +559,12 @@ class IFCLModel(PreTrainedModel):
         the same folder or repo."""
         loaded = super().from_pretrained(*args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info gives a pair
-        model.freeze_word_tables()
         name_or_path = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        hub_kwargs = {key: kwargs[key] for key in HUB_KWARGS if kwargs.get(key) is not None}
         if name_or_path is not None:
-            hub_kwargs = {key: kwargs[key] for key in HUB_KWARGS if kwargs.get(key) is not None}
+            model.fill_left_out_weights(stored_weight_names(str(name_or_path), **hub_kwargs))
+        model.freeze_word_tables()
+        if name_or_path is not None:
             model.sentence_transformers_base = read_json_file(
                 str(name_or_path), SENTENCE_TRANSFORMERS_BASE_FILE, **hub_kwargs
             )
@@ -493,6 +573,23 @@ class IFCLModel(PreTrainedModel):
             # Saved before the facts were: the base encoder's folder still tells them (no download for this).
             model.sentence_transformers_base = read_sentence_transformers_base(base)
         return loaded
+
+    @torch.no_grad()
+    def fill_left_out_weights(self, stored: set[str] | None) -> None:
+        """Give the weights that a folder may leave out (:data:`OPTIONAL_WEIGHTS`) their meaning: an empty queue,
+        and BEL_F copied from the encoder's table when this model holds its own copy (its settings now train a
+        table). ``stored``: the weight names the folder holds (None: unknown, nothing is done)."""
+        if stored is None:
+            return
+        if self.queue is not None and not any(name.startswith("queue.") for name in stored):
+            self.queue.reset()
+        if self.fraternal_embeddings is not None and "fraternal_embeddings.weight" not in stored:
+            if self.config.fraternal_model_name_or_path is not None:
+                raise ValueError(
+                    f"{self.name_or_path}: the weights hold no fraternal word table (BEL_F), though it came from "
+                    f"{self.config.fraternal_model_name_or_path}; the folder is incomplete."
+                )
+            self.fraternal_embeddings.weight.copy_(self.get_input_embeddings().weight)
 
     @classmethod
     def from_encoder(
@@ -548,11 +645,12 @@ class IFCLModel(PreTrainedModel):
 
         config = IFCLConfig(
             encoder_config=encoder.config.to_dict(),
-            encoder_name_or_path=encoder_name_or_path,
+            encoder_name_or_path=public_model_name(encoder_name_or_path),
             fraternal_vocab_size=fraternal_table.shape[0],
             fraternal_embedding_size=fraternal_table.shape[1],
             fraternal_pad_token_id=fraternal_pad_token_id,
-            fraternal_model_name_or_path=fraternal_model_name_or_path,
+            fraternal_model_name_or_path=public_model_name(fraternal_model_name_or_path),
+            encoder_prefix=encoder_attribute_name(encoder),
             **settings,
         )
         model = cls(config)
@@ -603,7 +701,14 @@ class IFCLModel(PreTrainedModel):
             return
         # A loaded model's tokenizers come from its folder or repo: a re-save keeps them, unused or not.
         if self._tokenizer is not None or self.name_or_path:
-            self.tokenizer.save_pretrained(save_directory)
+            tokenizer = self.tokenizer
+            # Saved with the length encode truncates at, which sentence-transformers 6 reads as max_seq_length.
+            own_limit = tokenizer.model_max_length
+            tokenizer.model_max_length = self.max_input_length(tokenizer)
+            try:
+                tokenizer.save_pretrained(save_directory)
+            finally:
+                tokenizer.model_max_length = own_limit
         if self._fraternal_tokenizer is not None or (self.name_or_path and self.config.fraternal_model_name_or_path):
             self.fraternal_tokenizer.save_pretrained(os.path.join(save_directory, FRATERNAL_TOKENIZER_FOLDER))
         if self.sentence_transformers_base is not None:
@@ -615,8 +720,10 @@ class IFCLModel(PreTrainedModel):
         """Write the files that let ``SentenceTransformer(save_directory)`` embed like ``encode``, without remote
         code, as sentence-transformers 6 writes them.
 
-        The plain encoder (a copy of its weights, without its pooler head) and its tokenizer go to ``0_Transformer/``,
-        the evaluation pooler to ``1_Pooling/``, for ``cls`` SimCSE's MLP to ``2_Dense/``, and when the base encoder
+        The Transformer module is the folder itself, as in sentence-transformers' own published models: config.json
+        is the encoder's config (IFCL's settings under one key of it) and the encoder's weights in model.safetensors
+        carry the names its plain ``AutoModel`` reads, so nothing is stored twice. The evaluation pooler goes to
+        ``1_Pooling/``, for ``cls`` SimCSE's MLP to ``2_Dense/``, and when the base encoder
         is a sentence-transformers model that normalizes, a ``Normalize`` module after them; the truncation length,
         prompts and similarity function are the base's too (:attr:`sentence_transformers_base`). Returns False
         (writing nothing) for poolers sentence-transformers has no module for (avg_first_last, avg_top2) or when no
@@ -629,16 +736,6 @@ class IFCLModel(PreTrainedModel):
             return False
         pooling_mode, with_mlp = pooler
         base = self.sentence_transformers_base or {}
-        tokenizer = self.tokenizer
-        encoder_folder = os.path.join(save_directory, SENTENCE_TRANSFORMERS_ENCODER_FOLDER)
-        self.encoder.save_pretrained(encoder_folder)
-        # sentence-transformers 6 keeps the truncation length in the tokenizer (model_max_length).
-        own_limit = tokenizer.model_max_length
-        tokenizer.model_max_length = self.max_input_length(tokenizer)
-        try:
-            tokenizer.save_pretrained(encoder_folder)
-        finally:
-            tokenizer.model_max_length = own_limit
         transformer_config: dict[str, Any] = {
             "transformer_task": "feature-extraction",
             "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
@@ -647,8 +744,8 @@ class IFCLModel(PreTrainedModel):
         if "add_pooling_layer" in inspect.signature(type(self.encoder).__init__).parameters:
             # Saved without its pooler head (drop_pooler_head): built without one, it loads with every weight.
             transformer_config["model_kwargs"] = {"add_pooling_layer": False}
-        write_json(os.path.join(encoder_folder, "sentence_bert_config.json"), transformer_config, indent=4)
-        modules = [(SENTENCE_TRANSFORMERS_ENCODER_FOLDER, ST_TRANSFORMER)]
+        write_json(os.path.join(save_directory, "sentence_bert_config.json"), transformer_config, indent=4)
+        modules = [("", ST_TRANSFORMER)]
 
         def add_module(name: str, module_type: str, config: dict[str, Any]) -> str:
             folder = f"{len(modules)}_{name}"
@@ -722,12 +819,13 @@ class IFCLModel(PreTrainedModel):
 
     def fraternal_word_embeddings(self, fraternal_input_ids: torch.Tensor) -> torch.Tensor:
         """BEL_F(x⁻) at the encoder's width."""
-        if self.fraternal_embeddings is None:
+        if not self.has_fraternal_view:
             raise ValueError(
                 "This IFCL model has no fraternal embeddings: it was configured with fraternal_loss_weight = "
                 "twins_loss_weight = 0 (the SimCSE ablation)."
             )
-        embeddings = self.fraternal_embeddings(fraternal_input_ids)
+        table = self.get_input_embeddings() if self.fraternal_embeddings is None else self.fraternal_embeddings
+        embeddings = table(fraternal_input_ids)
         if self.fraternal_projection is not None:
             embeddings = self.fraternal_projection(embeddings)
         return embeddings
@@ -812,7 +910,7 @@ class IFCLModel(PreTrainedModel):
             )
 
         batch_size = input_ids.shape[0]
-        if fraternal_input_ids is None or self.fraternal_embeddings is None:
+        if fraternal_input_ids is None or not self.has_fraternal_view:
             words = self.get_input_embeddings()(input_ids)
             views = [(torch.cat([words, words]), torch.cat([attention_mask, attention_mask]), 2)]
         else:

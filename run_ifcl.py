@@ -424,12 +424,12 @@ def load_data(arguments: RunArguments, planned: IFCLConfig):
 
 def load_model(arguments: RunArguments, model_name_or_path: str, saved_config: dict | None, settings: dict):
     """The IFCL model to train: continued from a saved one, or built from a plain encoder; weights checked finite."""
-    from modeling_ifcl import IFCLModel
+    from modeling_ifcl import IFCLModel, public_model_name
 
     if saved_config is not None:
         logger.info(f"{model_name_or_path} is an IFCL model: continuing from its encoder, fraternal table and queue.")
         model = load_continued_model(model_name_or_path, saved_config, settings)
-        model.config.encoder_name_or_path = model_name_or_path  # the card's base model: the one continued from
+        model.config.encoder_name_or_path = public_model_name(model_name_or_path)  # the card's base: the one continued
     else:
         fraternal_model = arguments.model.fraternal_model_name_or_path
         if not IFCLConfig(**settings).uses_fraternal_twins:

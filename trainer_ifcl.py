@@ -154,7 +154,7 @@ class IFCLTrainer(Trainer):
 
     - ``objective``: the training objective (``ifcl/objectives/``); by default the one the model's config names
       (``IFCLConfig.objective``). It becomes the model's sub-module ``training_objective`` while training, so its own
-      weights are optimized and checkpointed; :meth:`save_model` leaves it out of the published model.
+      weights are optimized and checkpointed; :meth:`save_model` leaves it (and the queue) out of the published model.
     - ``compute_loss``: the objective's loss; its terms are logged (``loss_identical``, ``loss_fraternal``,
       ``loss_twins`` for IFCL).
     - After every optimizer step the objective's ``on_step_end`` gets the unwrapped model and :meth:`gather_rows`
@@ -343,14 +343,18 @@ class IFCLTrainer(Trainer):
 
     @contextmanager
     def published_model(self) -> Iterator[torch.nn.Module]:
-        """The model without the objective's own modules (heads, peer network, momentum encoder), restored after."""
+        """The model without what only training needs, restored after: the objective's own modules (heads, peer
+        network, momentum encoder) and the hippocampus queue (past anchors of this run's batches; a loaded model
+        starts it empty). Checkpoints keep both, for exact resume."""
         model = unwrap_model(self.model)
-        objective = model._modules.pop("training_objective", None)
+        modules = dict(model._modules)
+        for name in ("training_objective", "queue"):
+            model._modules.pop(name, None)
         try:
             yield model
         finally:
-            if objective is not None:
-                model.training_objective = objective
+            model._modules.clear()
+            model._modules.update(modules)  # in their order
 
     def finish_from_checkpoint(self, checkpoint: str) -> None:
         """Take up a run whose training had ended when it stopped (before its results were written): the Trainer's

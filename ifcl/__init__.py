@@ -1,8 +1,9 @@
 """IFCL: Identical and Fraternal Twins contrastive learning of sentence encoders, the Hugging Face way.
 
 ``from ifcl import IFCLConfig, IFCLModel, IFCLTrainer, STSEvaluator`` (and ``IFCLLoss`` when sentence-transformers is
-installed). Importing the package registers the config and model with ``AutoConfig`` and ``AutoModel``, so that
-``AutoModel.from_pretrained(folder)`` loads a saved IFCL model with this package's classes, no remote code run.
+installed). ``IFCLModel.from_pretrained(folder)`` loads a saved IFCL model with this package's classes, no remote code
+run. Importing the package registers the config and model with ``AutoConfig`` and ``AutoModel`` under the model type
+``ifcl`` (``AutoModel.from_config``, and folders saved before config.json became the encoder's own config).
 """
 
 from __future__ import annotations

@@ -72,6 +72,14 @@ def non_finite_tensors(weights_file: str) -> list[str]:
     return found
 
 
+def read_checkpoint_config(checkpoint: str) -> dict[str, Any]:
+    """A checkpoint's config.json in IFCLConfig's form (its settings beside ``encoder_config``)."""
+    from configuration_ifcl import ifcl_config_dict
+
+    config = read_json_file(os.path.join(checkpoint, "config.json"))
+    return (ifcl_config_dict(config) if isinstance(config, dict) else None) or config
+
+
 def read_json_file(path: str) -> Any:
     """A JSON file's content; ValueError naming what is wrong with it."""
     with open(path, encoding="utf-8") as handle:
@@ -162,7 +170,7 @@ def resume_point(checkpoint: str, world_size: int, max_steps: int) -> ResumePoin
             f"--resume_from_checkpoint {checkpoint}: {problem}; resume from an earlier checkpoint (a checkpoint-* "
             "folder there), or start over with --overwrite_output_dir."
         )
-    return ResumePoint(checkpoint, read_json_file(os.path.join(checkpoint, "config.json")), finished, [])
+    return ResumePoint(checkpoint, read_checkpoint_config(checkpoint), finished, [])
 
 
 def newest_resume_point(folder: str, world_size: int, max_steps: int) -> ResumePoint:
@@ -172,8 +180,7 @@ def newest_resume_point(folder: str, world_size: int, max_steps: int) -> ResumeP
     for checkpoint in checkpoint_folders(folder):
         problem, finished = resume_problem(checkpoint, world_size, max_steps)
         if problem is None:
-            config = read_json_file(os.path.join(checkpoint, "config.json"))
-            return ResumePoint(checkpoint, config, finished, skipped)
+            return ResumePoint(checkpoint, read_checkpoint_config(checkpoint), finished, skipped)
         skipped.append(problem)
     if skipped:
         raise CheckpointError(

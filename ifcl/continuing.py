@@ -8,15 +8,15 @@ import logging
 import os
 from typing import Any
 
-from configuration_ifcl import DEFAULT_OBJECTIVE, IFCLConfig, uses_fraternal_twins
+from configuration_ifcl import DEFAULT_OBJECTIVE, IFCLConfig, ifcl_config_dict, uses_fraternal_twins
 
 logger = logging.getLogger(__name__)
 
 
 def saved_ifcl_config(model_name_or_path: str) -> dict[str, Any] | None:
-    """The config.json of an IFCL model (``"model_type": "ifcl"``: a folder this script wrote, or a Hub id of one,
-    read from the cache when offline); None for any other model, or one whose config cannot be read here (its own
-    loading then says why)."""
+    """The config.json of an IFCL model (a folder this project wrote, or a Hub id of one, read from the cache when
+    offline) in IFCLConfig's form (``ifcl_config_dict``); None for any other model, or one whose config cannot be read
+    here (its own loading then says why)."""
     import json
 
     if os.path.isdir(model_name_or_path):
@@ -33,7 +33,7 @@ def saved_ifcl_config(model_name_or_path: str) -> dict[str, Any] | None:
             config = json.load(f)
     except (OSError, ValueError):
         return None
-    return config if isinstance(config, dict) and config.get("model_type") == IFCLConfig.model_type else None
+    return ifcl_config_dict(config) if isinstance(config, dict) else None
 
 
 def check_continued_model(

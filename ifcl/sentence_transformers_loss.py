@@ -242,7 +242,10 @@ class IFCLLoss(nn.Module):
         self.queue.push(anchors.float())
 
     def get_config_dict(self) -> dict[str, Any]:
-        """The loss's settings, which sentence-transformers writes into the model card it generates."""
+        """The loss's settings, which sentence-transformers writes into the model card it generates (the fraternal
+        model by its Hub id, or a local folder by its card's Hub id or base name: never a path of this machine)."""
+        from ifcl.model_card import public_name
+
         terms = self.ifcl_loss
         return {
             "fusion_rate": self.fusion_rate,
@@ -251,11 +254,12 @@ class IFCLLoss(nn.Module):
             "temperature": terms.identical_loss.temperature,
             "fraternal_loss_weight": terms.fraternal_loss_weight,
             "twins_loss_weight": terms.twins_loss_weight,
-            "fraternal_model": self.fraternal_model_name_or_path,
+            "fraternal_model": public_name(self.fraternal_model_name_or_path),
         }
 
     @property
     def citation(self) -> str:
+        """The IFCL paper's BibTeX entry, which sentence-transformers' generated card cites."""
         from ifcl.objectives import objective_class
 
         return objective_class("ifcl").paper.citation

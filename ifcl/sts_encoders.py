@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from configuration_ifcl import POOLER_TYPES
+from configuration_ifcl import POOLER_TYPES, ifcl_config_dict
 from modeling_ifcl import ALL_LAYER_POOLERS, max_input_length, pool_hidden_states
 
 logger = logging.getLogger(__name__)
@@ -329,7 +329,7 @@ class IFCLEncoder:
             list(sentences), padding=True, truncation=True, max_length=max_length, return_tensors="pt"
         ).to(self.device)
         inputs = dict(batch)
-        if fraternals is not None and model.fraternal_embeddings is not None:
+        if fraternals is not None and model.has_fraternal_view:
             fraternal = model.fraternal_tokenizer(
                 list(fraternals), padding=True, truncation=True, max_length=max_length, return_tensors="pt"
             ).to(self.device)
@@ -378,12 +378,13 @@ def model_file(name_or_path: str, filename: str) -> str | None:
 
 
 def detect_model_type(name_or_path: str) -> str:
-    """``ifcl`` (config.json says so), ``sentence-transformers`` (modules.json) or ``transformers``."""
+    """``ifcl`` (config.json holds IFCL's settings), ``sentence-transformers`` (modules.json) or ``transformers``."""
     config_path = model_file(name_or_path, "config.json")
     if config_path is not None:
         with open(config_path, encoding="utf-8") as handle:
-            if json.load(handle).get("model_type") == "ifcl":
-                return "ifcl"
+            config = json.load(handle)
+        if isinstance(config, dict) and ifcl_config_dict(config) is not None:
+            return "ifcl"
     if model_file(name_or_path, "modules.json") is not None:
         return "sentence-transformers"
     return "transformers"

@@ -34,12 +34,44 @@ def test_fraternal_table_comes_from_the_fraternal_model(model, tiny_fraternal_di
     assert model.fraternal_projection.in_features == 24 and model.fraternal_projection.out_features == 32
 
 
-def test_without_fraternal_model_the_table_is_a_copy_of_the_encoders(tiny_encoder_dir):
+def test_without_fraternal_model_bel_f_is_the_encoders_frozen_table(tiny_encoder_dir):
+    """Both tables frozen (the default): a copy would never differ, so BEL_F is BEL_S itself, held once."""
     model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
-    assert model.fraternal_projection is None
-    assert torch.equal(model.fraternal_embeddings.weight, model.get_input_embeddings().weight)
-    assert model.fraternal_embeddings.weight.data_ptr() != model.get_input_embeddings().weight.data_ptr()
+    assert model.fraternal_projection is None and model.fraternal_embeddings is None and model.shares_word_table
+    ids = torch.tensor([[2, 5, 9, 3]])
+    assert torch.equal(model.fraternal_word_embeddings(ids), model.get_input_embeddings()(ids))
     assert model.fraternal_tokenizer is model.tokenizer
+
+
+def test_a_trained_table_gets_its_own_copy_also_when_loaded_from_a_shared_one(tiny_encoder_dir, tmp_path):
+    trained = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0, freeze_word_embeddings=False)
+    assert not trained.shares_word_table
+    assert torch.equal(trained.fraternal_embeddings.weight, trained.get_input_embeddings().weight)
+    assert trained.fraternal_embeddings.weight.data_ptr() != trained.get_input_embeddings().weight.data_ptr()
+
+    IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0).save_pretrained(tmp_path / "shared")
+    loaded = IFCLModel.from_pretrained(tmp_path / "shared", freeze_word_embeddings=False)
+    assert torch.equal(loaded.fraternal_embeddings.weight, loaded.get_input_embeddings().weight)
+    assert loaded.get_input_embeddings().weight.requires_grad
+    with pytest.raises(ValueError, match="frozen word table"):
+        shared = IFCLModel.from_pretrained(tmp_path / "shared")
+        shared.config.freeze_fraternal_embeddings = False
+        shared.freeze_word_tables()
+
+
+def test_a_folder_without_the_queue_loads_with_an_empty_queue(tiny_encoder_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=2, queue_batch_size=4)
+    model.queue.push(torch.randn(4, 32))
+    model.save_pretrained(tmp_path / "saved")
+    weights = load_file(tmp_path / "saved" / "model.safetensors")
+    assert int(weights["queue.valid"].sum()) == 4
+    save_file(
+        {k: v for k, v in weights.items() if not k.startswith("queue.")}, tmp_path / "saved" / "model.safetensors"
+    )
+    loaded = IFCLModel.from_pretrained(tmp_path / "saved")
+    assert len(loaded.queue) == 0 and int(loaded.queue.head) == -1
 
 
 def test_fused_input_is_the_eq3_mix_padded_to_one_length(model):

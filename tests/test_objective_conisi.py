@@ -371,6 +371,6 @@ def test_run_ifcl_with_conisi(tiny_encoder_dir, english_sts_data, tmp_path):
     assert logged and all(
         math.isfinite(e["loss_contrastive"]) and math.isfinite(e["loss_interactive"]) for e in logged
     )
-    config = json.loads((output / "config.json").read_text())
+    config = json.loads((output / "config.json").read_text())["ifcl"]
     assert config["objective"] == "conisi" and config["objective_settings"]["conisi_lambda"] == 0.8
     assert not any(key.startswith("training_objective.") for key in saved_weight_names(output))

@@ -282,5 +282,5 @@ def test_tiny_run_end_to_end(tiny_encoder_dir, english_sts_data, tmp_path):
     wanted = {"loss_contrastive", "loss_attention", "attention_mutual_information"}
     assert logged and all(wanted <= set(entry) for entry in logged)
     assert not any(key.startswith("training_objective.") for key in saved_weight_names(output))
-    config = json.loads((output / "config.json").read_text())
+    config = json.loads((output / "config.json").read_text())["ifcl"]
     assert config["objective"] == "micse" and config["objective_settings"]["micse_queue_size"] == 6

@@ -460,7 +460,7 @@ def test_pcl_end_to_end(tiny_encoder_dir, english_sts_data, tmp_path, untied):
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]
     for name in ("loss_kl_peer_peer", "loss_kl_peer_main", "loss_contrastive_main", "loss_contrastive_peer"):
         assert all(math.isfinite(entry[name]) for entry in logged), name
-    config = json.loads((output / "config.json").read_text())
+    config = json.loads((output / "config.json").read_text())["ifcl"]
     assert config["objective"] == "pcl" and config["objective_settings"]["pcl_untied_peer"] is untied
     assert not [key for key in saved_weight_names(output) if key.startswith("training_objective.")]
     checkpoint = sorted(output.glob("checkpoint-*"))[-1]

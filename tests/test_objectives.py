@@ -197,7 +197,7 @@ def test_published_model_leaves_out_the_objective_modules_that_checkpoints_keep(
     trainer.save_model(str(published))
     assert not [key for key in saved_weight_names(published) if key.startswith("training_objective.")]
     assert model.training_objective is objective  # restored for further training
-    assert json.loads((published / "config.json").read_text())["objective"] == "simcse"
+    assert json.loads((published / "config.json").read_text())["ifcl"]["objective"] == "simcse"
 
     loaded = AutoModel.from_pretrained(str(published), trust_remote_code=True)
     torch.testing.assert_close(loaded.encode(ENGLISH[:4]), model.encode(ENGLISH[:4]), atol=1e-5, rtol=0)
@@ -214,7 +214,7 @@ def test_simcse_objective_end_to_end(tiny_encoder_dir, english_sts_data, tmp_pat
     trainer, metrics = run_ifcl.run(objective_run_args(tiny_encoder_dir, english_sts_data, output, "simcse"))
     assert math.isfinite(metrics["test_stsb_spearman"])
     assert any("loss_contrastive" in entry for entry in trainer.state.log_history)
-    config = json.loads((output / "config.json").read_text())
+    config = json.loads((output / "config.json").read_text())["ifcl"]
     assert config["objective"] == "simcse" and config["queue_size"] == 0
     keys = saved_weight_names(output)
     assert not [key for key in keys if key.startswith(("fraternal_", "queue.", "training_objective."))]
@@ -326,7 +326,7 @@ def test_two_processes_keep_the_objective_modules_in_sync(
     own = [name for name in states[0] if name.startswith("training_objective.")]
     assert own, "the objective's modules are not in the model's state"
     initial = IFCLModel.from_encoder(str(tiny_encoder_dir), objective=objective, queue_size=0).state_dict()
-    word_table = "encoder.embeddings.word_embeddings.weight"
+    word_table = "bert.embeddings.word_embeddings.weight"  # the encoder under its own base_model_prefix
     assert not torch.equal(states[0][word_table], initial[word_table])  # it trained
     # BatchNorm's running statistics (ConIsI's heads) follow each process's own batches (decision in conisi.py);
     # they are not used to embed.

@@ -76,7 +76,9 @@ def test_one_process_end_to_end(tiny_encoder_dir, tiny_fraternal_dir, data_dir, 
 
     config = json.loads((output / "config.json").read_text())
     assert config["auto_map"]["AutoModel"] == "modeling_ifcl.IFCLModel"
-    assert config["fusion_rate"] == 0.5 and config["queue_size"] == 2 and config["queue_batch_size"] == 4
+    settings = config["ifcl"]  # IFCL's settings under one key; the rest is the encoder's own config
+    assert config["model_type"] == "bert" and config["architectures"] == ["IFCLModel"]
+    assert settings["fusion_rate"] == 0.5 and settings["queue_size"] == 2 and settings["queue_batch_size"] == 4
     for name in ("modeling_ifcl.py", "configuration_ifcl.py", "model.safetensors", "tokenizer.json"):
         assert (output / name).is_file(), name
     assert (output / "fraternal_tokenizer" / "tokenizer.json").is_file()
@@ -104,7 +106,7 @@ def test_two_processes_end_with_the_same_queue(tiny_encoder_dir, tiny_fraternal_
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     queues = [torch.load(output / f"queue_rank{rank}.pt") for rank in (0, 1)]
     # N = 2 per process × 2 processes = 4 anchors per step, the config says so, and 3 of 4 steps stay.
-    assert json.loads((output / "config.json").read_text())["queue_batch_size"] == 4
+    assert json.loads((output / "config.json").read_text())["ifcl"]["queue_batch_size"] == 4
     assert queues[0]["valid"].sum().item() == 3 * 4
     for name in ("embeddings", "valid", "head"):
         assert torch.equal(queues[0][name], queues[1][name]), name

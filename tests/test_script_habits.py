@@ -266,7 +266,7 @@ def test_evaluation_and_saving_that_cannot_fit_name_the_flag(args, message, tmp_
 
 def test_training_continues_from_an_ifcl_folder(ifcl_folder, pairs_data, tmp_path):
     folder_a, metrics_a = ifcl_folder
-    assert json.loads((folder_a / "config.json").read_text())["model_type"] == "ifcl"
+    assert json.loads((folder_a / "config.json").read_text())["ifcl"]["objective"] == "ifcl"
     folder_b = tmp_path / "b"
     _, metrics_b = run_ifcl.run(objective_run_args(folder_a, pairs_data, folder_b, "ifcl", *IFCL_EXTRA))
     # Before training, B's model embeds exactly as A's saved model: the same STS figures.
@@ -275,11 +275,12 @@ def test_training_continues_from_an_ifcl_folder(ifcl_folder, pairs_data, tmp_pat
     assert metrics_b["train_steps"] == 4
     config_b = json.loads((folder_b / "config.json").read_text())
     config_a = json.loads((folder_a / "config.json").read_text())
-    assert config_b["model_type"] == "ifcl" and config_b["encoder_config"] == config_a["encoder_config"]
+    encoder_a, encoder_b = ({k: v for k, v in config.items() if k != "ifcl"} for config in (config_a, config_b))
+    assert config_b["model_type"] == "bert" and encoder_b == encoder_a
     assert (folder_b / "tokenizer.json").is_file()
 
 
-def test_a_continued_model_holds_the_saved_weights_and_queue(ifcl_folder, tmp_path):
+def test_a_continued_model_holds_the_saved_weights_and_starts_an_empty_queue(ifcl_folder, tmp_path):
     from safetensors.torch import load_file
 
     folder_a, _ = ifcl_folder
@@ -290,11 +291,10 @@ def test_a_continued_model_holds_the_saved_weights_and_queue(ifcl_folder, tmp_pa
     model = run_ifcl.load_continued_model(str(folder_a), saved, settings)
     state = model.state_dict()
     assert model.config.fusion_rate == 0.3 and model.config.max_seq_length == 16  # this command's settings
-    assert weights["queue.valid"].sum() > 0  # A's queue is full
-    for name in ("queue.embeddings", "queue.valid", "queue.head", "fraternal_embeddings.weight"):
-        assert torch.equal(state[name], weights[name]), name
-    encoder = [name for name in weights if name.startswith("encoder.")]
-    assert encoder and all(torch.equal(state[name], weights[name]) for name in encoder)
+    # A published model leaves its run's queue out (checkpoints keep it): continuing starts it empty.
+    assert not any(name.startswith("queue.") for name in weights) and len(model.queue) == 0
+    encoder = [name for name in weights if name.startswith("bert.")]
+    assert encoder and all(torch.equal(state[name], weights[name]) for name in weights)
     assert not model.get_input_embeddings().weight.requires_grad  # frozen as the config says
 
     # Another global batch: the queue starts empty, shaped for it.
@@ -319,7 +319,7 @@ def test_a_hub_id_of_an_ifcl_model_is_read_through_the_hub_client(ifcl_folder, m
         return str(folder_a / filename)
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
-    assert run_ifcl.saved_ifcl_config("you/ifcl-tiny")["model_type"] == "ifcl"
+    assert run_ifcl.saved_ifcl_config("you/ifcl-tiny")["objective"] == "ifcl"
     assert asked == [("you/ifcl-tiny", "config.json")]
 
 

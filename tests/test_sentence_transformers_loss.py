@@ -59,7 +59,9 @@ def test_the_loss_equals_the_ifcl_objective_in_ifcl_trainer(
     if with_fraternal_model:
         assert loss.fraternal_projection is not None
         loss.fraternal_projection.load_state_dict(model.fraternal_projection.state_dict())
-    assert torch.equal(loss.fraternal_embeddings.weight, model.fraternal_embeddings.weight)
+    assert torch.equal(
+        loss.fraternal_embeddings.weight, (model.fraternal_embeddings or model.get_input_embeddings()).weight
+    )
     collator = loss.data_collator()
     for part in (model, st_model):
         without_dropout(part)
@@ -159,3 +161,28 @@ def test_its_settings_reach_sentence_transformers_cards(tiny_encoder_dir):
     st_model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")])
     config = IFCLLoss(st_model, **SETTINGS).get_config_dict()
     assert config == {**SETTINGS, "fraternal_model": None}
+
+
+def test_sentence_transformers_trainer_writes_the_ifcl_settings_and_citation_into_its_card(
+    tiny_encoder_dir, tiny_fraternal_dir, tmp_path
+):
+    """The card that ``SentenceTransformer.save`` writes after training shows the loss's settings
+    (``get_config_dict``) and cites the IFCL paper; a local fraternal model is named by its folder's base name."""
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    transformer = Transformer(str(tiny_encoder_dir), max_seq_length=16)
+    st_model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")])
+    loss = IFCLLoss(st_model, fraternal_model_name_or_path=str(tiny_fraternal_dir), **SETTINGS)
+    args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4,
+                                                max_steps=1, use_cpu=True, report_to=[], save_strategy="no")  # fmt: skip
+    pairs = Dataset.from_dict({"sentence": ENGLISH[:4], "fraternal": GERMAN[:4]})
+    trainer = SentenceTransformerTrainer(model=st_model, args=args, train_dataset=pairs, loss=loss,
+                                         data_collator=loss.data_collator())  # fmt: skip
+    trainer.train()
+    st_model.save(str(tmp_path / "saved"))
+    card = (tmp_path / "saved" / "README.md").read_text(encoding="utf-8")
+    assert "ifcl.sentence_transformers_loss.IFCLLoss" in card
+    for name, value in SETTINGS.items():
+        assert f'"{name}": {value}' in card, name
+    assert f'"fraternal_model": "{tiny_fraternal_dir.name}"' in card
+    assert str(tiny_fraternal_dir) not in card and "xiao2023ifcl" in card

@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import ENGLISH, GERMAN
 
-from modeling_ifcl import SENTENCE_TRANSFORMERS_BASE_FILE, SENTENCE_TRANSFORMERS_ENCODER_FOLDER, IFCLModel
+from modeling_ifcl import SENTENCE_TRANSFORMERS_BASE_FILE, IFCLModel
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
 
@@ -101,7 +101,10 @@ def test_view_of_a_sentence_transformers_base_is_true_to_it_and_embeds_like_enco
     base = sentence_transformers.SentenceTransformer(str(st_base_dir), device="cpu")
     view, messages = load_view(tmp_path / "saved")
 
-    assert not messages, messages  # no MISSING / newly initialized weights, no deprecated module names
+    # No MISSING / newly initialized weights, no deprecated module names. With cls, SimCSE's MLP is stored twice, in
+    # the root (IFCLModel's) and as the Dense module's weights: the root copy is reported as not the encoder's.
+    expected = ["mlp.dense.weight", "mlp.dense.bias"] if pooler == "cls" else []
+    assert all(any(key in message for key in expected) for message in messages), messages
     assert view.max_seq_length == base.max_seq_length == 20
     assert view.prompts == base.prompts and view.prompts["query"] == "query: "
     assert view.similarity_fn_name == "dot"
@@ -137,14 +140,14 @@ def test_view_is_written_as_sentence_transformers_6_writes_models(st_base_dir, t
         "include_prompt": True,
     }
     assert (ours / "3_Normalize" / "config.json").read_text() == (theirs / "2_Normalize" / "config.json").read_text()
-    ours_transformer = json.loads(
-        (ours / SENTENCE_TRANSFORMERS_ENCODER_FOLDER / "sentence_bert_config.json").read_text()
-    )
+    # The Transformer module is the folder itself, as in sentence-transformers' own published models.
+    assert json.loads((ours / "modules.json").read_text())[0]["path"] == ""
+    ours_transformer = json.loads((ours / "sentence_bert_config.json").read_text())
     theirs_transformer = json.loads((theirs / "sentence_bert_config.json").read_text())
     assert ours_transformer.pop("model_kwargs") == {"add_pooling_layer": False}  # saved without BERT's pooler head
     assert ours_transformer == theirs_transformer
     # The truncation length lives in the tokenizer, as sentence-transformers 6 keeps it.
-    tokenizer_config = json.loads((ours / SENTENCE_TRANSFORMERS_ENCODER_FOLDER / "tokenizer_config.json").read_text())
+    tokenizer_config = json.loads((ours / "tokenizer_config.json").read_text())
     assert tokenizer_config["model_max_length"] == 20
 
 
@@ -211,27 +214,36 @@ def test_a_folder_saved_without_the_base_facts_reads_them_from_the_local_base(st
     model = IFCLModel.from_encoder(str(st_base_dir), queue_size=0)
     model.save_pretrained(tmp_path / "saved")
     (tmp_path / "saved" / SENTENCE_TRANSFORMERS_BASE_FILE).unlink()
+    # Folders of that time also recorded the base encoder by its local path.
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    config["ifcl"]["encoder_name_or_path"] = str(st_base_dir)
+    (tmp_path / "saved" / "config.json").write_text(json.dumps(config))
     loaded = IFCLModel.from_pretrained(tmp_path / "saved")
     assert loaded.sentence_transformers_base == model.sentence_transformers_base
 
 
-def test_the_encoder_is_stored_twice_and_nothing_more(st_base_dir, tmp_path):
-    """Decision: the view's encoder is a second copy of the encoder's weights (sentence-transformers reads a
-    Transformer module's weights from its own folder, and the root folder's config.json is IFCL's). The copy is
-    exactly the encoder: no pooler head, nothing of IFCL's own."""
+def test_the_encoder_is_stored_once_under_its_own_names(st_base_dir, tmp_path):
+    """Decision: one weights file. The encoder's weights carry the names its plain AutoModel reads (its own
+    base_model_prefix), so sentence-transformers' Transformer module and AutoModel read them from the root folder;
+    a frozen fraternal table that copies the encoder's is not stored at all."""
     from safetensors.torch import load_file
+    from transformers import AutoModel
 
     model = IFCLModel.from_encoder(str(st_base_dir), queue_size=0)
+    assert model.shares_word_table and model.fraternal_embeddings is None
     model.save_pretrained(tmp_path / "saved")
-    root = load_file(str(tmp_path / "saved" / "model.safetensors"))
-    view = load_file(str(tmp_path / "saved" / SENTENCE_TRANSFORMERS_ENCODER_FOLDER / "model.safetensors"))
-    encoder = {name.removeprefix("encoder."): tensor for name, tensor in root.items() if name.startswith("encoder.")}
-    assert view.keys() == encoder.keys() and not any(name.startswith("pooler.") for name in view)
-    assert all(torch.equal(view[name], encoder[name]) for name in view)
     weight_files = sorted(
         str(path.relative_to(tmp_path / "saved")) for path in (tmp_path / "saved").rglob("*.safetensors")
     )
-    assert weight_files == [f"{SENTENCE_TRANSFORMERS_ENCODER_FOLDER}/model.safetensors", "model.safetensors"]
+    assert weight_files == ["model.safetensors"]
+    stored = load_file(str(tmp_path / "saved" / "model.safetensors"))
+    own = {f"{model.encoder_prefix}.{name}": tensor for name, tensor in model.encoder.state_dict().items()}
+    assert model.encoder_prefix == "bert" and stored.keys() == own.keys()
+    assert all(torch.equal(stored[name], own[name]) for name in own)
+    with load_messages() as messages:
+        plain = AutoModel.from_pretrained(tmp_path / "saved", add_pooling_layer=False)
+    assert type(plain).__name__ == "BertModel" and not messages, messages
+    assert all(torch.equal(tensor, own[f"bert.{name}"]) for name, tensor in plain.state_dict().items())
 
 
 def test_encode_converts_and_normalizes_like_sentence_transformers(tiny_encoder_dir):
