@@ -88,3 +88,23 @@ def test_run_ifcl_refuses_fsdp_before_any_model_loads(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert "run_ifcl.py: error: --fsdp" in result.stderr and "no_model_here" not in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_the_queue_survives_zero_to_fp32s_buffer_cast(tiny_encoder_dir):
+    """DeepSpeed's zero_to_fp32 keeps a checkpoint's persistent buffers but casts each to float32 (``v.float()`` in
+    its ``parse_model_states``); ``load_state_dict`` casts them back, so the queue (float rows, bool marks, long
+    head) comes back whole."""
+    from modeling_ifcl import IFCLModel
+
+    trained = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=3, queue_batch_size=4)
+    for step in range(2):
+        trained.queue.push(torch.randn(4 if step else 3, trained.hidden_size))
+    buffers = {name for name, _ in trained.named_buffers()}
+    consolidated = {name: value.float() if name in buffers else value for name, value in trained.state_dict().items()}
+    assert consolidated["queue.valid"].dtype == torch.float32 and consolidated["queue.head"].dtype == torch.float32
+    restored = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=3, queue_batch_size=4)
+    restored.load_state_dict(consolidated)
+    for name, value in trained.queue.named_buffers():
+        restored_value = dict(restored.queue.named_buffers())[name]
+        assert restored_value.dtype == value.dtype and torch.equal(restored_value, value), name
+    assert len(restored.queue) == 7
