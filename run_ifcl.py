@@ -117,6 +117,10 @@ class DataArguments:
         },
     )
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
+    tokenize_on_the_fly: bool = field(
+        default=False,
+        metadata={"help": "Tokenize each batch as it is read instead of once into a token cache on disk (huge data)."},
+    )
 
     def __post_init__(self) -> None:
         check_data_arguments(self)
@@ -351,16 +355,12 @@ def run_in_folder(arguments: RunArguments, run_folder: RunFolder):
 
     objective = build_objective(model)
     train_dataset = None
-    if train_text is not None:
+    if train_text is not None:  # tokenized once by the main process into the cache that the others then read
         with training_args.main_process_first(desc="tokenizing the training set"):
             train_dataset = tokenize_training_text(
-                train_text,
-                objective,
-                model.tokenizer,
-                model.fraternal_tokenizer,
-                data_args.max_seq_length,
-                num_proc=data_args.preprocessing_num_workers,
-            )
+                train_text, objective, model.tokenizer, model.fraternal_tokenizer, data_args.max_seq_length,
+                num_proc=data_args.preprocessing_num_workers, on_the_fly=data_args.tokenize_on_the_fly,
+            )  # fmt: skip
     if not do_train:  # no training, so no evaluations during it (the Trainer would want their STS set)
         from transformers.trainer_utils import IntervalStrategy
 

@@ -36,6 +36,35 @@ class ObjectiveDataCollator:
         return self.objective.collate(features, self.tokenizer, self.fraternal_pad_token_id)
 
 
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase | None) -> Any:
+    """What a tokenizer's output depends on, for cache fingerprints: its vocabulary and rules (a fast tokenizer's
+    JSON without the truncation and padding a call sets), special tokens and class, so a tokenizer rewritten in the
+    same folder gives new caches."""
+    if tokenizer is None:
+        return None
+    if getattr(tokenizer, "is_fast", False):
+        rules = json.loads(tokenizer.backend_tokenizer.to_str())
+        rules.pop("truncation", None)
+        rules.pop("padding", None)
+    else:
+        rules = sorted(tokenizer.get_vocab().items())
+    return [type(tokenizer).__name__, tokenizer.name_or_path, len(tokenizer), rules, tokenizer.all_special_tokens]
+
+
+def training_features_hook(
+    objective: Objective,
+    tokenizer: PreTrainedTokenizerBase,
+    fraternal_tokenizer: PreTrainedTokenizerBase | None,
+    max_length: int,
+):
+    """The objective's :meth:`~ifcl.objectives.Objective.tokenize` hook as a function of a batch of text rows."""
+
+    def tokenize(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
+        return objective.tokenize(batch, tokenizer, max_length, fraternal_tokenizer)
+
+    return tokenize
+
+
 def tokenize_training_text(
     dataset,
     objective: Objective,
@@ -43,26 +72,30 @@ def tokenize_training_text(
     fraternal_tokenizer: PreTrainedTokenizerBase | None,
     max_length: int,
     num_proc: int | None = None,
+    on_the_fly: bool = False,
 ):
     """The training features of a text ``datasets.Dataset`` (columns sentence[, fraternal]), made by the objective's
     :meth:`~ifcl.objectives.Objective.tokenize` hook.
 
-    The hook holds the objective, whose modules (a peer network, a momentum encoder) datasets would otherwise pickle
-    to fingerprint the map: the fingerprint is made from what the features depend on instead.
+    Once, with ``map``: a file-backed dataset gets its features cached beside it (datasets' ``cache-*.arrow``), read
+    again by later runs and by the other processes. The hook holds the objective, whose modules (a peer network, a
+    momentum encoder) datasets would otherwise pickle to fingerprint the map: the fingerprint is made from what the
+    features depend on instead. With ``on_the_fly``, nothing is written: each row is tokenized when the data loader
+    reads it (``with_transform``), for corpora whose token cache would not fit on disk; the features are the same.
     """
     from datasets.fingerprint import Hasher
 
     from ifcl.objectives import settings_as_dict
 
-    def tokenize(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
-        return objective.tokenize(batch, tokenizer, max_length, fraternal_tokenizer)
-
+    tokenize = training_features_hook(objective, tokenizer, fraternal_tokenizer, max_length)
+    if on_the_fly:
+        return dataset.with_transform(tokenize)
     fingerprint = Hasher.hash(
         [
             dataset._fingerprint,
             objective.name,
             settings_as_dict(objective.settings),
-            [(t.name_or_path, len(t)) for t in (tokenizer, fraternal_tokenizer or tokenizer)],
+            [tokenizer_fingerprint(t) for t in (tokenizer, fraternal_tokenizer or tokenizer)],
             max_length,
         ]
     )
@@ -126,9 +159,24 @@ def check_text_dataset(dataset, columns: tuple[str, ...] = ("sentence", "fratern
 
 
 def is_text_dataset(dataset) -> bool:
-    """A ``datasets.Dataset`` of training text (a ``sentence`` column, no token ids yet)."""
+    """A ``datasets.Dataset`` of training text (a ``sentence`` column, no token ids yet, and no transform that
+    tokenizes it on the fly)."""
     columns = getattr(dataset, "column_names", None)
-    return isinstance(columns, list) and "sentence" in columns and "input_ids" not in columns
+    on_the_fly = getattr(dataset, "format", {}).get("type") == "custom"
+    return isinstance(columns, list) and "sentence" in columns and "input_ids" not in columns and not on_the_fly
+
+
+def gather_rows_in_one_collective(accelerator, rows: torch.Tensor, capacity: int) -> torch.Tensor:
+    """The ``rows`` [n, d] of all processes in rank order, n ≤ ``capacity`` and possibly different per process, with
+    one collective: each process sends ``capacity`` rows with a last column that marks the real ones (1) from the
+    padding (0), and the marked rows of the gathered tensor are kept."""
+    if rows.shape[0] > capacity:
+        raise ValueError(f"{rows.shape[0]} rows to gather, more than the {capacity} a process holds in a step.")
+    packed = rows.new_zeros((capacity, rows.shape[1] + 1))
+    packed[: rows.shape[0], :-1] = rows
+    packed[: rows.shape[0], -1] = 1
+    gathered = accelerator.gather(packed)
+    return gathered[gathered[:, -1] > 0, :-1]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -268,15 +316,11 @@ class IFCLTrainer(Trainer):
     @torch.no_grad()
     def gather_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """The rows of all processes in rank order, without gradient (what an objective pushes into its queue);
-        processes may hold different numbers of rows."""
-        if self.accelerator.num_processes > 1:
-            count = torch.tensor([rows.shape[0]], device=rows.device)
-            counts = self.accelerator.gather(count)
-            padded = self.accelerator.pad_across_processes(rows, dim=0)
-            gathered = self.accelerator.gather(padded).view(len(counts), padded.shape[0], -1)
-            keep = torch.arange(padded.shape[0], device=rows.device) < counts.unsqueeze(1)
-            rows = gathered[keep]
-        return rows
+        processes may hold different numbers of rows, at most one step's (per-device batch × accumulation)."""
+        if self.accelerator.num_processes == 1:
+            return rows
+        capacity = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
+        return gather_rows_in_one_collective(self.accelerator, rows, capacity)
 
     def check_finite_loss(self, step: int) -> None:
         """Stop with a message naming the step and the loss term when a term went NaN or infinite.

@@ -32,6 +32,7 @@ def check_training_settings(training_args: TrainingArguments) -> None:
             f"--num_train_epochs must be > 0 (with --max_steps -1), got {training_args.num_train_epochs}."
         )
     check_report_to(training_args.report_to)
+    check_unsharded_parameters(training_args)
     hub_strategy = strategy_name(training_args.hub_strategy)
     if hub_strategy != "end":
         raise ValueError(
@@ -43,6 +44,43 @@ def check_training_settings(training_args: TrainingArguments) -> None:
             raise ValueError("--push_to_hub without --do_train: no model is trained or saved here to push.")
         if training_args.resume_from_checkpoint is not None:
             raise ValueError("--resume_from_checkpoint without --do_train: there is no training to resume.")
+
+
+SHARDING_ADVICE = (
+    "the STS evaluations and the queue read the whole unwrapped model, whose parameters FSDP and ZeRO-3 split "
+    "across processes, so this project refuses them. Use DDP (configs/accelerate_multi_gpu.yaml) or DeepSpeed "
+    "ZeRO-2 (configs/accelerate_deepspeed_zero2.yaml), which keep every parameter whole (docs/scale.md)."
+)
+
+
+def deepspeed_zero_stage(config: Any) -> int | None:
+    """The ZeRO stage of a DeepSpeed config (a dict or a JSON file's path); None when it names none."""
+    if isinstance(config, (str, os.PathLike)):
+        import json
+
+        with open(config, encoding="utf-8") as handle:
+            config = json.load(handle)
+    if not isinstance(config, dict):
+        return None
+    stage = config.get("zero_optimization", {}).get("stage")
+    return int(stage) if isinstance(stage, (int, str)) and str(stage).isdigit() else None
+
+
+def check_unsharded_parameters(training_args: TrainingArguments, environ: dict[str, str] | None = None) -> None:
+    """Refuse parameter sharding, FSDP (``--fsdp``, or an accelerate config with FSDP) and DeepSpeed ZeRO-3
+    (``--deepspeed`` with stage 3, or an accelerate config with it), before any model loads."""
+    environ = os.environ if environ is None else environ
+    if training_args.fsdp:
+        raise ValueError(f"--fsdp {training_args.fsdp}: {SHARDING_ADVICE}")
+    if environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("true", "1"):
+        raise ValueError(f"accelerate launch with FSDP (distributed_type: FSDP in its config): {SHARDING_ADVICE}")
+    if training_args.deepspeed and deepspeed_zero_stage(training_args.deepspeed) == 3:
+        raise ValueError(f"--deepspeed {training_args.deepspeed} sets ZeRO stage 3: {SHARDING_ADVICE}")
+    if environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("true", "1"):
+        config_file = environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+        stage = environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
+        if stage == "3" or (config_file and os.path.isfile(config_file) and deepspeed_zero_stage(config_file) == 3):
+            raise ValueError(f"accelerate launch with DeepSpeed ZeRO stage 3: {SHARDING_ADVICE}")
 
 
 def check_report_to(report_to: list[str]) -> None:

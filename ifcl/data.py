@@ -33,6 +33,7 @@ __all__ = [
     "parse_trans_de_en",
     "load_trans_de_en_dataset",
     "load_train_dataset",
+    "training_cache_dir",
     "load_sts_file",
     "stsb_path",
     "load_stsb",
@@ -222,14 +223,27 @@ def _as_text(value: Any) -> str:
     return str(value).strip()
 
 
-def _read_train_txt(path: str, with_fraternal: bool) -> tuple[dict[str, list[str]], int]:
-    """Parse ``sentence<TAB>translation`` lines; return columns and the count of blank lines."""
-    sentences: list[str] = []
-    fraternals: list[str] = []
-    blank_lines = 0
+# Rows per Arrow record batch written to the cache: the most rows a parse holds in memory at once.
+_TRAIN_WRITE_BATCH = 10_000
+# Raised when the cached form of a training file changes, so older caches are not read.
+_TRAIN_CACHE_VERSION = 1
+_TRAIN_FEATURES = datasets.Features({SENTENCE: datasets.Value("string"), FRATERNAL: datasets.Value("string")})
+
+
+def training_cache_dir() -> str:
+    """Where parsed training files are cached as Arrow: ``$IFCL_DATA_CACHE``, else ``ifcl_training_text`` in
+    datasets' cache (``$HF_DATASETS_CACHE``, by default ``~/.cache/huggingface/datasets``). Their tokenized forms
+    (``cache-<fingerprint>.arrow``) land beside them, where datasets puts the caches of a ``map``."""
+    default = os.path.join(str(datasets.config.HF_DATASETS_CACHE), "ifcl_training_text")
+    return os.environ.get("IFCL_DATA_CACHE") or default
+
+
+def _train_txt_rows(path: str, with_fraternal: bool, blank_lines: list[int]) -> Iterator[tuple[str, ...]]:
+    """Each ``sentence<TAB>translation`` line of a .txt file as a tuple (sentence[, fraternal]); blank lines are
+    skipped and counted in ``blank_lines[0]``; a bad line raises DataFormatError naming it."""
     for line_number, line in _iter_lines(path):
         if not line.strip():
-            blank_lines += 1
+            blank_lines[0] += 1
             continue
         fields = line.split("\t")
         if with_fraternal:
@@ -242,22 +256,95 @@ def _read_train_txt(path: str, with_fraternal: bool) -> tuple[dict[str, list[str
             if not sentence or not fraternal:
                 empty = "sentence" if not sentence else "translation"
                 raise _format_error(path, f"empty {empty}", line_number)
-            fraternals.append(fraternal)
+            yield sentence, fraternal
         else:
             sentence = fields[0].strip()
             if not sentence:
                 raise _format_error(path, "empty sentence before the tab", line_number)
-        sentences.append(sentence)
-    columns = {SENTENCE: sentences}
-    if with_fraternal:
-        columns[FRATERNAL] = fraternals
-    return columns, blank_lines
+            yield (sentence,)
 
 
-def _read_train_table(
+def _train_txt_cache_key(path: str, with_fraternal: bool) -> str:
+    """What the parsed form of a .txt file depends on: its path, size and modification time, and the columns."""
+    from datasets.fingerprint import Hasher
+
+    stat = os.stat(path)
+    return Hasher.hash(
+        [_TRAIN_CACHE_VERSION, os.path.abspath(path), stat.st_size, stat.st_mtime_ns, stat.st_ino, with_fraternal]
+    )
+
+
+def _write_train_txt_arrow(path: str, with_fraternal: bool, arrow_path: str) -> dict[str, int]:
+    """Parse a .txt training file into an Arrow file, ``_TRAIN_WRITE_BATCH`` rows at a time (a temporary file renamed
+    once complete, so a reader never sees half of one). Returns the counts of rows and blank lines."""
+    from datasets.arrow_writer import ArrowWriter
+
+    columns = [SENTENCE, FRATERNAL] if with_fraternal else [SENTENCE]
+    features = datasets.Features({name: _TRAIN_FEATURES[name] for name in columns})
+    partial = f"{arrow_path}.{os.getpid()}.partial"
+    blank_lines, rows = [0], 0
+    try:
+        with ArrowWriter(features=features, path=partial) as writer:
+            batch: list[tuple[str, ...]] = []
+            for row in _train_txt_rows(path, with_fraternal, blank_lines):
+                batch.append(row)
+                if len(batch) == _TRAIN_WRITE_BATCH:
+                    writer.write_batch({name: list(values) for name, values in zip(columns, zip(*batch))})
+                    rows, batch = rows + len(batch), []
+            if batch:
+                writer.write_batch({name: list(values) for name, values in zip(columns, zip(*batch))})
+                rows += len(batch)
+            writer.finalize()
+        if rows:
+            os.replace(partial, arrow_path)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+    return {"rows": rows, "blank_lines": blank_lines[0]}
+
+
+def _load_train_txt(path: str, with_fraternal: bool) -> tuple[datasets.Dataset | None, int]:
+    """A .txt training file as a memory-mapped Dataset (parsed once into :func:`training_cache_dir`, again when
+    the file changes) and its count of blank lines; None when it holds no rows."""
+    folder = training_cache_dir()
+    os.makedirs(folder, exist_ok=True)
+    key = _train_txt_cache_key(path, with_fraternal)
+    arrow_path = os.path.join(folder, f"train-{key}.arrow")
+    counts_path = os.path.join(folder, f"train-{key}.json")
+    counts = None
+    if os.path.isfile(arrow_path) and os.path.isfile(counts_path):
+        with open(counts_path, encoding="utf-8") as handle:
+            counts = json.load(handle)
+        logger.info("%s: parsed form read from %s", path, arrow_path)
+    if counts is None:
+        counts = _write_train_txt_arrow(path, with_fraternal, arrow_path)
+        if not counts["rows"]:
+            return None, counts["blank_lines"]
+        with open(f"{counts_path}.{os.getpid()}.partial", "w", encoding="utf-8") as handle:
+            json.dump({**counts, "source": os.path.abspath(path)}, handle)
+        os.replace(f"{counts_path}.{os.getpid()}.partial", counts_path)
+    return datasets.Dataset.from_file(arrow_path), counts["blank_lines"]
+
+
+def _canonical_train_rows(wanted: dict[str, str]) -> Any:
+    """``datasets.map`` hook: the canonical columns of a batch (cells as stripped text), rows with an empty cell
+    dropped."""
+
+    def canonical(batch: dict[str, list[Any]]) -> dict[str, list[str]]:
+        texts = {name: [_as_text(value) for value in batch[source]] for name, source in wanted.items()}
+        keep = [all(row) for row in zip(*texts.values())]
+        return {name: [value for value, kept in zip(values, keep) if kept] for name, values in texts.items()}
+
+    return canonical
+
+
+def _load_train_table(
     path: str, builder: str, sentence_column: str, fraternal_column: str | None
-) -> tuple[dict[str, list[str]], int]:
-    """Load a csv/json(l) file; return canonical columns and the count of dropped rows."""
+) -> tuple[datasets.Dataset, int]:
+    """A csv/json(l) file as a memory-mapped Dataset of the canonical columns (datasets' cache), and the count of
+    rows dropped for an empty sentence or translation."""
+    from datasets.fingerprint import Hasher
+
     try:
         table = datasets.load_dataset(builder, data_files=path, split="train")
     except (datasets.exceptions.DatasetsError, ValueError, StopIteration) as error:
@@ -270,10 +357,15 @@ def _read_train_table(
     missing = [name for name in wanted.values() if name not in table.column_names]
     if missing:
         raise _format_error(path, f"missing column(s) {missing}; found columns {table.column_names}")
-    raw_columns = {canonical: [_as_text(value) for value in table[source]] for canonical, source in wanted.items()}
-    keep = [all(row) for row in zip(*raw_columns.values())]
-    columns = {name: [value for value, kept in zip(values, keep) if kept] for name, values in raw_columns.items()}
-    return columns, keep.count(False)
+    rows = table.map(
+        _canonical_train_rows(wanted),
+        batched=True,
+        remove_columns=table.column_names,
+        features=datasets.Features({name: _TRAIN_FEATURES[name] for name in wanted}),
+        new_fingerprint=Hasher.hash([_TRAIN_CACHE_VERSION, table._fingerprint, wanted]),
+        desc="Reading training rows",
+    )
+    return rows, len(table) - len(rows)
 
 
 def load_train_dataset(
@@ -283,10 +375,10 @@ def load_train_dataset(
 ) -> datasets.Dataset:
     """Load training pairs from .txt (``sentence<TAB>translation``), .csv, .json or .jsonl.
 
-    Returns columns ``sentence`` and, unless ``fraternal_column`` is None,
-    ``fraternal``. Blank lines (txt) and rows with an empty sentence or
-    translation (csv/json) are skipped with a logged warning; other problems
-    raise DataFormatError naming the file (and line for txt).
+    Returns columns ``sentence`` and, unless ``fraternal_column`` is None, ``fraternal``, memory-mapped from an
+    Arrow cache (:func:`training_cache_dir` for .txt, datasets' own for csv/json), not held on the heap; a changed
+    file is read again. Blank lines (txt) and rows with an empty sentence or translation (csv/json) are skipped with
+    a logged warning; other problems raise DataFormatError naming the file (and line for txt).
     """
     path = os.fspath(train_file)
     extension = _extension(path)
@@ -296,17 +388,17 @@ def load_train_dataset(
         )
     _require_file(path, "training file")
     if extension == ".txt":
-        columns, skipped = _read_train_txt(path, with_fraternal=fraternal_column is not None)
+        dataset, skipped = _load_train_txt(path, with_fraternal=fraternal_column is not None)
         if skipped:
             logger.warning("%s: skipped %d empty line(s)", path, skipped)
     else:
         builder = "csv" if extension == ".csv" else "json"
-        columns, skipped = _read_train_table(path, builder, sentence_column, fraternal_column)
+        dataset, skipped = _load_train_table(path, builder, sentence_column, fraternal_column)
         if skipped:
             logger.warning("%s: dropped %d row(s) with an empty sentence or translation", path, skipped)
-    if not columns[SENTENCE]:
+    if dataset is None or not len(dataset):
         raise _format_error(path, "no training rows")
-    return datasets.Dataset.from_dict(columns)
+    return dataset
 
 
 # ---------------------------------------------------------------------------

@@ -122,6 +122,15 @@ def build_tiny_bert(
     return folder
 
 
+@pytest.fixture(scope="session", autouse=True)
+def ifcl_data_cache(tmp_path_factory) -> Path:
+    """Training files the tests parse are cached in the session's folder (scripts run by the tests inherit it),
+    not in the user's datasets cache."""
+    folder = tmp_path_factory.mktemp("ifcl_data_cache")
+    os.environ["IFCL_DATA_CACHE"] = str(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_encoder_dir(tmp_path_factory) -> Path:
     """A tiny English BERT (width 32) with a tokenizer trained on English and German sentences."""

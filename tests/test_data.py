@@ -202,6 +202,75 @@ def test_train_all_rows_empty_is_an_error(tmp_path: Path) -> None:
         load_train_dataset(write(tmp_path / "empty.txt", "\n  \n"))
 
 
+def test_train_txt_is_memory_mapped_from_a_cache_parsed_once(tmp_path: Path, caplog) -> None:
+    path = write(tmp_path / "cached.txt", "a b\tc d\n\ne f\tg h\n")
+    first = load_train_dataset(path)
+    (cache,) = [entry["filename"] for entry in first.cache_files]  # on disk, memory-mapped, not on the heap
+    assert cache.startswith(data_ifcl.training_cache_dir()) and cache.endswith(".arrow")
+    with caplog.at_level(logging.INFO, logger="ifcl.data"):
+        again = load_train_dataset(path)
+    assert [entry["filename"] for entry in again.cache_files] == [cache]
+    assert any("parsed form read from" in r.getMessage() for r in caplog.records)
+    assert any("1 empty line" in r.getMessage() for r in caplog.records)  # warned on every load
+    assert again.to_dict() == {"sentence": ["a b", "e f"], "fraternal": ["c d", "g h"]}
+    mono = load_train_dataset(path, fraternal_column=None)  # another parsed form of the same file
+    assert mono.column_names == ["sentence"] and mono.cache_files[0]["filename"] != cache
+
+
+def test_train_txt_changed_file_is_parsed_again(tmp_path: Path) -> None:
+    path = tmp_path / "changing.txt"
+    write(path, "old\talt\n")
+    assert load_train_dataset(path)["sentence"] == ["old"]
+    write(path, "new\tneu\n")  # same size
+    stat = os.stat(path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert load_train_dataset(path)["sentence"] == ["new"]
+
+
+def test_train_txt_bad_line_leaves_no_cache(tmp_path: Path) -> None:
+    path = write(tmp_path / "broken.txt", "a\tb\n" * 25_000 + "no tab\n")  # after a written record batch
+    before = set(os.listdir(data_ifcl.training_cache_dir()))
+    with pytest.raises(DataFormatError, match=r"broken\.txt: line 25001: .*no tab"):
+        load_train_dataset(path)
+    assert set(os.listdir(data_ifcl.training_cache_dir())) == before
+
+
+def test_train_txt_larger_than_a_record_batch_keeps_order(tmp_path: Path) -> None:
+    lines = [f"sentence {i}\tSatz {i}" for i in range(23_456)]
+    dataset = load_train_dataset(write(tmp_path / "long.txt", "\n".join(lines) + "\n"))
+    assert len(dataset) == len(lines)
+    assert dataset[12_345] == {"sentence": "sentence 12345", "fraternal": "Satz 12345"}
+    assert dataset["fraternal"][-1] == "Satz 23455"
+
+
+def test_train_csv_is_memory_mapped(tmp_path: Path) -> None:
+    path = write(tmp_path / "mapped.csv", "sentence,fraternal\nA.,B.\n,C.\nD.,E.\n")
+    dataset = load_train_dataset(path)
+    assert dataset.cache_files and dataset.to_dict() == {"sentence": ["A.", "D."], "fraternal": ["B.", "E."]}
+
+
+def test_tokenizing_on_the_fly_gives_the_cached_features(tmp_path: Path, tiny_encoder_dir: Path) -> None:
+    from conftest import ENGLISH, GERMAN
+
+    from ifcl.objectives import build_objective
+    from modeling_ifcl import IFCLModel
+    from trainer_ifcl import is_text_dataset, tokenize_training_text, tokenizer_fingerprint
+
+    lines = [f"{english}\t{german}" for english, german in zip(ENGLISH, GERMAN)]
+    text = load_train_dataset(write(tmp_path / "pairs.txt", "\n".join(lines) + "\n"))
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
+    objective = build_objective(model)
+    arguments = (objective, model.tokenizer, model.fraternal_tokenizer, 8)
+    fingerprint = tokenizer_fingerprint(model.tokenizer)
+    cached = tokenize_training_text(text, *arguments)
+    assert cached.cache_files and "input_ids" in cached.column_names
+    assert tokenizer_fingerprint(model.tokenizer) == fingerprint  # a call's truncation does not change it
+    on_the_fly = tokenize_training_text(text, *arguments, on_the_fly=True)
+    assert not is_text_dataset(on_the_fly) and is_text_dataset(text)
+    assert [on_the_fly[i] for i in range(len(text))] == [cached[i] for i in range(len(text))]
+    assert on_the_fly[2:5] == cached[2:5]
+
+
 # ---------------------------------------------------------------------------
 # STS files
 # ---------------------------------------------------------------------------

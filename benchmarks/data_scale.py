@@ -1,0 +1,277 @@
+#!/usr/bin/env python
+"""Memory and time of reading and tokenizing training files of 10^4–10^6 generated pairs, before and after the
+training data moved off the heap; and the heap of a one-step ``run_ifcl.py`` run on 10^5 and on 10^6 pairs.
+
+    python benchmarks/data_scale.py                            # 10^4, 10^5, 10^6 pairs; old, new and run
+    python benchmarks/data_scale.py --sizes 10000 100000 --no_run
+
+Each measurement runs in a fresh process (this script with ``--worker``), on a ``sentence<TAB>translation`` .txt
+file of generated English–German pairs, with the real tokenizer of all-MiniLM-L6-v2 (the embedded default):
+
+- ``old``: the previous code path (``ifcl/data.py`` before the Arrow cache, kept below as :func:`old_read_train_txt`):
+  the file read into Python lists, then an in-memory ``Dataset.from_dict``, tokenized in memory by the same
+  ``tokenize_training_text``;
+- ``new``: ``load_train_dataset`` (parsed into a memory-mapped Arrow file) and ``tokenize_training_text`` (tokens
+  cached on disk), from an empty cache;
+- ``new, cached``: the same again, the caches now present (what the other ranks and later runs do);
+- ``run``: ``run_ifcl.run`` with ``--do_train --max_steps 1`` (no evaluation), from an empty cache.
+
+Memory: peak RSS (``VmHWM``) and the peak of anonymous memory (``RssAnon``: the heap, what the process allocated
+itself; memory-mapped file pages are not in it), sampled every 10 ms, each also above the process's memory after
+its imports and model load. Prints a table and writes ``benchmarks/results/data_scale.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+RESULTS = os.path.join(ROOT, "benchmarks", "results", "data_scale.json")
+PATHS = ("old", "new", "new_cached")
+ENGLISH_WORDS = (
+    "the a man woman child dog cat house city river tree book letter friend teacher doctor train car road "
+    "morning evening night day week year water bread music garden window door table street market school "
+    "reads writes sees finds opens closes buys sells carries brings takes gives loves knows hears wants "
+    "old new small large quiet loud early late green red happy tired slowly quickly today yesterday often "
+    "in on under near with without behind before after and but because"
+).split()
+GERMAN_WORDS = (
+    "der die das ein eine Mann Frau Kind Hund Katze Haus Stadt Fluss Baum Buch Brief Freund Lehrer Arzt Zug "
+    "Auto Straße Morgen Abend Nacht Tag Woche Jahr Wasser Brot Musik Garten Fenster Tür Tisch Markt Schule "
+    "liest schreibt sieht findet öffnet schließt kauft verkauft trägt bringt nimmt gibt liebt kennt hört will "
+    "alt neu klein groß leise laut früh spät grün rot glücklich müde langsam schnell heute gestern oft "
+    "in auf unter neben mit ohne hinter vor nach und aber weil"
+).split()
+
+
+def write_pairs(path: str, count: int, seed: int = 0) -> None:
+    """``count`` generated ``English<TAB>German`` lines of 6–16 words each (deterministic for a seed)."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as handle:
+        for _ in range(count):
+            english = " ".join(rng.choices(ENGLISH_WORDS, k=rng.randint(6, 16)))
+            german = " ".join(rng.choices(GERMAN_WORDS, k=rng.randint(6, 16)))
+            handle.write(f"{english.capitalize()}.\t{german[0].upper()}{german[1:]}.\n")
+
+
+def old_read_train_txt(path: str) -> dict[str, list[str]]:
+    """The previous reading of a .txt training file (``ifcl.data._read_train_txt`` before the Arrow cache): every
+    pair into two Python lists. Error handling left out: the benchmark's file is well formed."""
+    sentences: list[str] = []
+    fraternals: list[str] = []
+    with open(path, "rb") as handle:
+        for raw in handle:
+            line = raw.decode("utf-8").rstrip("\r\n")
+            if not line.strip():
+                continue
+            fields = line.split("\t")
+            sentences.append(fields[0].strip())
+            fraternals.append(fields[1].strip())
+    return {"sentence": sentences, "fraternal": fraternals}
+
+
+def reset_peak_rss() -> None:
+    """Start ``VmHWM`` afresh from the current RSS (Linux's ``clear_refs`` 5), so the peak is the measured part's."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        pass  # the peak then includes the model's loading
+
+
+def memory_mb() -> dict[str, float]:
+    """This process's resident (VmRSS), peak resident (VmHWM) and anonymous (RssAnon) memory, in MB."""
+    figures = {}
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM", "RssAnon"):
+                figures[name] = int(value.split()[0]) / 1024
+    return figures
+
+
+class AnonymousMemoryPeak:
+    """The highest ``RssAnon`` seen, sampled every ``interval`` seconds on a thread while the block runs."""
+
+    def __init__(self, interval: float = 0.01) -> None:
+        self.interval, self.peak, self._stop = interval, 0.0, threading.Event()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, memory_mb()["RssAnon"])
+            time.sleep(self.interval)
+
+    def __enter__(self) -> AnonymousMemoryPeak:
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, memory_mb()["RssAnon"])
+
+
+def tokenize_file(path_kind: str, train_file: str) -> None:
+    """Read and tokenize ``train_file`` the ``old`` or ``new`` way. The model and tokenizer are loaded before the
+    measurement starts."""
+    import datasets
+
+    from ifcl.data import embedded_model_path, load_train_dataset
+    from ifcl.objectives import build_objective
+    from modeling_ifcl import IFCLModel
+    from trainer_ifcl import tokenize_training_text
+
+    model = IFCLModel.from_encoder(embedded_model_path())
+    objective = build_objective(model)
+    reset_peak_rss()
+    baseline = memory_mb()
+    start = time.perf_counter()
+    with AnonymousMemoryPeak() as anonymous:
+        if path_kind == "old":
+            text = datasets.Dataset.from_dict(old_read_train_txt(train_file))
+        else:
+            text = load_train_dataset(train_file)
+        features = tokenize_training_text(text, objective, model.tokenizer, model.fraternal_tokenizer, 32)
+        rows = len(features)
+    report(baseline, anonymous.peak, time.perf_counter() - start, rows=rows)
+
+
+def one_step_run(train_file: str, output_dir: str) -> None:
+    """``run_ifcl.run`` training one step on ``train_file`` (no evaluation), measured from its start."""
+    import run_ifcl
+
+    argv = ["--train_file", train_file, "--do_train", "--max_steps", "1", "--eval_strategy", "no",
+            "--save_strategy", "no", "--load_best_model_at_end", "false", "--output_dir", output_dir,
+            "--use_cpu", "--report_to", "none", "--logging_steps", "1"]  # fmt: skip
+    reset_peak_rss()
+    baseline = memory_mb()
+    start = time.perf_counter()
+    with AnonymousMemoryPeak() as anonymous:
+        _, metrics = run_ifcl.run(argv)
+    report(baseline, anonymous.peak, time.perf_counter() - start, rows=int(metrics["train_samples"]))
+
+
+def report(baseline: dict[str, float], anonymous_peak: float, seconds: float, rows: int) -> None:
+    """Print the worker's figures as one JSON line for the parent."""
+    final = memory_mb()
+    figures = {
+        "rows": rows,
+        "seconds": round(seconds, 2),
+        "peak_rss_mb": round(final["VmHWM"], 1),
+        "peak_anonymous_mb": round(anonymous_peak, 1),
+        "baseline_rss_mb": round(baseline["VmRSS"], 1),
+        "baseline_anonymous_mb": round(baseline["RssAnon"], 1),
+        "anonymous_above_baseline_mb": round(anonymous_peak - baseline["RssAnon"], 1),
+    }
+    print("DATA_SCALE " + json.dumps(figures), flush=True)
+
+
+def run_worker(kind: str, size: int, work_dir: str) -> dict:
+    """One measurement in a fresh process; ``new_cached`` and ``run`` reuse or own caches as their names say."""
+    train_file = os.path.join(work_dir, f"pairs_{size}.txt")
+    cache = os.path.join(work_dir, f"cache_{kind.replace('_cached', '')}_{size}")
+    if kind != "new_cached":  # from an empty cache (and a new output folder for the run)
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(os.path.join(work_dir, f"run_{size}"), ignore_errors=True)
+    env = {**os.environ, "IFCL_DATA_CACHE": cache, "HF_DATASETS_CACHE": cache, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, __file__, "--worker", kind, "--size", str(size), "--work_dir", work_dir]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("DATA_SCALE ")]
+    if result.returncode != 0 or not lines:
+        raise RuntimeError(f"{kind} on {size} pairs failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
+    figures = json.loads(lines[-1].removeprefix("DATA_SCALE "))
+    figures["cache_disk_mb"] = round(folder_size(cache) / 2**20, 1) if os.path.isdir(cache) else 0.0
+    figures["file_mb"] = round(os.path.getsize(train_file) / 2**20, 1)
+    return figures
+
+
+def folder_size(folder: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
+
+
+def machine() -> str:
+    """The CPU in words."""
+    model = platform.processor() or platform.machine()
+    if os.path.isfile("/proc/cpuinfo"):
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            names = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
+        model = names[0] if names else model
+    return f"{os.cpu_count()}-core {platform.machine()} CPU ({model}), Linux {platform.release()}"
+
+
+def print_table(results: dict) -> None:
+    print(
+        "\n| pairs | path | s | peak RSS (MB) | peak anonymous (MB) | anonymous above start (MB) | cache on disk (MB) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for size, by_path in results["tokenize"].items():
+        for kind, figures in by_path.items():
+            print(f"| {int(size):,} | {kind} | {figures['seconds']} | {figures['peak_rss_mb']} | "
+                  f"{figures['peak_anonymous_mb']} | {figures['anonymous_above_baseline_mb']} | "
+                  f"{figures['cache_disk_mb']} |")  # fmt: skip
+    if results.get("run"):
+        print("\n| run_ifcl.py, 1 step | s | peak RSS (MB) | peak anonymous (MB) | anonymous above start (MB) |")
+        print("|---|---|---|---|---|")
+        for size, figures in results["run"].items():
+            print(f"| {int(size):,} pairs | {figures['seconds']} | {figures['peak_rss_mb']} | "
+                  f"{figures['peak_anonymous_mb']} | {figures['anonymous_above_baseline_mb']} |")  # fmt: skip
+        if "run_heap_difference_mb" in results:
+            print(f"\nHeap of the 1-step run, 10^6 pairs minus 10^5 pairs: {results['run_heap_difference_mb']} MB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--run_sizes", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--no_run", action="store_true", help="Skip the one-step run_ifcl.py measurement.")
+    parser.add_argument("--work_dir", default=None, help="Where the generated files and caches go (default: temp).")
+    parser.add_argument("--worker", choices=[*PATHS, "run"], help=argparse.SUPPRESS)
+    parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        train_file = os.path.join(args.work_dir, f"pairs_{args.size}.txt")
+        if args.worker == "run":
+            return one_step_run(train_file, os.path.join(args.work_dir, f"run_{args.size}"))
+        return tokenize_file(args.worker, train_file)
+    work_dir = args.work_dir or tempfile.mkdtemp(prefix="ifcl_data_scale_")
+    os.makedirs(work_dir, exist_ok=True)
+    results = {"machine": machine(), "tokenizer": "all-MiniLM-L6-v2 (embedded)", "max_seq_length": 32,
+               "tokenize": {}, "run": {}}  # fmt: skip
+    for size in sorted(set(args.sizes) | set([] if args.no_run else args.run_sizes)):
+        write_pairs(os.path.join(work_dir, f"pairs_{size}.txt"), size)
+    for size in args.sizes:
+        results["tokenize"][str(size)] = {kind: run_worker(kind, size, work_dir) for kind in PATHS}
+        print(f"{size:,} pairs: " + json.dumps(results["tokenize"][str(size)]), flush=True)
+    if not args.no_run:
+        for size in args.run_sizes:
+            results["run"][str(size)] = run_worker("run", size, work_dir)
+            print(f"run_ifcl.py on {size:,} pairs: " + json.dumps(results["run"][str(size)]), flush=True)
+        if {"100000", "1000000"} <= set(results["run"]):
+            difference = (results["run"]["1000000"]["peak_anonymous_mb"]
+                          - results["run"]["100000"]["peak_anonymous_mb"])  # fmt: skip
+            results["run_heap_difference_mb"] = round(difference, 1)
+    print_table(results)
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    with open(RESULTS, "w", encoding="utf-8") as handle:
+        json.dump(results, handle, indent=2)
+        handle.write("\n")
+    print(f"\nWritten {RESULTS} (work folder {work_dir})")
+
+
+if __name__ == "__main__":
+    main()
