@@ -440,6 +440,22 @@ class IFCLTrainer(Trainer):
         with self.published_model():
             super().save_model(output_dir, _internal_call)
 
+    def save_state(self) -> None:
+        """The Trainer's ``trainer_state.json`` in the output folder, published with the model: its best checkpoint
+        named relative to that folder (``checkpoint-200``), never by a path of the training machine. Checkpoints keep
+        their own copy as the Trainer writes it, for resuming."""
+        super().save_state()
+        if not self.is_world_process_zero() or not self.state.best_model_checkpoint:
+            return
+        path = os.path.join(self.args.output_dir, "trainer_state.json")
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+        best = os.path.abspath(state["best_model_checkpoint"])
+        state["best_model_checkpoint"] = os.path.relpath(best, os.path.abspath(self.args.output_dir))
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(state, f, indent=2, sort_keys=True)
+            f.write("\n")
+
     def create_model_card(self, model_name: str | None = None, **kwargs) -> None:
         """Write README.md in the output folder: STS results, IFCL settings, how to load (see ``ifcl.model_card``)."""
         if not self.is_world_process_zero():

@@ -15,6 +15,12 @@ of the order wait in ``OUTPUT.pending``. Running the same command again after an
 against the input and translates only what is in neither file. ``run_ifcl.py --train_file OUTPUT`` reads the
 result directly.
 
+Two engines: transformers' ``generate`` (``--engine transformers``, the default) and CTranslate2 (``--engine
+ctranslate2``, ``pip install "ifcl[ctranslate2]"``), which converts the model once into ``--ct2_model_dir`` and
+reuses it (``--compute_type int8`` on the CPU); greedy output is the same on both. Under ``accelerate launch
+--num_processes N`` each process translates its share of every round of chunks, read from the input as a stream;
+the main process alone writes the output, in input order, byte for byte what one process writes.
+
 Nothing is lost to a mistake or to a second run. The model is loaded before the output is changed in any way (even
 before an unfinished last line is cut), so a mistyped ``--model_name_or_path`` stops the run with the output as it
 was. ``--overwrite_output_file`` writes a new file, ``OUTPUT.new`` (with its own side file), and puts it in place of

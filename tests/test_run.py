@@ -95,6 +95,20 @@ def test_one_process_end_to_end(tiny_encoder_dir, tiny_fraternal_dir, data_dir, 
     assert any("eval_stsb_spearman" in entry for entry in state["log_history"])
     assert "skipped 4 empty" in (result.stdout + result.stderr)
 
+    # What a push publishes names no path of this machine (the output folder here is an absolute one).
+    from ifcl.hub import PUSH_IGNORE_PATTERNS
+
+    published = [
+        path for path in output.rglob("*")
+        if path.suffix in (".json", ".md") and not any(path.relative_to(output).match(p) for p in PUSH_IGNORE_PATTERNS)
+        and not str(path.relative_to(output)).startswith("checkpoint-")
+    ]  # fmt: skip
+    assert "trainer_state.json" in {path.name for path in published}
+    for path in published:
+        text = path.read_text(encoding="utf-8")
+        assert str(tmp_path) not in text and str(tiny_encoder_dir) not in text and str(ROOT) not in text, path
+    assert state["best_model_checkpoint"] in ("checkpoint-3", "checkpoint-6")  # relative to the folder
+
 
 @pytest.mark.slow
 def test_two_processes_end_with_the_same_queue(tiny_encoder_dir, tiny_fraternal_dir, data_dir, tmp_path):
