@@ -201,3 +201,14 @@ def train_and_resume(fresh_trainer, tmp_path: Path, checkpoint: str) -> tuple:
     resumed = fresh_trainer(str(tmp_path / "b"))
     resumed.train(resume_from_checkpoint=str(tmp_path / "a" / checkpoint))
     return losses_by_step(uninterrupted), losses_by_step(resumed), uninterrupted, resumed
+
+
+@pytest.fixture(scope="module")
+def one_cpu_thread():
+    """torch on one thread for a module's tests (``pytestmark = pytest.mark.usefixtures("one_cpu_thread")``)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -108,12 +108,8 @@ FAMILIES = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_cpu_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+# The models are tiny: one thread is fastest, and far faster than two on a busy machine (conftest.py).
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 
 @pytest.fixture(scope="module")
