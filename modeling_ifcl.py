@@ -466,7 +466,9 @@ class IFCLModel(PreTrainedModel):
     # A copy of the encoder's table saved before such copies were left out: the model now reads the encoder's own.
     _keys_to_ignore_on_load_unexpected = [r"^fraternal_embeddings\."]
 
-    def __init__(self, config: IFCLConfig) -> None:
+    def __init__(self, config: IFCLConfig, add_pooling_layer: bool = False) -> None:
+        # add_pooling_layer: what sentence-transformers' Transformer module passes (the folder's
+        # sentence_bert_config.json says False); IFCL's encoder never holds the pooler head (drop_pooler_head).
         super().__init__(config)
         # Held under the encoder's own base_model_prefix (config.encoder_prefix), so that the weight names are those
         # a plain AutoModel of the encoder reads from the same file.
@@ -878,8 +880,10 @@ class IFCLModel(PreTrainedModel):
         training_pooler: bool = False,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        return_dict: bool | None = None,
     ) -> IFCLEncoderOutput | IFCLTwinsOutput:
-        """Evaluation embeddings, or with ``return_twins=True`` the training views of the batch.
+        """Evaluation embeddings, or with ``return_twins=True`` the training views of the batch (always as a
+        ``ModelOutput``: ``return_dict`` is accepted for callers that pass it, such as sentence-transformers).
 
         ``training_pooler=True`` pools with the training pooler instead (what the peer objectives contrast);
         ``output_hidden_states`` / ``output_attentions`` add the encoder's states and attention maps (the latter

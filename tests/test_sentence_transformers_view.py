@@ -264,3 +264,19 @@ def test_encode_converts_and_normalizes_like_sentence_transformers(tiny_encoder_
     )
     with pytest.raises(ValueError, match="Prompt name 'nope'"):
         model.encode(ENGLISH[:2], prompt_name="nope")
+
+
+def test_with_trust_remote_code_sentence_transformers_runs_the_ifcl_model_alike(tiny_encoder_dir, tmp_path):
+    """Users of the Hub's remote-code embedding models pass trust_remote_code=True: the Transformer module then runs
+    IFCLModel itself (its forward gives last_hidden_state), with the same embeddings as without."""
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
+    model.save_pretrained(tmp_path / "saved")
+    plain = sentence_transformers.SentenceTransformer(str(tmp_path / "saved"), device="cpu")
+    remote = sentence_transformers.SentenceTransformer(str(tmp_path / "saved"), device="cpu", trust_remote_code=True)
+    assert type(remote[0].model).__name__ == "IFCLModel" and type(plain[0].model).__name__ == "BertModel"
+    ours = model.encode(SENTENCES)
+    for view in (plain, remote):
+        theirs = view.encode(SENTENCES, convert_to_tensor=True)
+        assert (
+            torch.nn.functional.normalize(ours, dim=1) - torch.nn.functional.normalize(theirs, dim=1)
+        ).abs().max() <= 1e-5
