@@ -1,4 +1,4 @@
-"""The ``evaluate`` metric ``metrics/sts_spearman``: loaded offline from the repository, the figures of
+"""The ``evaluate`` metric ``ifcl/metrics/sts_spearman``: loaded offline from the package, the figures of
 ``STSEvaluator`` (the Trainer's evaluation), and hand-checked values on a 5-pair example."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from modeling_ifcl import IFCLModel
 
 evaluate = pytest.importorskip("evaluate")
 
-METRIC = ROOT / "metrics" / "sts_spearman"
+METRIC = ROOT / "ifcl" / "metrics" / "sts_spearman"
 
 # 5 pairs; the references hold a tie (2.5 twice), so Spearman needs average ranks.
 PREDICTIONS = [0.81, 0.12, 0.55, 0.93, 0.40]
@@ -42,9 +42,17 @@ def model(tiny_encoder_dir):
     return IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
 
 
-def test_the_metric_shares_the_evaluators_code_through_a_link():
-    link = METRIC / "evaluation_ifcl.py"
-    assert link.is_symlink() and link.resolve() == (ROOT / "evaluation_ifcl.py").resolve()
+def test_the_metric_is_a_real_file_of_the_package_that_imports_the_evaluators_code():
+    import ifcl
+
+    assert os.path.samefile(ifcl.STS_METRIC_PATH, METRIC)
+    assert not any(path.is_symlink() for path in METRIC.iterdir())  # checkouts without symlinks load it too
+    imports = [
+        node
+        for node in ast.walk(ast.parse((METRIC / "sts_spearman.py").read_text()))
+        if isinstance(node, ast.ImportFrom)
+    ]
+    assert any(node.module == "ifcl.evaluation" and node.names[0].name == "sts_correlations" for node in imports)
 
 
 def test_five_pairs_by_hand(metric):
@@ -107,7 +115,7 @@ metric = evaluate.load({str(METRIC)!r})
 print(sys.modules[type(metric).__module__].sts_correlations.__module__)
 print(metric.compute(predictions={PREDICTIONS}, references={REFERENCES}))
 os.chdir({str(ROOT)!r})
-print(evaluate.load("metrics/sts_spearman").compute(predictions={PREDICTIONS}, references={REFERENCES}))
+print(evaluate.load("ifcl/metrics/sts_spearman").compute(predictions={PREDICTIONS}, references={REFERENCES}))
 """
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NO_PROXY", "no_proxy")}
     env.update(
@@ -126,8 +134,8 @@ print(evaluate.load("metrics/sts_spearman").compute(predictions={PREDICTIONS}, r
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     lines = loaded.stdout.splitlines()
     assert len(lines) == 3, loaded.stdout
-    # The maths comes from the linked evaluation_ifcl.py that evaluate copied next to the script, not from sys.path.
-    assert lines[0].startswith("evaluate_modules.metrics.sts_spearman.") and lines[0].endswith(".evaluation_ifcl")
+    # The maths is the installed package's, the function STSEvaluator calls.
+    assert lines[0] == "ifcl.evaluation"
     for line in lines[1:]:
         assert ast.literal_eval(line) == pytest.approx({"spearman": SPEARMAN, "pearson": PEARSON}, abs=1e-9)
     assert (tmp_path / "modules" / "evaluate_modules" / "metrics" / "sts_spearman").is_dir()

@@ -37,7 +37,7 @@ Returns:
 
 Examples:
 
-    >>> sts_spearman = evaluate.load("metrics/sts_spearman")
+    >>> sts_spearman = evaluate.load("ifcl/metrics/sts_spearman")  # or evaluate.load(ifcl.STS_METRIC_PATH)
     >>> results = sts_spearman.compute(predictions=[0.81, 0.12, 0.55, 0.93, 0.40], references=[4.2, 0.5, 2.5, 3.8, 2.6])
     >>> print(results)
     {'spearman': 80.0, 'pearson': 94.55854949526447}
