@@ -1,4 +1,4 @@
-"""evaluate_sts.py, sts_tasks.py, the evaluator of evaluation_ifcl.py and the encoders of sts_encoders.py.
+"""evaluate_sts.py and the package modules behind it: ifcl/sts_tasks.py, ifcl/evaluation.py, ifcl/sts_encoders.py.
 
 Each layout is written here by hand, read back, and its Spearman checked against ``scipy.stats.spearmanr`` of
 cosines computed here from the encoder run one sentence at a time (no padding, no sorting): an independent path.
