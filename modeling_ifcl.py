@@ -436,10 +436,10 @@ def drop_pooler_head(encoder: PreTrainedModel) -> PreTrainedModel:
     return encoder
 
 
-def encoder_attribute_name(encoder: PreTrainedModel) -> str:
-    """The attribute an :class:`IFCLModel` holds ``encoder`` under: its own ``base_model_prefix`` (``bert``,
-    ``roberta``, ...), so that the saved weight names are the ones its plain ``AutoModel`` reads; ``encoder`` when it
-    has none or the name is taken by IFCLModel's own parts."""
+def encoder_attribute_name(encoder: PreTrainedModel | type[PreTrainedModel]) -> str:
+    """The attribute an :class:`IFCLModel` holds ``encoder`` (a model or its class) under: its own
+    ``base_model_prefix`` (``bert``, ``roberta``, ...), so that the saved weight names are the ones its plain
+    ``AutoModel`` reads; ``encoder`` when it has none or the name is taken by IFCLModel's own parts."""
     prefix = getattr(encoder, "base_model_prefix", "") or ""
     taken = {"encoder", "mlp", "queue", "fraternal_embeddings", "fraternal_projection", "training_objective"}
     return prefix if prefix.isidentifier() and prefix not in taken else "encoder"
@@ -473,7 +473,8 @@ class IFCLModel(PreTrainedModel):
         # Held under the encoder's own base_model_prefix (config.encoder_prefix), so that the weight names are those
         # a plain AutoModel of the encoder reads from the same file.
         self.encoder_prefix = config.encoder_prefix or "encoder"
-        self.add_module(self.encoder_prefix, build_encoder(config.build_encoder_config()))
+        # Registered directly: add_module would take the ``encoder`` property for a clash when the name is "encoder".
+        self._modules[self.encoder_prefix] = build_encoder(config.build_encoder_config())
         word_embeddings = self.encoder.get_input_embeddings()
         if not isinstance(word_embeddings, nn.Embedding):
             raise ValueError(
@@ -558,11 +559,16 @@ class IFCLModel(PreTrainedModel):
     def from_pretrained(cls, *args, **kwargs) -> IFCLModel:
         """``PreTrainedModel.from_pretrained``, then the word tables frozen as the config says (loading replaces
         the parameters that ``__init__`` marked) and the base encoder's sentence-transformers facts read from
-        the same folder or repo."""
-        loaded = super().from_pretrained(*args, **kwargs)
-        model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info gives a pair
+        the same folder or repo. A folder of the earlier layout is read into this one (:meth:`earlier_layout_kwargs`)."""
         name_or_path = args[0] if args else kwargs.get("pretrained_model_name_or_path")
         hub_kwargs = {key: kwargs[key] for key in HUB_KWARGS if kwargs.get(key) is not None}
+        earlier = (
+            cls.earlier_layout_kwargs(str(name_or_path), kwargs.get("config"), **hub_kwargs) if name_or_path else {}
+        )
+        loaded = super().from_pretrained(*args, **kwargs, **earlier)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info gives a pair
+        if earlier:
+            model._weight_conversions = None  # saved again in this layout, not renamed back to the earlier one
         if name_or_path is not None:
             model.fill_left_out_weights(stored_weight_names(str(name_or_path), **hub_kwargs))
         model.freeze_word_tables()
@@ -575,6 +581,32 @@ class IFCLModel(PreTrainedModel):
             # Saved before the facts were: the base encoder's folder still tells them (no download for this).
             model.sentence_transformers_base = read_sentence_transformers_base(base)
         return loaded
+
+    @staticmethod
+    def earlier_layout_kwargs(name_or_path: str, config: IFCLConfig | None, **hub_kwargs) -> dict[str, Any]:
+        """Folders saved before config.json became the encoder's own (``"model_type": "ifcl"``) hold the encoder's
+        weights under ``encoder.``: they load under the encoder's own prefix (its weights renamed as they load), so
+        that saving the model again writes the layout every loader reads. The from_pretrained arguments for that;
+        none for other folders."""
+        saved = read_json_file(name_or_path, "config.json", **hub_kwargs)
+        if not isinstance(saved, dict) or saved.get("model_type") != IFCLConfig.model_type:
+            return {}
+        from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+        source = config if isinstance(config, IFCLConfig) and config.encoder_config else IFCLConfig.from_dict(saved)
+        encoder_config = source.build_encoder_config()
+        prefix = (
+            encoder_attribute_name(MODEL_MAPPING[type(encoder_config)])
+            if type(encoder_config) in MODEL_MAPPING
+            else "encoder"
+        )
+        if prefix == "encoder":
+            return {}
+        renamed = {"key_mapping": {r"^encoder\.": f"{prefix}."}}
+        if isinstance(config, IFCLConfig):
+            config.encoder_prefix = prefix
+            return renamed
+        return {**renamed, "encoder_prefix": prefix}
 
     @torch.no_grad()
     def fill_left_out_weights(self, stored: set[str] | None) -> None:

@@ -253,3 +253,37 @@ def test_poolers_without_a_sentence_transformers_module_write_none(tiny_encoder_
     model.save_pretrained(tmp_path / "top2")
     assert not (tmp_path / "top2" / "modules.json").exists()
     assert (tmp_path / "top2" / "modeling_ifcl.py").exists()
+
+
+def test_a_folder_of_the_earlier_layout_loads_and_saves_in_this_one(tiny_encoder_dir, tmp_path):
+    """Folders saved before config.json became the encoder's own: IFCL's config with the encoder's nested under
+    encoder_config, the encoder's weights under ``encoder.``, a copy of the encoder's table as BEL_F."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=2, queue_batch_size=4)
+    model.save_pretrained(tmp_path / "new")
+    flat = json.loads((tmp_path / "new" / "config.json").read_text())
+    settings = {k: v for k, v in flat.pop("ifcl").items() if k != "encoder_prefix"}
+    meta = {k: flat.pop(k) for k in ("architectures", "auto_map", "transformers_version")}
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "config.json").write_text(
+        json.dumps({**meta, **settings, "model_type": "ifcl", "encoder_config": flat})
+    )
+    weights = {
+        k.replace("bert.", "encoder.", 1): v for k, v in load_file(tmp_path / "new" / "model.safetensors").items()
+    }
+    weights["fraternal_embeddings.weight"] = weights["encoder.embeddings.word_embeddings.weight"].clone()
+    save_file(weights, earlier / "model.safetensors", metadata={"format": "pt"})
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (earlier / name).write_bytes((tmp_path / "new" / name).read_bytes())
+
+    loaded = IFCLModel.from_pretrained(earlier)
+    assert loaded.encoder_prefix == "bert" and loaded.shares_word_table
+    torch.testing.assert_close(loaded.encode(ENGLISH[:4]), model.encode(ENGLISH[:4]), atol=1e-6, rtol=0)
+    loaded.save_pretrained(tmp_path / "again")
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["model_type"] == "bert"
+    again = load_file(tmp_path / "again" / "model.safetensors")
+    assert "bert.embeddings.word_embeddings.weight" in again and not any(k.startswith("encoder.") for k in again)
