@@ -265,10 +265,10 @@ def ifcl_config_dict(config: dict[str, Any]) -> dict[str, Any] | None:
     """An IFCL model's config.json in :class:`IFCLConfig`'s own form (``encoder_config`` and the settings side by
     side), from either form it is saved in; None for any other model's config."""
     if isinstance(config.get(SETTINGS_KEY), dict):
-        encoder = {key: value for key, value in config.items() if key != SETTINGS_KEY and key not in FILE_KEYS}
-        outside = {key: value for key, value in config.items() if key in FILE_KEYS or key in SETTING_NAMES}
-        return {**outside, **config[SETTINGS_KEY], **{k: v for k, v in outside.items() if k in SETTING_NAMES},
-                "encoder_config": {k: v for k, v in encoder.items() if k not in SETTING_NAMES}}  # fmt: skip
+        encoder = {key: value for key, value in config.items() if key != SETTINGS_KEY}
+        file_keys = {key: encoder.pop(key) for key in FILE_KEYS if key in encoder}
+        given = {key: encoder.pop(key) for key in SETTING_NAMES if key in encoder}  # settings given beside the file's
+        return {**file_keys, **config[SETTINGS_KEY], **given, "encoder_config": encoder}
     if config.get("model_type") == IFCLConfig.model_type:
         return dict(config)
     return None

@@ -116,9 +116,12 @@ class IFCLLoss(nn.Module):
             self.fraternal_tokenizer = AutoTokenizer.from_pretrained(fraternal_model_name_or_path)
             pad_token_id = self.fraternal_tokenizer.pad_token_id
         self.fraternal_pad_token_id = pad_token_id or 0
-        self.fraternal_embeddings = nn.Embedding.from_pretrained(
-            table.clone(), freeze=freeze_fraternal_embeddings, padding_idx=pad_token_id
-        )
+        if fraternal_model_name_or_path is None and freeze_word_embeddings and freeze_fraternal_embeddings:
+            self.fraternal_embeddings = words  # BEL_F is BEL_S itself, as in IFCLModel (IFCLConfig.shares_word_table)
+        else:
+            self.fraternal_embeddings = nn.Embedding.from_pretrained(
+                table.clone(), freeze=freeze_fraternal_embeddings, padding_idx=pad_token_id
+            )
         self.fraternal_projection = None
         if table.shape[1] != words.embedding_dim:
             self.fraternal_projection = nn.Linear(table.shape[1], words.embedding_dim)
