@@ -1,9 +1,11 @@
 #!/usr/bin/env python
 """Memory and time of reading and tokenizing training files of 10^4–10^6 generated pairs, before and after the
-training data moved off the heap; and the heap of a one-step ``run_ifcl.py`` run on 10^5 and on 10^6 pairs.
+training data moved off the heap; the heap of a one-step ``run_ifcl.py`` run on 10^5 and on 10^6 pairs; and what the
+text cache's content hashes cost.
 
-    python benchmarks/data_scale.py                            # 10^4, 10^5, 10^6 pairs; old, new and run
-    python benchmarks/data_scale.py --sizes 10000 100000 --no_run
+    python benchmarks/data_scale.py                            # 10^4, 10^5, 10^6 pairs; every part
+    python benchmarks/data_scale.py --sizes 10000 100000 --parts tokenize
+    python benchmarks/data_scale.py --parts text_cache         # the hashes alone
 
 Each measurement runs in a fresh process (this script with ``--worker``), on a ``sentence<TAB>translation`` .txt
 file of generated English–German pairs, with the real tokenizer of all-MiniLM-L6-v2 (the embedded default):
@@ -14,11 +16,16 @@ file of generated English–German pairs, with the real tokenizer of all-MiniLM-
 - ``new``: ``load_train_dataset`` (parsed into a memory-mapped Arrow file) and ``tokenize_training_text`` (tokens
   cached on disk), from an empty cache;
 - ``new, cached``: the same again, the caches now present (what the other ranks and later runs do);
-- ``run``: ``run_ifcl.run`` with ``--do_train --max_steps 1`` (no evaluation), from an empty cache.
+- ``run``: ``run_ifcl.main`` with ``--do_train --max_steps 1`` (no evaluation), from an empty cache;
+- ``text_cache``: ``load_train_dataset`` from an empty cache (the parse) and from the cache (best of 3), and the two
+  SHA-256 hashes a cached read makes (best of 3, the files in the page cache): the training file's, which names its
+  cache, and the Arrow cache's, which shows it unchanged since written.
 
 Memory: peak RSS (``VmHWM``) and the peak of anonymous memory (``RssAnon``: the heap, what the process allocated
 itself; memory-mapped file pages are not in it), sampled every 10 ms, each also above the process's memory after
-its imports and model load. Prints a table and writes ``benchmarks/results/data_scale.json``.
+its imports and model load. Prints a table and writes ``benchmarks/results/data_scale.json``, keeping the figures
+of the parts and sizes not measured this time; ``machine`` is the machine of ``tokenize`` and ``run``, and
+``text_cache`` names its own.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "data_scale.json")
 PATHS = ("old", "new", "new_cached")
+PARTS = ("tokenize", "run", "text_cache")
 ENGLISH_WORDS = (
     "the a man woman child dog cat house city river tree book letter friend teacher doctor train car road "
     "morning evening night day week year water bread music garden window door table street market school "
@@ -146,24 +154,55 @@ def tokenize_file(path_kind: str, train_file: str) -> None:
             text = datasets.Dataset.from_dict(old_read_train_txt(train_file))
         else:
             text = load_train_dataset(train_file)
-        features = tokenize_training_text(text, objective, model.tokenizer, model.fraternal_tokenizer, 32)
+        features = tokenize_training_text(text, objective, model.tokenizer, 32)
         rows = len(features)
     report(baseline, anonymous.peak, time.perf_counter() - start, rows=rows)
 
 
 def one_step_run(train_file: str, output_dir: str) -> None:
-    """``run_ifcl.run`` training one step on ``train_file`` (no evaluation), measured from its start."""
+    """``run_ifcl.main`` training one step on ``train_file`` (no evaluation), measured from its start."""
     import run_ifcl
 
-    argv = ["--train_file", train_file, "--do_train", "--max_steps", "1", "--eval_strategy", "no",
-            "--save_strategy", "no", "--load_best_model_at_end", "false", "--output_dir", output_dir,
-            "--use_cpu", "--report_to", "none", "--logging_steps", "1"]  # fmt: skip
+    settings = "--do_train --max_steps 1 --eval_strategy no --save_strategy no --load_best_model_at_end false"
+    settings += " --use_cpu --report_to none --logging_steps 1"
+    argv = ["--train_file", train_file, "--output_dir", output_dir, *settings.split()]
     reset_peak_rss()
     baseline = memory_mb()
     start = time.perf_counter()
     with AnonymousMemoryPeak() as anonymous:
-        _, metrics = run_ifcl.run(argv)
+        _, metrics = run_ifcl.main(argv)
     report(baseline, anonymous.peak, time.perf_counter() - start, rows=int(metrics["train_samples"]))
+
+
+def best_seconds(work, repeats: int = 3) -> tuple[float, object]:
+    """The shortest of ``repeats`` timings of ``work()`` (the others' noise is another job's), and its result."""
+    timings = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = work()
+        timings.append(time.perf_counter() - start)
+    return round(min(timings), 3), result
+
+
+def text_cache(train_file: str) -> None:
+    """``load_train_dataset`` parsing ``train_file`` into an empty text cache, then reading it back; and the two
+    hashes of a cached read, timed alone."""
+    from ifcl.data import file_sha256, load_train_dataset
+
+    start = time.perf_counter()
+    rows = len(load_train_dataset(train_file))
+    parse = round(time.perf_counter() - start, 2)
+    cached_read, dataset = best_seconds(lambda: load_train_dataset(train_file))
+    (arrow,) = [entry["filename"] for entry in dataset.cache_files]
+    figures = {
+        "rows": rows,
+        "parse_seconds": parse,
+        "cached_read_seconds": cached_read,
+        "content_hash_seconds": best_seconds(lambda: file_sha256(train_file))[0],
+        "cache_check_seconds": best_seconds(lambda: file_sha256(arrow))[0],
+        "arrow_mb": round(os.path.getsize(arrow) / 2**20, 1),
+    }
+    print("DATA_SCALE " + json.dumps(figures), flush=True)
 
 
 def report(baseline: dict[str, float], anonymous_peak: float, seconds: float, rows: int) -> None:
@@ -221,50 +260,82 @@ def print_table(results: dict) -> None:
     print("|---|---|---|---|---|---|---|")
     for size, by_path in results["tokenize"].items():
         for kind, figures in by_path.items():
-            print(f"| {int(size):,} | {kind} | {figures['seconds']} | {figures['peak_rss_mb']} | "
-                  f"{figures['peak_anonymous_mb']} | {figures['anonymous_above_baseline_mb']} | "
-                  f"{figures['cache_disk_mb']} |")  # fmt: skip
+            print(
+                f"| {int(size):,} | {kind} | {figures['seconds']} | {figures['peak_rss_mb']} | "
+                f"{figures['peak_anonymous_mb']} | {figures['anonymous_above_baseline_mb']} | "
+                f"{figures['cache_disk_mb']} |"
+            )
     if results.get("run"):
         print("\n| run_ifcl.py, 1 step | s | peak RSS (MB) | peak anonymous (MB) | anonymous above start (MB) |")
         print("|---|---|---|---|---|")
         for size, figures in results["run"].items():
-            print(f"| {int(size):,} pairs | {figures['seconds']} | {figures['peak_rss_mb']} | "
-                  f"{figures['peak_anonymous_mb']} | {figures['anonymous_above_baseline_mb']} |")  # fmt: skip
+            print(
+                f"| {int(size):,} pairs | {figures['seconds']} | {figures['peak_rss_mb']} | "
+                f"{figures['peak_anonymous_mb']} | {figures['anonymous_above_baseline_mb']} |"
+            )
         if "run_heap_difference_mb" in results:
             print(f"\nHeap of the 1-step run, 10^6 pairs minus 10^5 pairs: {results['run_heap_difference_mb']} MB")
+    if results.get("text_cache"):
+        print(f"\nText cache ({results['text_cache']['machine']}):")
+        print(
+            "\n| pairs | file (MB) | Arrow (MB) | parse s | cached read s | of which: content hash s | cache check s |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for size, figures in results["text_cache"]["pairs"].items():
+            print(
+                f"| {int(size):,} | {figures['file_mb']} | {figures['arrow_mb']} | {figures['parse_seconds']} | "
+                f"{figures['cached_read_seconds']} | {figures['content_hash_seconds']} | "
+                f"{figures['cache_check_seconds']} |"
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--run_sizes", type=int, nargs="+", default=[100_000, 1_000_000])
-    parser.add_argument("--no_run", action="store_true", help="Skip the one-step run_ifcl.py measurement.")
+    parser.add_argument(
+        "--parts", nargs="+", choices=PARTS, default=list(PARTS), help="What to measure (default: all)."
+    )
     parser.add_argument("--work_dir", default=None, help="Where the generated files and caches go (default: temp).")
-    parser.add_argument("--worker", choices=[*PATHS, "run"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=[*PATHS, "run", "text_cache"], help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         train_file = os.path.join(args.work_dir, f"pairs_{args.size}.txt")
         if args.worker == "run":
             return one_step_run(train_file, os.path.join(args.work_dir, f"run_{args.size}"))
+        if args.worker == "text_cache":
+            return text_cache(train_file)
         return tokenize_file(args.worker, train_file)
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="ifcl_data_scale_")
     os.makedirs(work_dir, exist_ok=True)
-    results = {"machine": machine(), "tokenizer": "all-MiniLM-L6-v2 (embedded)", "max_seq_length": 32,
-               "tokenize": {}, "run": {}}  # fmt: skip
-    for size in sorted(set(args.sizes) | set([] if args.no_run else args.run_sizes)):
+    results = {}
+    if os.path.isfile(RESULTS):
+        with open(RESULTS, encoding="utf-8") as handle:
+            results = json.load(handle)
+    if {"tokenize", "run"} & set(args.parts):
+        results.update(machine=machine(), tokenizer="all-MiniLM-L6-v2 (embedded)", max_seq_length=32)
+    results.setdefault("tokenize", {})
+    results.setdefault("run", {})
+    run_sizes = args.run_sizes if "run" in args.parts else []
+    for size in sorted(set(args.sizes) | set(run_sizes)):
         write_pairs(os.path.join(work_dir, f"pairs_{size}.txt"), size)
-    for size in args.sizes:
+    for size in args.sizes if "tokenize" in args.parts else []:
         results["tokenize"][str(size)] = {kind: run_worker(kind, size, work_dir) for kind in PATHS}
         print(f"{size:,} pairs: " + json.dumps(results["tokenize"][str(size)]), flush=True)
-    if not args.no_run:
-        for size in args.run_sizes:
-            results["run"][str(size)] = run_worker("run", size, work_dir)
-            print(f"run_ifcl.py on {size:,} pairs: " + json.dumps(results["run"][str(size)]), flush=True)
-        if {"100000", "1000000"} <= set(results["run"]):
-            difference = (results["run"]["1000000"]["peak_anonymous_mb"]
-                          - results["run"]["100000"]["peak_anonymous_mb"])  # fmt: skip
-            results["run_heap_difference_mb"] = round(difference, 1)
+    for size in run_sizes:
+        results["run"][str(size)] = run_worker("run", size, work_dir)
+        print(f"run_ifcl.py on {size:,} pairs: " + json.dumps(results["run"][str(size)]), flush=True)
+    if {"100000", "1000000"} <= set(results["run"]):
+        heap = {size: results["run"][size]["peak_anonymous_mb"] for size in ("100000", "1000000")}
+        results["run_heap_difference_mb"] = round(heap["1000000"] - heap["100000"], 1)
+    if "text_cache" in args.parts:
+        results["text_cache"] = {"machine": machine(), "pairs": results.get("text_cache", {}).get("pairs", {})}
+        for size in args.sizes:
+            results["text_cache"]["pairs"][str(size)] = run_worker("text_cache", size, work_dir)
+            print(
+                f"text cache of {size:,} pairs: " + json.dumps(results["text_cache"]["pairs"][str(size)]), flush=True
+            )
     print_table(results)
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w", encoding="utf-8") as handle:

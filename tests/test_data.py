@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
+import datasets
 import pytest
+from datasets import Dataset
 
 import ifcl.data as data_ifcl
 from ifcl.data import (
     DataFormatError,
+    check_text_dataset,
+    check_training_data_size,
+    is_text_dataset,
     load_sts_file,
     load_stsb,
     load_train_dataset,
@@ -82,10 +89,10 @@ def test_parse_trans_de_en_missing_file_hints_apt(tmp_path: Path) -> None:
 
 
 def test_load_trans_de_en_dataset_columns(trans_file: str) -> None:
-    dataset = load_trans_de_en_dataset(trans_file, sentence_column="en", fraternal_column="de")
-    assert dataset.column_names == ["en", "de"]
+    dataset = load_trans_de_en_dataset(trans_file)
+    assert dataset.column_names == ["sentence", "fraternal"]
     assert dataset.num_rows == 4
-    assert dataset[0] == {"en": "Say hello to your aunt for me.", "de": "Grüß deine Tante von mir."}
+    assert dataset[0] == {"sentence": "Say hello to your aunt for me.", "fraternal": "Grüß deine Tante von mir."}
 
 
 @pytest.mark.skipif(not os.path.isfile(data_ifcl.DEFAULT_TRANS_DE_EN), reason="trans-de-en not installed")
@@ -217,13 +224,14 @@ def test_train_txt_is_memory_mapped_from_a_cache_parsed_once(tmp_path: Path, cap
     assert mono.column_names == ["sentence"] and mono.cache_files[0]["filename"] != cache
 
 
-def test_train_txt_changed_file_is_parsed_again(tmp_path: Path) -> None:
+def test_train_txt_changed_file_is_parsed_again_even_with_size_and_mtime_kept(tmp_path: Path) -> None:
     path = tmp_path / "changing.txt"
     write(path, "old\talt\n")
-    assert load_train_dataset(path)["sentence"] == ["old"]
-    write(path, "new\tneu\n")  # same size
     stat = os.stat(path)
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert load_train_dataset(path)["sentence"] == ["old"]
+    write(path, "new\tneu\n")  # same size, same inode, and the modification time put back
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert os.stat(path).st_size == stat.st_size and os.stat(path).st_mtime_ns == stat.st_mtime_ns
     assert load_train_dataset(path)["sentence"] == ["new"]
 
 
@@ -233,6 +241,99 @@ def test_train_txt_bad_line_leaves_no_cache(tmp_path: Path) -> None:
     with pytest.raises(DataFormatError, match=r"broken\.txt: line 25001: .*no tab"):
         load_train_dataset(path)
     assert set(os.listdir(data_ifcl.training_cache_dir())) == before
+
+
+def cut_short(path: Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def edit_in_place(path: Path) -> None:
+    content = path.read_bytes()
+    assert b"Satz 1" in content
+    path.write_bytes(content.replace(b"Satz 1", b"Satz X"))  # the same size
+
+
+def edit_record(path: Path) -> None:
+    record = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**record, "blank_lines": record["blank_lines"] + 6}), encoding="utf-8")
+
+
+# (cache file, how it is damaged): each is rebuilt from the training file, with a warning.
+CACHE_DAMAGE = {
+    "arrow cut short": (".arrow", cut_short),
+    "arrow edited": (".arrow", edit_in_place),
+    "arrow removed": (".arrow", os.remove),
+    "json broken": (".json", lambda path: path.write_text("{", encoding="utf-8")),
+    "json edited": (".json", edit_record),
+}
+
+
+@pytest.fixture()
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty training-data cache folder for one test."""
+    monkeypatch.setenv("IFCL_DATA_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.mark.parametrize("damage", CACHE_DAMAGE)
+def test_train_txt_damaged_cache_is_rebuilt(tmp_path: Path, own_cache: Path, caplog, damage: str) -> None:
+    path = write(tmp_path / "pairs.txt", "".join(f"sentence {i}\tSatz {i}\n" for i in range(30)) + "\n")
+    expected = load_train_dataset(path).to_dict()
+    suffix, spoil = CACHE_DAMAGE[damage]
+    (cache_file,) = own_cache.glob(f"train-*{suffix}")
+    spoil(cache_file)
+    with caplog.at_level(logging.WARNING, logger="ifcl.data"):
+        assert load_train_dataset(path).to_dict() == expected
+    (arrow_path,) = own_cache.glob("train-*.arrow")
+    warnings = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith(f"{arrow_path}: this training-data cache of {path} cannot be used") for m in warnings)
+    assert f"{path}: skipped 1 empty line(s)" in warnings  # the record's count, not an edited one
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="ifcl.data"):
+        assert load_train_dataset(path).to_dict() == expected
+    assert any("parsed form read from" in r.getMessage() for r in caplog.records)  # rebuilt for good
+    assert sorted(entry.suffix for entry in own_cache.iterdir()) == [".arrow", ".json"]
+
+
+def raise_no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def block_the_arrow_file(cache: Path) -> None:
+    """A folder where the cache's Arrow file goes, after its record was broken: the cache cannot be rebuilt."""
+    (json_path,) = cache.glob("train-*.json")
+    json_path.write_text("{", encoding="utf-8")
+    arrow_path = json_path.with_suffix(".arrow")
+    arrow_path.unlink()
+    (arrow_path / "not ours").mkdir(parents=True)
+
+
+# (what fails, how, what the one line starts with): the run stops, no partial file is left behind.
+CACHE_FAILURES = {
+    "disk full, Arrow file": ("datasets.arrow_writer.ArrowWriter.write_batch", "{cache}: no space left"),
+    "disk full, record": ("json.dump", "{cache}: no space left"),
+    "cache blocked": (block_the_arrow_file, "{arrow}: the training-data cache of {path} could not be written"),
+}
+
+
+@pytest.mark.parametrize("failure", CACHE_FAILURES)
+def test_train_txt_cache_that_cannot_be_written_is_named_in_one_line(
+    tmp_path: Path, own_cache: Path, monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    path = write(tmp_path / "pairs.txt", "a b\tc d\ne f\tg h\n")
+    cause, start = CACHE_FAILURES[failure]
+    if callable(cause):
+        load_train_dataset(path)
+        cause(own_cache)
+    else:
+        monkeypatch.setattr(cause, raise_no_space)
+    with pytest.raises(OSError) as info:
+        load_train_dataset(path)
+    message = str(info.value)
+    arrow = next(iter(own_cache.glob("train-*.arrow")), None)
+    assert message.startswith(start.format(cache=own_cache, arrow=arrow, path=path)), message
+    assert "IFCL_DATA_CACHE" in message and "\n" not in message
+    assert not [name for name in os.listdir(own_cache) if name.endswith(".partial")]
 
 
 def test_train_txt_larger_than_a_record_batch_keeps_order(tmp_path: Path) -> None:
@@ -249,12 +350,43 @@ def test_train_csv_is_memory_mapped(tmp_path: Path) -> None:
     assert dataset.cache_files and dataset.to_dict() == {"sentence": ["A.", "D."], "fraternal": ["B.", "E."]}
 
 
+def cut_datasets_cache_file(pattern: str):
+    def spoil(folder: Path) -> None:
+        (arrow,) = folder.rglob(pattern)
+        cut_short(arrow)
+
+    return spoil
+
+
+# What datasets reads as it is from its own cache of a csv file; each is named in one line with the folder to delete.
+DATASETS_CACHE_DAMAGE = {
+    "table cut short": cut_datasets_cache_file("csv-train.arrow"),
+    "rows cut short": cut_datasets_cache_file("cache-*.arrow"),
+    "info broken": lambda folder: next(folder.rglob("dataset_info.json")).write_text("{", encoding="utf-8"),
+}
+
+
+@pytest.mark.parametrize("damage", DATASETS_CACHE_DAMAGE)
+def test_train_csv_damaged_datasets_cache_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str):
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    path = write(tmp_path / "pairs.csv", "sentence,fraternal\n" + "".join(f"s {i},f {i}\n" for i in range(300)))
+    expected = load_train_dataset(path).to_dict()
+    DATASETS_CACHE_DAMAGE[damage](tmp_path / "hf")
+    with pytest.raises(OSError) as info:
+        load_train_dataset(path)
+    message = str(info.value)
+    folder = message.split(": datasets' cache of ")[0]
+    assert folder.startswith(str(tmp_path / "hf" / "csv")) and "HF_DATASETS_CACHE" in message and "\n" not in message
+    shutil.rmtree(folder)  # the way on that the message gives
+    assert load_train_dataset(path).to_dict() == expected
+
+
 def test_tokenizing_on_the_fly_gives_the_cached_features(tmp_path: Path, tiny_encoder_dir: Path) -> None:
     from conftest import ENGLISH, GERMAN
 
     from ifcl.objectives import build_objective
     from modeling_ifcl import IFCLModel
-    from trainer_ifcl import is_text_dataset, tokenize_training_text, tokenizer_fingerprint
+    from trainer_ifcl import tokenize_training_text, tokenizer_fingerprint
 
     lines = [f"{english}\t{german}" for english, german in zip(ENGLISH, GERMAN)]
     text = load_train_dataset(write(tmp_path / "pairs.txt", "\n".join(lines) + "\n"))
@@ -269,6 +401,59 @@ def test_tokenizing_on_the_fly_gives_the_cached_features(tmp_path: Path, tiny_en
     assert not is_text_dataset(on_the_fly) and is_text_dataset(text)
     assert [on_the_fly[i] for i in range(len(text))] == [cached[i] for i in range(len(text))]
     assert on_the_fly[2:5] == cached[2:5]
+
+
+# ---------------------------------------------------------------------------
+# Checks of a training set
+# ---------------------------------------------------------------------------
+
+TEXT_CASES = [
+    # (columns, the columns checked, what the error says; None: accepted)
+    ({"sentence": [], "fraternal": []}, ("sentence", "fraternal"), "The training set is empty"),
+    ({"sentence": [1, 2]}, ("sentence", "fraternal"), "The training set's column 'sentence' holds Value('int64')"),
+    ({"sentence": ["A.", None]}, ("sentence", "fraternal"), "column 'sentence' has None in row 1"),
+    ({"sentence": ["A.", "B."], "fraternal": ["C.", " "]}, ("sentence", "fraternal"), "has ' ' in row 1"),
+    ({"anchor": ["A.", ""], "positive": ["B.", "C."]}, ("anchor", "positive"), "column 'anchor' has '' in row 1"),
+    ({"sentence": ["A.", "B."], "label": [None, ""]}, ("sentence", "fraternal"), None),
+]
+
+
+@pytest.mark.parametrize("columns, checked, message", TEXT_CASES)
+def test_check_text_dataset(columns: dict, checked: tuple[str, ...], message: str | None) -> None:
+    dataset = Dataset.from_dict(columns)
+    if message is None:
+        check_text_dataset(dataset, checked)
+        return
+    with pytest.raises(ValueError) as info:
+        check_text_dataset(dataset, checked)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_is_text_dataset() -> None:
+    text = Dataset.from_dict({"sentence": ["A.", "B."]})
+    assert is_text_dataset(text)
+    assert not is_text_dataset(text.add_column("input_ids", [[1], [2]]))
+    assert not is_text_dataset(text.with_transform(lambda batch: batch))  # tokenized on the fly
+    assert not is_text_dataset(Dataset.from_dict({"text": ["A."]})) and not is_text_dataset([{"sentence": "A."}])
+
+
+@pytest.mark.parametrize(
+    "num_rows, global_batch, queue_size, message",
+    [
+        (8, 8, 0, None),
+        (7, 8, 0, "7 training sentences are fewer than one global batch of 8"),
+        (3, 4, 4, "3 training sentences are fewer than one global batch of 4"),
+        (15, 4, 4, "15 training sentences are fewer than the hippocampus queue holds (k·N = 4 × 4)"),
+        (16, 4, 4, None),
+    ],
+)
+def test_check_training_data_size(num_rows: int, global_batch: int, queue_size: int, message: str | None) -> None:
+    if message is None:
+        check_training_data_size(num_rows, global_batch, queue_size)
+        return
+    with pytest.raises(ValueError) as info:
+        check_training_data_size(num_rows, global_batch, queue_size)
+    assert str(info.value).startswith(message)
 
 
 # ---------------------------------------------------------------------------

@@ -16,15 +16,13 @@ def test_tokenizing_on_the_fly_trains_like_the_token_cache(tiny_encoder_dir, tmp
     data = tmp_path / "train.txt"
     data.write_text("".join(f"{e}\t{d}\n" for e, d in zip(ENGLISH, GERMAN)) * 3, encoding="utf-8")
     write_sts_file(tmp_path / "sts.tsv")
+    settings = "--do_train --max_steps 3 --logging_steps 1 --per_device_train_batch_size 4 --queue_size 2 --use_cpu"
+    settings += " --eval_strategy no --save_strategy no --load_best_model_at_end false"
     losses, features = {}, {}
     for name, extra in (("cached", []), ("cached again", []), ("on the fly", ["--tokenize_on_the_fly"])):
-        args = [
-            "--model_name_or_path", str(tiny_encoder_dir), "--train_file", str(data), "--do_train",
-            "--output_dir", str(tmp_path / name.replace(" ", "_")), "--max_steps", "3", "--logging_steps", "1",
-            "--per_device_train_batch_size", "4", "--queue_size", "2", "--eval_strategy", "no",
-            "--save_strategy", "no", "--load_best_model_at_end", "false", "--use_cpu", *extra,
-        ]  # fmt: skip
-        trainer, _ = run_ifcl.run(args)
+        output_dir = tmp_path / name.replace(" ", "_")
+        args = ["--model_name_or_path", tiny_encoder_dir, "--train_file", data, "--output_dir", output_dir]
+        trainer, _ = run_ifcl.main([*map(str, args), *settings.split(), *extra])
         losses[name] = losses_by_step(trainer)
         features[name] = trainer.train_dataset
     assert len(losses["cached"]) == 3 and losses["on the fly"] == losses["cached"] == losses["cached again"]
