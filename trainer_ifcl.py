@@ -17,6 +17,7 @@ import torch
 from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint, speed_metrics
 
+from ifcl.data import check_text_dataset, is_text_dataset
 from ifcl.evaluation import STSEvaluator
 from ifcl.objectives import Objective, build_objective, unwrap_model
 
@@ -30,18 +31,15 @@ class ObjectiveDataCollator:
 
     objective: Objective
     tokenizer: PreTrainedTokenizerBase
-    fraternal_pad_token_id: int | None = None
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        return self.objective.collate(features, self.tokenizer, self.fraternal_pad_token_id)
+        return self.objective.collate(features, self.tokenizer)
 
 
-def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase | None) -> Any:
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> Any:
     """What a tokenizer's output depends on, for cache fingerprints: its vocabulary and rules (a fast tokenizer's
     JSON without the truncation and padding a call sets), special tokens and class, so a tokenizer rewritten in the
     same folder gives new caches."""
-    if tokenizer is None:
-        return None
     if getattr(tokenizer, "is_fast", False):
         rules = json.loads(tokenizer.backend_tokenizer.to_str())
         rules.pop("truncation", None)
@@ -51,51 +49,34 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase | None) -> Any:
     return [type(tokenizer).__name__, tokenizer.name_or_path, len(tokenizer), rules, tokenizer.all_special_tokens]
 
 
-def training_features_hook(
-    objective: Objective,
-    tokenizer: PreTrainedTokenizerBase,
-    fraternal_tokenizer: PreTrainedTokenizerBase | None,
-    max_length: int,
-):
-    """The objective's :meth:`~ifcl.objectives.Objective.tokenize` hook as a function of a batch of text rows."""
-
-    def tokenize(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
-        return objective.tokenize(batch, tokenizer, max_length, fraternal_tokenizer)
-
-    return tokenize
-
-
 def tokenize_training_text(
-    dataset,
-    objective: Objective,
-    tokenizer: PreTrainedTokenizerBase,
-    fraternal_tokenizer: PreTrainedTokenizerBase | None,
-    max_length: int,
-    num_proc: int | None = None,
-    on_the_fly: bool = False,
+    dataset, objective: Objective, tokenizer: PreTrainedTokenizerBase, max_length: int, num_proc=None, on_the_fly=False
 ):
-    """The training features of a text ``datasets.Dataset`` (columns sentence[, fraternal]), made by the objective's
-    :meth:`~ifcl.objectives.Objective.tokenize` hook.
+    """The training features of a text ``datasets.Dataset`` (the objective's ``text_columns``), made by the
+    objective's :meth:`~ifcl.objectives.Objective.tokenize` hook.
 
     Once, with ``map``: a file-backed dataset gets its features cached beside it (datasets' ``cache-*.arrow``), read
-    again by later runs and by the other processes. The hook holds the objective, whose modules (a peer network, a
-    momentum encoder) datasets would otherwise pickle to fingerprint the map: the fingerprint is made from what the
-    features depend on instead. With ``on_the_fly``, nothing is written: each row is tokenized when the data loader
-    reads it (``with_transform``), for corpora whose token cache would not fit on disk; the features are the same.
+    again by later runs and by the other processes. The fingerprint is made from what the features depend on (the
+    objective's name and settings, its tokenizers and ``max_length``): datasets would otherwise pickle the objective's
+    modules to make it. With ``on_the_fly`` nothing is written: each row is tokenized when the data loader reads it
+    (``with_transform``), for corpora whose token cache would not fit on disk; the features are the same.
     """
     from datasets.fingerprint import Hasher
 
     from ifcl.objectives import settings_as_dict
 
-    tokenize = training_features_hook(objective, tokenizer, fraternal_tokenizer, max_length)
+    def tokenize(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
+        return objective.tokenize(batch, tokenizer, max_length)
+
     if on_the_fly:
         return dataset.with_transform(tokenize)
+    tokenizers = [tokenizer] + [v for v in vars(objective).values() if isinstance(v, PreTrainedTokenizerBase)]
     fingerprint = Hasher.hash(
         [
             dataset._fingerprint,
             objective.name,
             settings_as_dict(objective.settings),
-            [tokenizer_fingerprint(t) for t in (tokenizer, fraternal_tokenizer or tokenizer)],
+            [tokenizer_fingerprint(t) for t in tokenizers],
             max_length,
         ]
     )
@@ -112,58 +93,6 @@ def tokenize_training_text(
 def global_batch_size(args) -> int:
     """Sentences per optimizer step over all processes: per-device batch × processes × gradient accumulation."""
     return args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
-
-
-def check_training_data_size(num_rows: int, global_batch: int, queue_size: int) -> None:
-    """Refuse training data smaller than one global batch, or than the k·N rows the hippocampus queue holds when it
-    is on (its negatives would repeat the batch's own sentences). Shared by ``run_ifcl.py`` and the Python API."""
-    if num_rows < global_batch:
-        raise ValueError(
-            f"{num_rows} training sentences are fewer than one global batch of {global_batch} (per-device batch × "
-            "processes × gradient accumulation): lower per_device_train_batch_size or give more data."
-        )
-    if queue_size > 0 and num_rows < queue_size * global_batch:
-        raise ValueError(
-            f"{num_rows} training sentences are fewer than the hippocampus queue holds (k·N = {queue_size} × "
-            f"{global_batch}): its negatives would repeat the batch's own sentences. Lower queue_size or give more "
-            "data."
-        )
-
-
-def check_text_dataset(dataset, columns: tuple[str, ...] = ("sentence", "fraternal")) -> None:
-    """Refuse an empty training set, and text columns that hold anything but non-empty strings, naming the column
-    and the first bad row (read with Arrow: no row becomes a Python object)."""
-    import pyarrow.compute as pc
-    from datasets import Value
-
-    if len(dataset) == 0:
-        raise ValueError("The training set is empty: give at least one global batch of sentences.")
-    for column in columns:
-        if column not in dataset.column_names:
-            continue
-        feature = dataset.features[column]
-        if not (isinstance(feature, Value) and feature.dtype in ("string", "large_string")):
-            raise ValueError(
-                f"The training set's column {column!r} holds {feature}, not text: every row must be a sentence "
-                "(a non-empty string)."
-            )
-        values = dataset.with_format("arrow")[column]
-        blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(values)), 0)
-        bad = pc.fill_null(pc.or_kleene(pc.is_null(values), blank), True)
-        row = pc.index(bad, True).as_py()
-        if row >= 0:
-            raise ValueError(
-                f"The training set's column {column!r} has {values[row].as_py()!r} in row {row}: every row must be "
-                "a sentence (a non-empty string). Drop or fill such rows first (dataset.filter)."
-            )
-
-
-def is_text_dataset(dataset) -> bool:
-    """A ``datasets.Dataset`` of training text (a ``sentence`` column, no token ids yet, and no transform that
-    tokenizes it on the fly)."""
-    columns = getattr(dataset, "column_names", None)
-    on_the_fly = getattr(dataset, "format", {}).get("type") == "custom"
-    return isinstance(columns, list) and "sentence" in columns and "input_ids" not in columns and not on_the_fly
 
 
 def gather_rows_in_one_collective(accelerator, rows: torch.Tensor, capacity: int) -> torch.Tensor:
@@ -198,41 +127,52 @@ class ObjectiveStepCallback(TrainerCallback):
 
 
 class IFCLTrainer(Trainer):
-    """Trainer for IFCL (Eq. 9), its ablations and the peer objectives, with STS Spearman evaluation.
+    """The ``transformers`` Trainer for IFCL (Eq. 9), its ablations and the peer objectives, with STS evaluation.
 
-    - ``objective``: the training objective (``ifcl/objectives/``); by default the one the model's config names
-      (``IFCLConfig.objective``). It becomes the model's sub-module ``training_objective`` while training, so its own
-      weights are optimized and checkpointed; :meth:`save_model` leaves it (and the queue) out of the published model.
-    - ``compute_loss``: the objective's loss; its terms are logged (``loss_identical``, ``loss_fraternal``,
-      ``loss_twins`` for IFCL).
-    - After every optimizer step the objective's ``on_step_end`` gets the unwrapped model and :meth:`gather_rows`
-      (IFCL pushes the anchors of all processes into its queue, miCSE its momentum embeddings).
-    - ``eval_dataset``: STS sets (``datasets.Dataset`` with sentence1, sentence2, score, or :class:`STSEvaluator`),
-      a dict of them gives ``eval_<name>_spearman`` (× 100), usable as ``metric_for_best_model``.
+    Args:
+        model: an ``IFCLModel`` (``IFCLModel.from_encoder`` or ``from_pretrained``).
+        args: ``TrainingArguments`` (``remove_unused_columns`` is turned off: objectives read more columns than
+            the model's ``forward`` takes).
+        train_dataset: a text ``datasets.Dataset`` with the objective's columns (``sentence``, and ``fraternal`` for
+            IFCL's fraternal twins), checked and tokenized by the objective, or features already tokenized.
+        eval_dataset: STS sets (``datasets.Dataset`` with sentence1, sentence2, score, or ``STSEvaluator``); a dict
+            of them gives ``eval_<name>_spearman`` (× 100), usable as ``metric_for_best_model``.
+        objective: the training objective; default the one the model's config names (``build_objective``). It is
+            the model's sub-module ``training_objective`` while training, so that its own weights are optimized and
+            checkpointed.
+        kwargs: the Trainer's other arguments; the default data collator is the objective's.
+
+    ``compute_loss`` is the objective's loss, whose terms are logged (``loss_identical``, ``loss_fraternal``,
+    ``loss_twins`` for IFCL). After each optimizer step the objective's ``on_step_end`` runs (IFCL pushes the anchors
+    of all processes into the queue). :meth:`save_model` writes the published model (the objective's modules and its
+    training state left out) with its sentence-transformers view; checkpoints keep everything for exact resume.
     """
 
     def __init__(self, model=None, args=None, *rest, objective: Objective | None = None, **kwargs) -> None:
         if model is None:
             raise ValueError("IFCLTrainer needs a model (an IFCLModel); model_init is not supported.")
+        from ifcl.publishing import adopt_base
+
+        if not hasattr(model, "sentence_transformers_base"):
+            adopt_base(model)  # the base's truncation and lowercasing, and the facts of the view save_model writes
+        kwargs.setdefault("processing_class", model.tokenizer)  # saved with checkpoints and the published model
         self.objective = objective if objective is not None else build_objective(model)
-        # A sub-module of the model: optimizer, data parallelism, device moves and checkpoints take its weights.
-        model.training_objective = self.objective
+        model.training_objective = self.objective  # optimizer, data parallelism and checkpoints take its weights
         if args is not None and args.remove_unused_columns:
-            # Objectives read features that are not arguments of the model's forward (pair inputs, ...).
             args.remove_unused_columns = False
         if not rest:
             tokenizer = kwargs.get("processing_class") or model.tokenizer
             if kwargs.get("data_collator") is None:
-                # The objective's own collator (padding each feature group, per-batch augmentations).
-                kwargs["data_collator"] = ObjectiveDataCollator(
-                    self.objective, tokenizer, model.config.fraternal_pad_token_id
-                )
+                kwargs["data_collator"] = ObjectiveDataCollator(self.objective, tokenizer)
             if is_text_dataset(kwargs.get("train_dataset")):
-                check_text_dataset(kwargs["train_dataset"])
-                kwargs["train_dataset"] = self.tokenize_text(kwargs["train_dataset"], model, tokenizer)
+                kwargs["train_dataset"] = self.tokenize_text(kwargs["train_dataset"], tokenizer, model)
         super().__init__(model, args, *rest, **kwargs)
-        self.size_queue_for_global_batch()
-        self.check_training_data_size()
+        self.objective.prepare(unwrap_model(self.model), global_batch_size(self.args))
+        if self.train_dataset is not None and hasattr(self.train_dataset, "__len__"):
+            try:
+                self.objective.check_data_size(len(self.train_dataset), global_batch_size(self.args))
+            except ValueError as problem:  # run_ifcl.py refuses such data; the Python API warns
+                logger.warning(str(problem))
         # compute_loss returns a per-micro-batch mean: the Trainer divides it by the accumulation steps.
         self.loss_is_scaled_for_ga = False
         self._loss_sums: dict[str, torch.Tensor] = {}
@@ -242,52 +182,20 @@ class IFCLTrainer(Trainer):
         self.evaluation_cpu_seconds = 0.0
         self.add_callback(ObjectiveStepCallback(self))
 
-    def tokenize_text(self, dataset, model, tokenizer: PreTrainedTokenizerBase):
-        """Tokenize a text training set with the objective's own hook (``model.config.max_seq_length``)."""
-        needs_fraternal = self.objective.uses_fraternal_twins
-        if needs_fraternal and "fraternal" not in dataset.column_names:
+    def tokenize_text(self, dataset, tokenizer: PreTrainedTokenizerBase, model):
+        """Check a text training set (the objective's columns: strings, none empty) and tokenize it with the
+        objective's own hook at ``model.config.max_seq_length``; columns the objective does not read are dropped."""
+        columns = self.objective.text_columns
+        missing = [column for column in columns if column not in dataset.column_names]
+        if missing:
             raise ValueError(
-                f"The training set has columns {dataset.column_names}, but IFCL with fraternal twins needs a "
-                f"'fraternal' column (the translations) beside 'sentence'. Add one, or build the model with "
-                f"fraternal_loss_weight=0 and twins_loss_weight=0."
+                f"The training set has columns {dataset.column_names}, but --objective {self.objective.name} reads "
+                f"{', '.join(columns)}: it lacks {', '.join(missing)}. IFCL's fraternal twins need a 'fraternal' "
+                "column (the translations); without them set fraternal_loss_weight and twins_loss_weight to 0."
             )
-        if not needs_fraternal and "fraternal" in dataset.column_names:
-            dataset = dataset.remove_columns("fraternal")
-        fraternal_tokenizer = model.fraternal_tokenizer if needs_fraternal else None
-        return tokenize_training_text(
-            dataset, self.objective, tokenizer, fraternal_tokenizer, model.config.max_seq_length
-        )
-
-    def check_training_data_size(self) -> None:
-        """Warn when the training set holds less than one global batch, or than the k·N rows of the queue: the
-        queue's negatives would repeat the batch's own sentences (``run_ifcl.py`` refuses such data; the Python API
-        warns, for experiments on small data)."""
-        dataset = self.train_dataset
-        if dataset is None or not hasattr(dataset, "__len__"):
-            return
-        queue = getattr(unwrap_model(self.model), "queue", None)
-        try:
-            check_training_data_size(
-                len(dataset), global_batch_size(self.args), 0 if queue is None else queue.num_slots
-            )
-        except ValueError as problem:
-            logger.warning(str(problem))
-
-    def size_queue_for_global_batch(self) -> None:
-        """Give the hippocampus queue one slot of N rows per optimizer step, N the global batch (per-device batch
-        × processes × gradient accumulation), when the model was built for another N."""
-        model = unwrap_model(self.model)
-        queue = getattr(model, "queue", None)
-        global_batch = global_batch_size(self.args)
-        if queue is None or queue.slot_size == global_batch:
-            return
-        if len(queue):
-            logger.warning(f"The hippocampus queue held {len(queue)} rows of N = {queue.slot_size}; it starts empty.")
-        logger.info(f"Hippocampus queue: {queue.num_slots} slots of the global batch N = {global_batch}.")
-        model.queue = type(queue)(queue.num_slots, global_batch, model.hidden_size, queue.forgetting_rate).to(
-            queue.embeddings.device
-        )
-        model.config.queue_batch_size = global_batch
+        check_text_dataset(dataset, columns)
+        dataset = dataset.select_columns(list(columns))
+        return tokenize_training_text(dataset, self.objective, tokenizer, model.config.max_seq_length)
 
     # ---------------------------------------------------------------- training
 
@@ -302,16 +210,18 @@ class IFCLTrainer(Trainer):
     def gather_candidates(self, local: torch.Tensor | None) -> tuple[torch.Tensor | None, int]:
         """The in-batch candidates of all processes, and where this process's rows start among them.
 
-        The gather keeps the autograd graph (``torch.distributed.nn.functional.all_gather``): each process's loss
+        The gather keeps the autograd graph (``all_gather_single_autograd``): each process's loss
         sends gradient back to every process's candidates, so P processes of batch N train exactly like one
         process of batch P·N. Each column (identical, fraternal) is gathered on its own, in rank order; batches are
         equal in size across processes (accelerate's ``even_batches``).
         """
         if local is None or self.accelerator.num_processes == 1:
             return local, 0
-        from torch.distributed.nn.functional import all_gather
+        from torch.distributed import group
+        from torch.distributed._functional_collectives import all_gather_single_autograd
 
-        return torch.cat(all_gather(local.contiguous())), self.accelerator.process_index * local.shape[0]
+        gathered = all_gather_single_autograd(local.contiguous(), gather_dim=0, group=group.WORLD)
+        return gathered, self.accelerator.process_index * local.shape[0]
 
     @torch.no_grad()
     def gather_rows(self, rows: torch.Tensor) -> torch.Tensor:
@@ -372,13 +282,15 @@ class IFCLTrainer(Trainer):
             return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
         if isinstance(dataset, str):
             dataset = self.eval_dataset[dataset]
-        evaluator = dataset if isinstance(dataset, STSEvaluator) else STSEvaluator.from_dataset(dataset)
+        if not isinstance(dataset, STSEvaluator):  # named for its progress bar: "STS eval_stsb", "STS init_test_stsb"
+            dataset = STSEvaluator.from_dataset(dataset, name=metric_key_prefix)
         start, cpu_start = time.time(), time.process_time()
-        model = unwrap_model(self.model)
-        scores = evaluator(model, batch_size=self.args.per_device_eval_batch_size)
+        # The evaluator's own batch, not the Trainer's eval batch for classification; one progress bar, the main's.
+        show_progress_bar = self.is_local_process_zero() and not self.args.disable_tqdm
+        scores = dataset(unwrap_model(self.model), show_progress_bar=show_progress_bar)
         self.evaluation_cpu_seconds += time.process_time() - cpu_start
         metrics = {f"{metric_key_prefix}_{name}": value for name, value in scores.items()}
-        metrics.update(speed_metrics(metric_key_prefix, start, num_samples=len(evaluator)))
+        metrics.update(speed_metrics(metric_key_prefix, start, num_samples=len(dataset)))
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
@@ -388,11 +300,11 @@ class IFCLTrainer(Trainer):
     @contextmanager
     def published_model(self) -> Iterator[torch.nn.Module]:
         """The model without what only training needs, restored after: the objective's own modules (heads, peer
-        network, momentum encoder) and the hippocampus queue (past anchors of this run's batches; a loaded model
-        starts it empty). Checkpoints keep both, for exact resume."""
+        network, momentum encoder) and its training state (IFCL's queue: a loaded model starts it empty).
+        Checkpoints keep both, for exact resume."""
         model = unwrap_model(self.model)
         modules = dict(model._modules)
-        for name in ("training_objective", "queue"):
+        for name in ("training_objective", *self.objective.training_state):
             model._modules.pop(name, None)
         try:
             yield model
@@ -412,20 +324,14 @@ class IFCLTrainer(Trainer):
         logger.info(f"Training had ended at step {self.state.global_step}; the final model is {final}.")
         self._load_from_checkpoint(final)
 
-    def train_or_finish(self, resume) -> dict[str, float]:
-        """Train (from the checkpoint of ``resume``, a :class:`~ifcl.checkpoints.ResumePoint`, when resuming), or, when that checkpoint already ends the planned
-        training, take up its state and final model without a step. Returns the train metrics."""
-        if resume is not None and resume.finished:
-            self.finish_from_checkpoint(resume.checkpoint)
-            return {"train_steps": self.state.global_step}
+    def train_measured(self, resume_from_checkpoint: str | None = None) -> dict[str, float]:
+        """``train``, and its metrics with the steps and the CPU time per step: the process's CPU time (all its
+        threads), which other processes sharing the cores do not lengthen, less the STS evaluations' own."""
         cpu_started, evaluation_started = time.process_time(), self.evaluation_cpu_seconds
-        train_result = self.train(resume_from_checkpoint=resume.checkpoint if resume is not None else None)
-        metrics = dict(train_result.metrics)
+        metrics = dict(self.train(resume_from_checkpoint=resume_from_checkpoint).metrics)
         steps = max(self.state.global_step, 1)
         metrics["train_steps"] = self.state.global_step
         metrics["train_seconds_per_step"] = metrics["train_runtime"] / steps
-        # CPU time of the process (all its threads): unlike the wall time, not lengthened by other processes that share
-        # the cores; the STS evaluations during training are counted apart, so steps compare without them.
         metrics["train_cpu_seconds"] = time.process_time() - cpu_started
         metrics["train_evaluation_cpu_seconds"] = self.evaluation_cpu_seconds - evaluation_started
         spent = metrics["train_cpu_seconds"] - metrics["train_evaluation_cpu_seconds"]
@@ -433,12 +339,16 @@ class IFCLTrainer(Trainer):
         return metrics
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Checkpoints keep the objective's modules (exact resume); the model saved at the end leaves them out, so
-        every published model loads with ``AutoModel`` and embeds the same way whatever it was trained with."""
+        """Checkpoints keep the objective's modules (exact resume); the published model leaves them out, so that
+        every published model loads alike whatever it was trained with, and gets its sentence-transformers view."""
         if _internal_call:
             return super().save_model(output_dir, _internal_call)
-        with self.published_model():
+        with self.published_model() as model:
             super().save_model(output_dir, _internal_call)
+            if self.args.should_save:
+                from ifcl.publishing import save_extras
+
+                save_extras(model, output_dir or self.args.output_dir)
 
     def save_state(self) -> None:
         """The Trainer's ``trainer_state.json`` in the output folder, published with the model: its best checkpoint
@@ -467,6 +377,9 @@ class IFCLTrainer(Trainer):
         if os.path.isfile(results_path):
             with open(results_path, encoding="utf-8") as f:
                 results = json.load(f)
+        kwargs.setdefault("log_history", self.state.log_history)
+        if self.train_dataset is not None and hasattr(self.train_dataset, "__len__"):
+            kwargs.setdefault("train_size", len(self.train_dataset))
         write_model_card(
             self.args.output_dir,
             unwrap_model(self.model).config,

@@ -56,14 +56,19 @@ HEADLINE_START, HEADLINE_END = "<!-- headline-table:start -->", "<!-- headline-t
 # (key, what the table calls it, --objective, its own flags). The IFCL ablations are the paper's Table 2.
 RUNS = [
     ("ifcl", "IFCL", "ifcl", []),
-    ("ifcl-no-fi-tl", "IFCL w/o fraternal twins and Twins loss", "ifcl", ["--fraternal_loss_weight", "0", "--twins_loss_weight", "0"]),
+    (
+        "ifcl-no-fi-tl",
+        "IFCL w/o fraternal twins and Twins loss",
+        "ifcl",
+        ["--fraternal_loss_weight", "0", "--twins_loss_weight", "0"],
+    ),
     ("ifcl-no-hq", "IFCL w/o queue", "ifcl", ["--queue_size", "0"]),
     ("ifcl-no-tl-hq", "IFCL w/o Twins loss and queue", "ifcl", ["--twins_loss_weight", "0", "--queue_size", "0"]),
     ("simcse", "SimCSE", "simcse", []),
     ("conisi", "ConIsI-s", "conisi", []),
     ("pcl", "PCL", "pcl", ["--pcl_untied_peer"]),  # the paper ties the peer only for large models
     ("micse", "miCSE", "micse", []),
-]  # fmt: skip
+]
 BASELINE = "simcse"
 EQUAL_TIME_RUNS = ("ifcl", "simcse", "pcl")
 DEFAULT_STEPS = 200  # run_ifcl.py's embedded default
@@ -76,13 +81,17 @@ def objective_runs(
     ``results/<folder>/``."""
     return {
         key: [
-            Run(key, seed, ["--objective", objective, *flags, *extra],
-                os.path.join(RESULTS, folder, key, f"seed-{seed}"))
+            Run(
+                key,
+                seed,
+                ["--objective", objective, *flags, *extra],
+                os.path.join(RESULTS, folder, key, f"seed-{seed}"),
+            )
             for seed in (seeds[key] if isinstance(seeds, dict) else seeds)
         ]
         for key, _, objective, flags in RUNS
         if key in keys
-    }  # fmt: skip
+    }
 
 
 def recorded_seeds(previous: dict, section: str) -> dict[str, list[int]]:
@@ -107,16 +116,33 @@ def training_cpu_seconds(results: dict) -> float | None:
 
 def recorded_step_cost(runs: list[Run]) -> float | None:
     """Mean training CPU seconds per step (evaluations excluded) of the runs that recorded it, else None."""
-    costs = [run.results["train_cpu_seconds_per_step"] for run in runs
-             if run.results and training_cpu_seconds(run.results) is not None]  # fmt: skip
+    costs = [
+        run.results["train_cpu_seconds_per_step"]
+        for run in runs
+        if run.results and training_cpu_seconds(run.results) is not None
+    ]
     return statistics.fmean(costs) if costs else None
 
 
 def calibrated_step_cost(key: str, extra: list[str], jobs: int) -> float:
     """Training CPU seconds per step of ``key`` from a short run without evaluations (seed 1)."""
-    flags = [*extra, "--max_steps", str(CALIBRATION_STEPS), "--do_train", "True", "--do_eval", "False",
-             "--do_predict", "False", "--eval_strategy", "no", "--save_strategy", "no",
-             "--load_best_model_at_end", "False"]  # fmt: skip
+    flags = [
+        *extra,
+        "--max_steps",
+        str(CALIBRATION_STEPS),
+        "--do_train",
+        "True",
+        "--do_eval",
+        "False",
+        "--do_predict",
+        "False",
+        "--eval_strategy",
+        "no",
+        "--save_strategy",
+        "no",
+        "--load_best_model_at_end",
+        "False",
+    ]
     run = objective_runs([key], [1], flags, folder="objectives-step-cost")[key]
     train_all(run, jobs=jobs)
     read_finished(run)
@@ -187,9 +213,12 @@ def table(runs: dict[str, list[Run]], names: dict[str, str], steps: dict[str, in
             "summary": result,
             "paired_test_difference_to_simcse": differences,
             "verdict": judged,
-            "runs": {str(run.seed): {"output_dir": relative(run.output_dir), "results": run.results}
-                     for run in key_runs if run.results and "error" not in run.results},
-        }  # fmt: skip
+            "runs": {
+                str(run.seed): {"output_dir": relative(run.output_dir), "results": run.results}
+                for run in key_runs
+                if run.results and "error" not in run.results
+            },
+        }
     return "\n".join(lines), records
 
 
@@ -212,14 +241,17 @@ def headline(runs: dict[str, list[Run]]) -> str:
         f"{' '.join(map(str, seeds))}`)."
     )
     per_seed = ", ".join(f"{differences[seed]:+.2f}" for seed in seeds)
-    return "\n".join([
-        caption, "",
-        "| objective | STS-B dev | STS-B test | paired test difference to SimCSE: mean ± std (per seed) |",
-        "|---|---|---|---|",
-        f"| IFCL | {pm(ifcl_summary['dev'])} | {pm(ifcl_summary['test'])} | "
-        f"{statistics.fmean(differences.values()):+.2f} ± {spread:.2f} ({per_seed}) |",
-        f"| SimCSE | {pm(simcse_summary['dev'])} | {pm(simcse_summary['test'])} | |",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            caption,
+            "",
+            "| objective | STS-B dev | STS-B test | paired test difference to SimCSE: mean ± std (per seed) |",
+            "|---|---|---|---|",
+            f"| IFCL | {pm(ifcl_summary['dev'])} | {pm(ifcl_summary['test'])} | "
+            f"{statistics.fmean(differences.values()):+.2f} ± {spread:.2f} ({per_seed}) |",
+            f"| SimCSE | {pm(simcse_summary['dev'])} | {pm(simcse_summary['test'])} | |",
+        ]
+    )
 
 
 def equal_time(args, extra: list[str], equal_steps: dict, names: dict, previous: dict, wanted: list[str]):
@@ -258,8 +290,13 @@ def equal_time(args, extra: list[str], equal_steps: dict, names: dict, previous:
         + ", ".join(f"{names[key]} {step_costs[key]:.2f}" for key in steps if key != "ifcl")
         + "), four dev evaluations each; otherwise as above."
     )
-    record = {"unit": EQUAL_TIME_UNIT, "budget_cpu_seconds": budget, "steps": steps, "step_cpu_seconds": step_costs,
-              "runs": records}  # fmt: skip
+    record = {
+        "unit": EQUAL_TIME_UNIT,
+        "budget_cpu_seconds": budget,
+        "steps": steps,
+        "step_cpu_seconds": step_costs,
+        "runs": records,
+    }
     return caption + "\n\n" + text, record
 
 
@@ -311,8 +348,13 @@ def main() -> None:
         "over seeds. Verdict: a mean paired difference within the larger seed std of the two is a tie."
     )
     print("\n" + caption + "\n\n" + text)
-    output: dict = {"machine": machine(), "packages": package_versions(), "extra": extra, "how": how,
-                    "equal_steps": records}  # fmt: skip
+    output: dict = {
+        "machine": machine(),
+        "packages": package_versions(),
+        "extra": extra,
+        "how": how,
+        "equal_steps": records,
+    }
 
     equal_time_text = None
     if args.equal_time:

@@ -60,8 +60,12 @@ def package_versions() -> dict[str, str]:
     import torch
     import transformers
 
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "datasets": datasets.__version__}  # fmt: skip
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "datasets": datasets.__version__,
+    }
 
 
 def prune(output_dir: str) -> None:
@@ -85,8 +89,15 @@ def train(run: Run, threads: int | None = None, redo: bool = False, log: Callabl
         return run.results
     shutil.rmtree(run.output_dir, ignore_errors=True)
     os.makedirs(run.output_dir)
-    command = [sys.executable, os.path.join(ROOT, "run_ifcl.py"), *run.flags, "--seed", str(run.seed),
-               "--output_dir", run.output_dir]  # fmt: skip
+    command = [
+        sys.executable,
+        os.path.join(ROOT, "run_ifcl.py"),
+        *run.flags,
+        "--seed",
+        str(run.seed),
+        "--output_dir",
+        run.output_dir,
+    ]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     if threads is not None:
         env.update(OMP_NUM_THREADS=str(threads))
@@ -171,8 +182,12 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 def metric(results: dict, name: str, task: str = "stsb") -> float:
     """STS figure of a run: ``dev`` / ``test`` after training, ``dev0`` / ``test0`` before, ``gain`` on test."""
-    keys = {"dev": f"eval_{task}_spearman", "test": f"test_{task}_spearman", "dev0": f"init_eval_{task}_spearman",
-            "test0": f"init_test_{task}_spearman"}  # fmt: skip
+    keys = {
+        "dev": f"eval_{task}_spearman",
+        "test": f"test_{task}_spearman",
+        "dev0": f"init_eval_{task}_spearman",
+        "test0": f"init_test_{task}_spearman",
+    }
     if name == "gain":
         return results[keys["test"]] - results[keys["test0"]]
     if name == "dev_gain":

@@ -39,19 +39,26 @@ from runs import (
 )
 
 README_START, README_END = "<!-- sweep-table:start -->", "<!-- sweep-table:end -->"
-CENTRE = {"--fusion_rate": "0.5", "--freeze_word_embeddings": "True", "--freeze_fraternal_embeddings": "True",
-          "--learning_rate": "1e-5", "--max_steps": "200"}  # fmt: skip
+CENTRE = {
+    "--fusion_rate": "0.5",
+    "--freeze_word_embeddings": "True",
+    "--freeze_fraternal_embeddings": "True",
+    "--learning_rate": "1e-5",
+    "--max_steps": "200",
+}
 
 # key -> (what changes, the flags that differ from the centre). The first is the centre itself.
 SETTINGS: dict[str, tuple[str, dict[str, str]]] = {
     "centre": ("ε 0.5, both tables frozen, lr 1e-5, 200 steps", {}),
     "eps0.3": ("ε 0.3", {"--fusion_rate": "0.3"}),
     "eps0.7": ("ε 0.7", {"--fusion_rate": "0.7"}),
-    "trained": ("both word tables trained", {"--freeze_word_embeddings": "False",
-                                             "--freeze_fraternal_embeddings": "False"}),
+    "trained": (
+        "both word tables trained",
+        {"--freeze_word_embeddings": "False", "--freeze_fraternal_embeddings": "False"},
+    ),
     "lr3e-5": ("lr 3e-5", {"--learning_rate": "3e-5"}),
     "steps100": ("100 steps", {"--max_steps": "100"}),
-}  # fmt: skip
+}
 
 
 def flags_of(changes: dict[str, str]) -> list[str]:
@@ -120,11 +127,16 @@ def main() -> None:
             "paired_dev_difference_to_centre": differences,
             "verdict": judged,
             "runs": {
-                str(run.seed): {"output_dir": relative(run.output_dir), "dev": metric(run.results, "dev"),
-                                "test": metric(run.results, "test"), "results": run.results}
-                for run in runs[key] if run.results and "error" not in run.results
+                str(run.seed): {
+                    "output_dir": relative(run.output_dir),
+                    "dev": metric(run.results, "dev"),
+                    "test": metric(run.results, "test"),
+                    "results": run.results,
+                }
+                for run in runs[key]
+                if run.results and "error" not in run.results
             },
-        }  # fmt: skip
+        }
     caption = (
         f"{machine()}, torch {package_versions()['torch']}; all-MiniLM-L6-v2 on trans-de-en, batch 32, seeds "
         f"{', '.join(map(str, args.seeds))}, {args.jobs} run(s) at a time; STS-B dev (Spearman × 100) of the best dev "
@@ -134,8 +146,17 @@ def main() -> None:
     text = caption + "\n\n" + "\n".join(lines)
     print("\n" + text)
     with open(path, "w", encoding="utf-8") as f:
-        json.dump({"machine": machine(), "packages": package_versions(), "seeds": args.seeds, "centre": CENTRE,
-                   "settings": records}, f, indent=2)  # fmt: skip
+        json.dump(
+            {
+                "machine": machine(),
+                "packages": package_versions(),
+                "seeds": args.seeds,
+                "centre": CENTRE,
+                "settings": records,
+            },
+            f,
+            indent=2,
+        )
     print(f"\nwritten: {relative(path)}")
     if args.readme:
         put_into_readme(text, README_START, README_END)

@@ -32,8 +32,10 @@ import transformers
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from ifcl import queue as ring  # noqa: E402
 from ifcl.data import parse_trans_de_en  # noqa: E402
-from ifcl.losses import IFCLLoss  # noqa: E402
+from ifcl.losses import IFCLTerms, forgetting_coefficients  # noqa: E402
+from ifcl.objectives.ifcl import freeze_word_tables  # noqa: E402
 from modeling_ifcl import IFCLModel  # noqa: E402
 
 # Dense bf16 peak of the GPUs this project measures on, for model FLOPs utilisation.
@@ -100,21 +102,26 @@ class IFCLStep:
 
     def __init__(self, model_path: str, device, batch_size: int, dtype, **settings) -> None:
         self.model = IFCLModel.from_encoder(model_path, queue_batch_size=batch_size, **settings).to(device).train()
-        self.loss = IFCLLoss.from_config(self.model.config)
+        freeze_word_tables(self.model)  # as the IFCL objective does before training
+        config = self.model.config
+        self.loss = IFCLTerms(config.contrastive_temperature, config.fraternal_loss_weight, config.twins_loss_weight)
         self.optimizer = trainer_optimizer(self.model)
         self.device, self.dtype = device, dtype
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> None:
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
             twins = self.model(**batch, return_twins=True)
-            queue = self.model.queue
-            loss, _ = self.loss(twins, *(queue.entries() if queue is not None else (None, None)))
+            queue, negatives = self.model.queue, (None, None)
+            if queue is not None:
+                rows, ages = ring.entries(queue)
+                negatives = (rows, forgetting_coefficients(ages, self.model.config.forgetting_rate).log())
+            loss, _ = self.loss(twins, *negatives)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if queue is not None:
-            queue.push(twins.anchor.detach())
+            ring.push(queue, twins.anchor.detach())
 
 
 class SentenceTransformersStep:
@@ -171,7 +178,7 @@ def queue_memory(args, device) -> list[dict[str, float]]:
                 ("batch_size", args.batch_size),
                 ("max_length", args.max_length),
                 ("device", device.type),
-            )  # fmt: skip
+            )
         ]
         result = subprocess.run(command, capture_output=True, text=True, check=True)
         rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
@@ -220,7 +227,7 @@ def measure_queue_memory(args, device, dtype) -> None:
     runner(data[0])  # optimizer state and allocator warm
     if queue_size:
         for _ in range(queue_size):
-            runner.model.queue.push(torch.randn(args.batch_size, runner.model.hidden_size, device=device))
+            ring.push(runner.model.queue, torch.randn(args.batch_size, runner.model.hidden_size, device=device))
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

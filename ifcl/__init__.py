@@ -1,9 +1,9 @@
 """IFCL: Identical and Fraternal Twins contrastive learning of sentence encoders, the Hugging Face way.
 
-``from ifcl import IFCLConfig, IFCLModel, IFCLTrainer, STSEvaluator`` (and ``IFCLLoss`` when sentence-transformers is
-installed). ``IFCLModel.from_pretrained(folder)`` loads a saved IFCL model with this package's classes, no remote code
-run. Importing the package registers the config and model with ``AutoConfig`` and ``AutoModel`` under the model type
-``ifcl`` (``AutoModel.from_config``, and folders saved before config.json became the encoder's own config).
+``from ifcl import IFCLConfig, IFCLModel, IFCLSettings, IFCLTrainer, STSEvaluator`` (and ``IFCLLoss`` when
+sentence-transformers is installed). ``IFCLModel.from_pretrained(folder)`` loads a saved IFCL model with this
+package's classes, no remote code run. Importing the package registers the config and model with ``AutoConfig`` and
+``AutoModel`` under the model type ``ifcl`` (for ``AutoModel.from_config``).
 """
 
 from __future__ import annotations
@@ -13,11 +13,22 @@ from typing import Any
 
 from transformers import AutoConfig, AutoModel
 
-from configuration_ifcl import IFCLConfig
+from configuration_ifcl import IFCLConfig, IFCLSettings, SharedSettings
 from ifcl.evaluation import STSEvaluator
 from modeling_ifcl import IFCLModel
 
-__all__ = ["IFCLConfig", "IFCLLoss", "IFCLModel", "IFCLTrainer", "STSEvaluator", "STS_METRIC_PATH"]
+__version__ = "0.2.0"
+__all__ = [
+    "IFCLConfig",
+    "IFCLLoss",
+    "IFCLModel",
+    "IFCLSettings",
+    "IFCLTrainer",
+    "STSEvaluator",
+    "STS_METRIC_PATH",
+    "SharedSettings",
+    "__version__",
+]
 
 # The ``evaluate`` metric of the STS protocol: ``evaluate.load(ifcl.STS_METRIC_PATH)``.
 STS_METRIC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics", "sts_spearman")

@@ -1,4 +1,5 @@
-"""The IFCL training objective, one small module per term (Xiao et al., arXiv:2307.10932, Section 3.3).
+"""The IFCL loss, one small module per term (Xiao et al., arXiv:2307.10932, Section 3.3), and Eq. 4's forgetting
+coefficients of the hippocampus queue.
 
 Every term is computed in float32 with autocast off, so bf16/fp16 training does not round the logits.
 """
@@ -25,6 +26,12 @@ def cosine_to_stored_rows(unit_rows: torch.Tensor, stored: torch.Tensor) -> torc
     """
     norms = torch.linalg.vector_norm(stored, dim=-1).float().clamp_min(1e-12)
     return (unit_rows @ stored.to(unit_rows.dtype).T) / norms
+
+
+def forgetting_coefficients(ages: torch.Tensor, forgetting_rate: float) -> torch.Tensor:
+    """Eq. 4: the weight p_m = 1 − λ·⌈m/N⌉ of each hippocampus queue entry H_m, given its age ⌈m/N⌉ in optimizer
+    steps (1 for the newest step's anchors, as ``ifcl.queue.entries`` gives it); 0 for an empty entry (age 0)."""
+    return torch.where(ages > 0, 1.0 - forgetting_rate * ages, 0.0)
 
 
 def info_nce(
@@ -119,8 +126,9 @@ class TwinsLoss(nn.Module):
             return (gap - margin).abs().mean()
 
 
-class IFCLLoss(nn.Module):
-    """Eq. 9: ℓ^I + w_F·ℓ^F + w_T·ℓ^T, each averaged over the batch.
+class IFCLTerms(nn.Module):
+    """Eq. 9: ℓ^I + w_F·ℓ^F + w_T·ℓ^T, each averaged over the batch: the terms that the trainer's IFCL objective and
+    the sentence-transformers ``IFCLLoss`` share.
 
     With w_F = w_T = 0 and no queue this is unsupervised SimCSE. Returns the total and each term (detached) for
     logging as ``loss_identical``, ``loss_fraternal``, ``loss_twins``.
@@ -134,15 +142,10 @@ class IFCLLoss(nn.Module):
         self.fraternal_loss_weight = fraternal_loss_weight
         self.twins_loss_weight = twins_loss_weight
 
-    @classmethod
-    def from_config(cls, config) -> IFCLLoss:
-        """The loss an :class:`IFCLConfig` sets: τ and the weights of ℓ^F and ℓ^T."""
-        return cls(config.contrastive_temperature, config.fraternal_loss_weight, config.twins_loss_weight)
-
     def weight(self, term: str) -> float:
         """The weight of a term of Eq. 9 by its logged name (ℓ^I's is 1)."""
-        return {"loss_identical": 1.0, "loss_fraternal": self.fraternal_loss_weight,
-                "loss_twins": self.twins_loss_weight}[term]  # fmt: skip
+        weights = {"loss_fraternal": self.fraternal_loss_weight, "loss_twins": self.twins_loss_weight}
+        return weights.get(term, 1.0)
 
     def terms(
         self,
@@ -155,7 +158,8 @@ class IFCLLoss(nn.Module):
     ) -> dict[str, torch.Tensor]:
         """ℓ^I, and ℓ^F and ℓ^T when their weights are > 0, unweighted and with gradients, by their logged names.
 
-        ``twins`` is the model's :class:`IFCLTwinsOutput`; the queue comes from ``HippocampusQueue.entries``.
+        ``twins`` is the model's ``IFCLTwinsOutput``; ``queue_log_coefficients`` the log of
+        :func:`forgetting_coefficients` of the queue's entries.
         ``identical_candidates`` / ``fraternal_candidates``: the twins of all processes (default: this batch's), in
         which this process's rows start at ``label_offset``.
         """

@@ -144,6 +144,26 @@ def tiny_fraternal_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_model(tiny_encoder_dir):
+    """The tiny encoder as an ``IFCLModel`` with its defaults and no queue (BEL_F is BEL_S), for tests that only read
+    it: they neither train it nor change its config, and set the training mode they rely on."""
+    from modeling_ifcl import IFCLModel
+
+    return IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
+
+
+@pytest.fixture(scope="session")
+def model(tiny_encoder_dir, tiny_fraternal_dir):
+    """An ``IFCLModel`` with every part: the tiny encoder, BEL_F from the tiny fraternal model (width 24, so with a
+    projection), fusion rate 0.3 and a queue of 2 slots of 4 rows; for tests that only read it, as ``tiny_model``."""
+    from modeling_ifcl import IFCLModel
+
+    return IFCLModel.from_encoder(
+        str(tiny_encoder_dir), str(tiny_fraternal_dir), fusion_rate=0.3, queue_size=2, queue_batch_size=4
+    )
+
+
+@pytest.fixture(scope="session")
 def english_sts_data(tmp_path_factory) -> Path:
     """``train.txt`` (the English sentences, one per line, three times) and ``sts.tsv`` (pairs of them, made-up
     scores): the data of the objectives' tiny runs, which need no translations."""
@@ -161,23 +181,33 @@ def write_sts_file(path: Path) -> None:
             f.write(f"{first}\t{second}\t{(i * 7) % 6}\n")
 
 
-def objective_run_args(encoder: Path, data: Path, output: Path, objective: str, *extra: str) -> list[str]:
-    """A 4-step ``run_ifcl.py`` run of ``--objective`` on the tiny encoder and :func:`english_sts_data`."""
-    return [
-        "--objective", objective,
-        "--model_name_or_path", str(encoder),
-        "--train_file", str(data / "train.txt"),
-        "--validation_file", str(data / "sts.tsv"),
-        "--test_file", str(data / "sts.tsv"),
-        "--output_dir", str(output),
-        "--max_steps", "4",
-        "--per_device_train_batch_size", "4",
-        "--eval_steps", "2",
-        "--save_steps", "2",
-        "--logging_steps", "2",
-        "--use_cpu",
-        *extra,
-    ]  # fmt: skip
+def objective_run_args(
+    encoder: Path,
+    data: Path,
+    output: Path,
+    objective: str,
+    *extra: str,
+    fraternal: Path | None = None,
+    max_steps: int = 4,
+) -> list[str]:
+    """The arguments of a tiny ``run_ifcl.py`` run of ``--objective`` on ``encoder`` (and the ``fraternal`` model) with
+    ``data``'s train.txt and sts.tsv, batch 4, on the CPU: evaluated and saved every ``max_steps // 2`` steps."""
+    flags = {
+        "--objective": objective,
+        "--model_name_or_path": encoder,
+        "--fraternal_model_name_or_path": fraternal,
+        "--train_file": data / "train.txt",
+        "--validation_file": data / "sts.tsv",
+        "--test_file": data / "sts.tsv",
+        "--output_dir": output,
+        "--max_steps": max_steps,
+        "--per_device_train_batch_size": 4,
+        "--eval_steps": max_steps // 2,
+        "--save_steps": max_steps // 2,
+        "--logging_steps": 2,
+    }
+    pairs = [(flag, str(value)) for flag, value in flags.items() if value is not None]
+    return [*(item for pair in pairs for item in pair), "--use_cpu", *extra]
 
 
 def saved_weight_names(folder: Path) -> set[str]:
@@ -212,3 +242,202 @@ def one_cpu_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+# ---- translation fixtures ----
+# Tiny random-weight translation models built in the session (no downloads), shared by test_prepare_fraternal.py and
+# test_translation_engines.py.
+TRANSLATION_SENTENCES = ENGLISH + GERMAN  # 24 sentences of different lengths
+
+
+def build_word_tokenizer(sentences: list[str]):
+    """A word-level fast tokenizer over the sorted words of ``sentences``, laid out as opus-mt's: ``</s>``,
+    ``<unk>``, ``<s>``, the words, ``<pad>`` last (CTranslate2's converter wants it last).
+
+    Built rather than trained: the `tokenizers` trainers break ties differently from run to run, which would make
+    the random models below translate differently in every session.
+    """
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    normalizer, pre_tokenizer = normalizers.Lowercase(), pre_tokenizers.BertPreTokenizer()
+    words = sorted(
+        {
+            word
+            for sentence in sentences
+            for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(sentence))
+        }
+    )
+    vocabulary = {token: i for i, token in enumerate(["</s>", "<unk>", "<s>", *words, "<pad>"])}
+    tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="<unk>"))
+    tokenizer.normalizer, tokenizer.pre_tokenizer = normalizer, pre_tokenizer
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 0)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>", eos_token="</s>", bos_token="<s>"
+    )
+
+
+def build_tiny_marian(folder: Path) -> Path:
+    """A random-weight one-layer MarianMTModel with a word-level tokenizer, its generation config as opus-mt's (pad
+    never generated, the end forced at the length limit). Greedy decoding gives each of the 24 sentences its own
+    translation, the same whatever batch the sentence is in, on both engines."""
+    import torch
+    from transformers import MarianConfig, MarianMTModel
+
+    tokenizer = build_word_tokenizer(TRANSLATION_SENTENCES)
+    torch.manual_seed(3)
+    config = MarianConfig(
+        vocab_size=len(tokenizer),
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        forced_eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+        init_std=1.0,  # larger than usual: clear argmax margins
+    )
+    model = MarianMTModel(config)
+    model.generation_config.bad_words_ids = [[tokenizer.pad_token_id]]
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def build_tiny_t5(folder: Path) -> Path:
+    """A random-weight one-layer T5ForConditionalGeneration with a word-level tokenizer, saved to ``folder``."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    tokenizer = build_word_tokenizer(TRANSLATION_SENTENCES + ["translate English to German:"])
+    torch.manual_seed(2)
+    config = T5Config(
+        vocab_size=len(tokenizer),
+        d_model=16,
+        d_kv=8,
+        d_ff=32,
+        num_layers=1,
+        num_heads=2,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+        initializer_factor=4.0,  # larger than usual: different sentences get different translations
+    )
+    T5ForConditionalGeneration(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def build_tiny_nllb(folder: Path) -> Path:
+    """A random-weight one-layer M2M100 model with an NllbTokenizer (BPE trained here) that knows three languages."""
+    import json
+
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import M2M100Config, M2M100ForConditionalGeneration, NllbTokenizer
+
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=150, special_tokens=["<s>", "<pad>", "</s>", "<unk>"])
+    bpe.train_from_iterator(TRANSLATION_SENTENCES, trainer)
+    model_json = json.loads(bpe.to_str())["model"]
+    tokenizer = NllbTokenizer(
+        vocab=model_json["vocab"],
+        merges=[tuple(merge) for merge in model_json["merges"]],
+        extra_special_tokens=["eng_Latn", "deu_Latn", "fra_Latn"],
+    )
+    torch.manual_seed(0)
+    config = M2M100Config(
+        vocab_size=len(tokenizer),
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.eos_token_id,
+    )
+    M2M100ForConditionalGeneration(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def build_tiny_mbart50(folder: Path) -> Path:
+    """A random-weight one-layer mBART model with an MBart50Tokenizer (unigram trained here; mBART-50's language
+    codes are its special tokens; the tokenizer has no bos token, the config names ``<s>``)."""
+    import json
+
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import MBart50Tokenizer, MBartConfig, MBartForConditionalGeneration
+
+    unigram = Tokenizer(models.Unigram())
+    unigram.pre_tokenizer = pre_tokenizers.Metaspace()
+    special = [
+        "<unk>",
+        "<s>",
+        "</s>",
+    ]  # a sentencepiece model's first pieces; the tokenizer adds <pad> (fairseq order)
+    unigram.train_from_iterator(TRANSLATION_SENTENCES, trainers.UnigramTrainer(vocab_size=120, special_tokens=special))
+    vocab = [tuple(entry) for entry in json.loads(unigram.to_str())["model"]["vocab"]]
+    tokenizer = MBart50Tokenizer(vocab=vocab, src_lang="en_XX", tgt_lang="de_DE")
+    torch.manual_seed(0)
+    config = MBartConfig(
+        vocab_size=len(tokenizer),
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<s>"),
+        eos_token_id=tokenizer.eos_token_id,
+        forced_eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.eos_token_id,
+        tokenizer_class="MBart50Tokenizer",
+    )
+    MBartForConditionalGeneration(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_marian_dir(tmp_path_factory) -> Path:
+    return build_tiny_marian(tmp_path_factory.mktemp("tiny_marian"))
+
+
+@pytest.fixture(scope="session")
+def tiny_t5_dir(tmp_path_factory) -> Path:
+    return build_tiny_t5(tmp_path_factory.mktemp("tiny_t5"))
+
+
+@pytest.fixture(scope="session")
+def tiny_nllb_dir(tmp_path_factory) -> Path:
+    return build_tiny_nllb(tmp_path_factory.mktemp("tiny_nllb"))
+
+
+@pytest.fixture(scope="session")
+def tiny_mbart50_dir(tmp_path_factory) -> Path:
+    return build_tiny_mbart50(tmp_path_factory.mktemp("tiny_mbart50"))
+
+
+@pytest.fixture(scope="session")
+def sentences_file(tmp_path_factory) -> Path:
+    """The 24 sentences, one a line, with an empty and a whitespace-only line among them (lines 6 and 19)."""
+    path = tmp_path_factory.mktemp("sentences") / "sentences.txt"
+    lines = TRANSLATION_SENTENCES[:5] + [""] + TRANSLATION_SENTENCES[5:17] + ["  \t "] + TRANSLATION_SENTENCES[17:]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

@@ -1,32 +1,24 @@
-"""BEL_S and BEL_F frozen or trained (``freeze_word_embeddings``, ``freeze_fraternal_embeddings``), and the
-width-matching projection's starting scale."""
+"""BEL_S and BEL_F frozen or trained (``freeze_word_embeddings``, ``freeze_fraternal_embeddings``: IFCL's settings,
+applied by its objective when training starts), and the width-matching projection's starting scale."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from conftest import ENGLISH, GERMAN, build_tiny_bert
+from datasets import Dataset
 from transformers import AutoModel, TrainingArguments
 
-from configuration_ifcl import IFCLConfig
+from configuration_ifcl import IFCLConfig, IFCLSettings
+from ifcl.objectives import build_objective
+from ifcl.objectives.ifcl import freeze_word_tables
 from modeling_ifcl import IFCLModel
 from trainer_ifcl import IFCLTrainer
 
 
 def train_a_few_steps(model: IFCLModel, tmp_path, steps: int = 3) -> IFCLTrainer:
-    from datasets import Dataset
-
-    from ifcl.objectives import build_objective
-
-    objective = build_objective(model)
-    tokenizer, fraternal_tokenizer = model.tokenizer, model.fraternal_tokenizer
-    data = Dataset.from_dict({"sentence": ENGLISH, "fraternal": GERMAN}).map(
-        lambda batch: objective.tokenize(batch, tokenizer, 16, fraternal_tokenizer),
-        batched=True,
-        remove_columns=["sentence", "fraternal"],
-    )
-    from trainer_ifcl import ObjectiveDataCollator
-
+    """Train ``model`` on the English–German pairs as the Python API does: the trainer builds the objective, which
+    freezes the tables before the optimizer is made."""
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"),
         per_device_train_batch_size=4,
@@ -38,11 +30,7 @@ def train_a_few_steps(model: IFCLModel, tmp_path, steps: int = 3) -> IFCLTrainer
         seed=0,
     )
     trainer = IFCLTrainer(
-        model=model,
-        args=args,
-        train_dataset=data,
-        data_collator=ObjectiveDataCollator(objective, tokenizer, fraternal_tokenizer.pad_token_id),
-        objective=objective,
+        model=model, args=args, train_dataset=Dataset.from_dict({"sentence": ENGLISH, "fraternal": GERMAN})
     )
     trainer.train()
     return trainer
@@ -79,7 +67,7 @@ def test_frozen_tables_keep_their_values_and_have_no_gradient_or_optimizer_state
         assert (table in trainer.optimizer.state) != frozen
 
 
-def test_freeze_settings_round_trip_and_survive_from_pretrained(tiny_encoder_dir, tmp_path):
+def test_freeze_settings_round_trip_and_apply_to_a_loaded_model(tiny_encoder_dir, tmp_path):
     model = IFCLModel.from_encoder(
         str(tiny_encoder_dir), queue_size=0, freeze_word_embeddings=True, freeze_fraternal_embeddings=False
     )
@@ -90,18 +78,32 @@ def test_freeze_settings_round_trip_and_survive_from_pretrained(tiny_encoder_dir
         IFCLModel.from_pretrained(tmp_path / "saved"),
         AutoModel.from_pretrained(tmp_path / "saved", trust_remote_code=True),
     ):
-        assert loaded.config.freeze_word_embeddings is True
+        assert loaded.config.freeze_word_embeddings is True and loaded.config.freeze_fraternal_embeddings is False
+        assert all(p.requires_grad for p in loaded.parameters())  # a loaded model trains all until IFCL prepares it
+        build_objective(loaded).prepare(loaded, global_batch=4)
         assert not loaded.get_input_embeddings().weight.requires_grad
         assert loaded.fraternal_embeddings.weight.requires_grad
         assert all(p.requires_grad for n, p in loaded.encoder.named_parameters() if "word_embeddings" not in n)
 
 
 def test_the_paper_freezes_both_tables_by_default_and_other_objectives_train_them(tiny_encoder_dir):
+    assert IFCLSettings().freeze_word_embeddings and IFCLSettings().freeze_fraternal_embeddings
     assert IFCLConfig().freeze_word_embeddings and IFCLConfig().freeze_fraternal_embeddings
-    simcse = IFCLConfig(objective="simcse", freeze_word_embeddings=True)
-    assert not simcse.freeze_word_embeddings and not simcse.freeze_fraternal_embeddings
-    model = IFCLModel.from_encoder(str(tiny_encoder_dir), objective="simcse")
-    assert all(p.requires_grad for p in model.parameters())
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir))
+    freeze_word_tables(model)
+    assert not model.get_input_embeddings().weight.requires_grad
+    assert [n for n, p in model.named_parameters() if not p.requires_grad] == [
+        "bert.embeddings.word_embeddings.weight"
+    ]
+
+    fitting = {"micse": {"micse_attention_layers": "top2"}}  # the tiny encoder has 2 layers
+    for objective in ("simcse", "conisi", "pcl", "micse"):
+        model = IFCLModel.from_encoder(
+            str(tiny_encoder_dir), objective=objective, objective_settings=fitting.get(objective)
+        )
+        build_objective(model).prepare(model, global_batch=4)
+        assert not model.config.freeze_word_embeddings and not model.config.freeze_fraternal_embeddings, objective
+        assert all(p.requires_grad for p in model.parameters()), objective
 
 
 @pytest.mark.parametrize("fraternal_scale", [0.01, 1.0, 300.0])

@@ -1,4 +1,5 @@
-"""Each IFCL loss term against a value computed by hand (plain ``math``) from small hand-made vectors."""
+"""Each IFCL loss term and Eq. 4's forgetting coefficients against values computed by hand (plain ``math``) from
+small hand-made vectors."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import pytest
 import torch
 
-from ifcl.losses import FraternalTwinsLoss, IdenticalTwinsLoss, IFCLLoss, TwinsLoss
+from ifcl.losses import FraternalTwinsLoss, IdenticalTwinsLoss, IFCLTerms, TwinsLoss, forgetting_coefficients
 from modeling_ifcl import IFCLTwinsOutput
 
 TAU = 0.5
@@ -25,11 +26,12 @@ def cos(a: list[float], b: list[float]) -> float:
     return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
 
 
-def hand_info_nce(anchors, positives, tau, queue=(), weights=()) -> float:
-    """−(1/N) Σ_i log( e^{s_ii/τ} / (Σ_j e^{s_ij/τ} + Σ_m p_m e^{sim(h_i,H_m)/τ}) ), written out."""
+def hand_info_nce(anchors, positives, tau, queue=(), weights=(), offset=0) -> float:
+    """−(1/N) Σ_i log( e^{s_ii/τ} / (Σ_j e^{s_ij/τ} + Σ_m p_m e^{sim(h_i,H_m)/τ}) ), written out; anchor i's
+    positive is candidate ``offset + i``."""
     total = 0.0
     for i, anchor in enumerate(anchors):
-        numerator = math.exp(cos(anchor, positives[i]) / tau)
+        numerator = math.exp(cos(anchor, positives[offset + i]) / tau)
         denominator = sum(math.exp(cos(anchor, positive) / tau) for positive in positives)
         denominator += sum(p * math.exp(cos(anchor, h) / tau) for h, p in zip(queue, weights))
         total += -math.log(numerator / denominator)
@@ -64,8 +66,17 @@ def test_identical_loss_weights_queue_negatives_by_forgetting_coefficients():
     assert abs(expected - unweighted) > 1e-3
 
 
+def test_forgetting_coefficients_are_eq4_by_age_and_zero_for_empty_entries():
+    """p_m = 1 − λ·⌈m/N⌉ with ⌈m/N⌉ the entry's age in optimizer steps; age 0 marks an empty entry."""
+    ages = torch.tensor([1, 2, 3, 0, 1])
+    coefficients = forgetting_coefficients(ages, 0.2)
+    assert coefficients.tolist() == pytest.approx([1 - 0.2 * 1, 1 - 0.2 * 2, 1 - 0.2 * 3, 0.0, 1 - 0.2 * 1])
+    assert forgetting_coefficients(ages, 0.0).tolist() == [1.0, 1.0, 1.0, 0.0, 1.0]  # λ = 0: no forgetting
+
+
 def test_empty_queue_entries_take_no_part():
-    log_weights = torch.tensor([math.log(0.9), float("-inf")])
+    """An empty entry's coefficient is 0, so its log weight −inf removes it from the denominator."""
+    log_weights = forgetting_coefficients(torch.tensor([1, 0]), 0.1).log()
     loss = IdenticalTwinsLoss(TAU)(t(ANCHOR), t(IDENTICAL), t(QUEUE), log_weights)
     expected = hand_info_nce(ANCHOR, IDENTICAL, TAU, QUEUE[:1], [0.9])
     assert loss.item() == pytest.approx(expected, rel=1e-5)
@@ -104,8 +115,9 @@ def test_total_is_weighted_sum_of_terms_and_logs_each():
         identical_embedding_output=t(IDENTICAL),
         fraternal_embedding_output=t(FRATERNAL),
     )
-    total, parts = IFCLLoss(TAU, fraternal_loss_weight=0.5, twins_loss_weight=2.0)(
-        twins, t(QUEUE), torch.tensor(QUEUE_WEIGHTS).log()
+    ages = torch.tensor([1, 4])  # H_1 one step old, H_2 four: with λ = 0.1, p = 0.9 and 0.6
+    total, parts = IFCLTerms(TAU, fraternal_loss_weight=0.5, twins_loss_weight=2.0)(
+        twins, t(QUEUE), forgetting_coefficients(ages, 0.1).log()
     )
     identical = hand_info_nce(ANCHOR, IDENTICAL, TAU, QUEUE, QUEUE_WEIGHTS)
     fraternal = hand_info_nce(ANCHOR, FRATERNAL, TAU)
@@ -114,11 +126,36 @@ def test_total_is_weighted_sum_of_terms_and_logs_each():
     assert parts["loss_fraternal"].item() == pytest.approx(fraternal, rel=1e-5)
     assert parts["loss_twins"].item() == pytest.approx(twins_term, rel=1e-5)
     assert total.item() == pytest.approx(identical + 0.5 * fraternal + 2.0 * twins_term, rel=1e-5)
+    assert not any(part.requires_grad for part in parts.values())  # logged values, detached
+
+
+def test_candidates_of_other_processes_join_the_in_batch_negatives():
+    """With several processes the twins of all of them are the candidates, this process's starting at the offset."""
+    others_identical, others_fraternal = [[1.0, -1.0], [2.0, 1.0]], [[0.0, -1.0], [-1.0, 1.0]]
+    twins = IFCLTwinsOutput(
+        anchor=t(ANCHOR),
+        identical=t(IDENTICAL),
+        fraternal=t(FRATERNAL),
+        anchor_embedding_output=t(ANCHOR),
+        identical_embedding_output=t(IDENTICAL),
+        fraternal_embedding_output=t(FRATERNAL),
+    )
+    terms = IFCLTerms(TAU, twins_loss_weight=0.0).terms(
+        twins,
+        identical_candidates=t(others_identical + IDENTICAL),
+        fraternal_candidates=t(others_fraternal + FRATERNAL),
+        label_offset=2,
+    )
+    assert set(terms) == {"loss_identical", "loss_fraternal"}
+    identical = hand_info_nce(ANCHOR, others_identical + IDENTICAL, TAU, offset=2)
+    fraternal = hand_info_nce(ANCHOR, others_fraternal + FRATERNAL, TAU, offset=2)
+    assert terms["loss_identical"].item() == pytest.approx(identical, rel=1e-5)
+    assert terms["loss_fraternal"].item() == pytest.approx(fraternal, rel=1e-5)
 
 
 def test_simcse_ablation_computes_only_the_identical_term():
     twins = IFCLTwinsOutput(anchor=t(ANCHOR), identical=t(IDENTICAL))
-    total, parts = IFCLLoss(TAU, fraternal_loss_weight=0.0, twins_loss_weight=0.0)(twins)
+    total, parts = IFCLTerms(TAU, fraternal_loss_weight=0.0, twins_loss_weight=0.0)(twins)
     assert set(parts) == {"loss_identical"}
     assert total.item() == pytest.approx(hand_info_nce(ANCHOR, IDENTICAL, TAU), rel=1e-5)
 

@@ -36,15 +36,6 @@ needs_wordnet = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tiny_encoder_dir):
-    from modeling_ifcl import IFCLModel
-
-    return IFCLModel.from_encoder(
-        str(tiny_encoder_dir), queue_size=0, objective="conisi", fraternal_loss_weight=0.0, twins_loss_weight=0.0
-    )
-
-
 def rows_of(features: dict[str, list]) -> list[dict]:
     """Column-wise tokenize output → the list of row features a data collator receives."""
     count = len(features["input_ids"])
@@ -166,8 +157,12 @@ def test_swap_second_segment_keeps_the_first_sentence_and_the_special_tokens():
         "token_type_ids": [0, 0, 0, 0, 1, 1, 1],
         "second_segment": [0, 0, 0, 0, 1, 1, 0],
     }
-    other = {"input_ids": [cls, 7, 8, 9, sep, 7, 8, 9, sep], "attention_mask": [1] * 9,
-             "token_type_ids": [0, 0, 0, 0, 0, 1, 1, 1, 1], "second_segment": [0, 0, 0, 0, 0, 1, 1, 1, 0]}  # fmt: skip
+    other = {
+        "input_ids": [cls, 7, 8, 9, sep, 7, 8, 9, sep],
+        "attention_mask": [1] * 9,
+        "token_type_ids": [0, 0, 0, 0, 0, 1, 1, 1, 1],
+        "second_segment": [0, 0, 0, 0, 0, 1, 1, 1, 0],
+    }
     swapped = swap_second_segment(pair, other)
     assert swapped["input_ids"] == [cls, 5, 6, sep, 7, 8, 9, sep]
     assert swapped["token_type_ids"] == [0, 0, 0, 0, 1, 1, 1, 1]
@@ -357,13 +352,12 @@ def test_run_ifcl_with_conisi(tiny_encoder_dir, english_sts_data, tmp_path):
     import run_ifcl
 
     output = tmp_path / "out"
-    trainer, _ = run_ifcl.run(objective_run_args(
-        tiny_encoder_dir, english_sts_data, output, "conisi",
-        "--conisi_strategy", "s",
-        "--max_seq_length", "16",
-        "--pooler_type", "cls_before_pooler",
-        "--eval_pooler_type", "cls_before_pooler",
-    ))  # fmt: skip
+    extra = (
+        "--conisi_strategy s --max_seq_length 16 --pooler_type cls_before_pooler --eval_pooler_type cls_before_pooler"
+    )
+    trainer, _ = run_ifcl.main(
+        objective_run_args(tiny_encoder_dir, english_sts_data, output, "conisi", *extra.split())
+    )
 
     results = json.loads((output / "all_results.json").read_text())
     assert math.isfinite(results["eval_stsb_spearman"])

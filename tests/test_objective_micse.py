@@ -12,19 +12,19 @@ import pytest
 import torch
 from conftest import ENGLISH, objective_run_args, saved_weight_names
 
+from ifcl import queue as ring
 from ifcl.objectives import build_objective, settings_as_dict
 from ifcl.objectives.micse import (
     AttentionMutualInformationLoss,
     MiCSEObjective,
     MiCSESettings,
     MomentumContrastiveLoss,
-    MomentumQueue,
     attention_layer_indices,
     attention_slices,
     sample_attention_positions,
     valid_attention_positions,
 )
-from modeling_ifcl import IFCLModel
+from modeling_ifcl import IFCLModel, QueueBuffers
 
 
 def tiny_micse_model(encoder_dir: Path, **settings) -> IFCLModel:
@@ -59,10 +59,8 @@ def test_attention_loss_matches_a_hand_computation():
     # Sentence 0 may use all 16 positions, sentence 1 only query and key < 3: q·4 + k.
     allowed = [list(range(16)), [q * 4 + k for q in range(3) for k in range(3)]]
     generator = torch.Generator().manual_seed(3)
-    indices = torch.stack(
-        [torch.stack([torch.tensor(allowed[b])[torch.randint(len(allowed[b]), (7,), generator=generator)]
-                      for _ in range(slices)]) for b in range(batch)]
-    )  # fmt: skip
+    draws = [torch.randint(len(positions), (slices, 7), generator=generator) for positions in allowed]
+    indices = torch.stack([torch.tensor(positions)[drawn] for positions, drawn in zip(allowed, draws)])
     sample_mask = torch.ones_like(indices, dtype=torch.bool)
     sample_mask[1, 2, 4:] = False  # one slice counts only its first 4 samples
 
@@ -128,11 +126,12 @@ def test_sampling_takes_only_the_non_padding_part_where_both_views_are_positive(
 def test_contrastive_loss_with_queue_matches_a_hand_computation():
     generator = torch.Generator().manual_seed(6)
     first, second = torch.randn(3, 5, generator=generator), torch.randn(3, 5, generator=generator)
-    queue = MomentumQueue(size=4, dim=5)
+    queue = QueueBuffers(num_slots=4, slot_size=1, dim=5)  # Q: one momentum embedding per slot
     rows = torch.randn(2, 5, generator=generator)
-    queue.push(rows)  # two of four rows filled; the empty ones take no part
+    ring.push(queue, rows)  # two of four rows filled; the empty ones take no part
+    stored, ages = ring.entries(queue)
     tau = 0.05
-    loss = MomentumContrastiveLoss(tau)(first, second, *queue.entries())
+    loss = MomentumContrastiveLoss(tau)(first, second, stored[ages > 0])
 
     def d(u, v):
         return math.exp(torch.dot(u, v).item() / (u.norm() * v.norm()).item() / tau)
@@ -145,17 +144,16 @@ def test_contrastive_loss_with_queue_matches_a_hand_computation():
 
 
 def test_queue_pushes_in_order_and_overwrites_the_oldest():
-    queue = MomentumQueue(size=5, dim=1)
+    queue = QueueBuffers(num_slots=5, slot_size=1, dim=1)
     column = lambda *values: torch.tensor(values, dtype=torch.float).unsqueeze(1)  # noqa: E731
-    queue.push(column(0, 1, 2))
-    assert len(queue) == 3 and queue.head.item() == 2
-    assert queue.entries()[1].tolist() == [0, 0, 0, float("-inf"), float("-inf")]
-    queue.push(column(3, 4, 5))  # 5 overwrites 0, the oldest
+    ring.push(queue, column(0, 1, 2))
+    assert ring.size(queue) == 3 and queue.head.item() == 2
+    assert ring.entries(queue)[1].tolist() == [3, 2, 1, 0, 0]  # ages; 0: empty
+    ring.push(queue, column(3, 4, 5))  # 5 overwrites 0, the oldest
     assert queue.embeddings.flatten().tolist() == [5, 1, 2, 3, 4]
-    assert len(queue) == 5 and queue.head.item() == 0 and torch.isfinite(queue.entries()[1]).all()
-    queue.push(column(*range(6, 13)))  # more rows than the queue: the last 5, as if pushed one by one
+    assert ring.size(queue) == 5 and queue.head.item() == 0 and (ring.entries(queue)[1] > 0).all()
+    ring.push(queue, column(*range(6, 13)))  # more rows than the queue: the last 5, as if pushed one by one
     assert queue.embeddings.flatten().tolist() == [10, 11, 12, 8, 9] and queue.head.item() == 2
-    assert set(dict(queue.named_buffers())) == {"embeddings", "valid", "head"}
 
 
 def test_momentum_encoder_follows_the_ema_formula(tiny_encoder_dir):
@@ -201,7 +199,16 @@ def test_objective_reads_attentions_and_fills_its_queue(tiny_encoder_dir):
     assert all(p.grad is None for p in objective.momentum_encoder.parameters())
 
     objective.on_step_end(model)  # the step's momentum embeddings enter the queue
-    assert len(objective.queue) == 4 and not objective.pending_rows
+    assert ring.size(objective.queue) == 4 and not objective.pending_rows
+    # With 4 of its 8 rows filled, the queue's filled rows are the extra negatives, each weighing 1.
+    model.eval()
+    with torch.no_grad():
+        without_dropout = objective(model, inputs).components["loss_contrastive"]
+        views = model(**inputs, training_pooler=True).sentence_embedding
+    stored, ages = ring.entries(objective.queue)
+    expected = MomentumContrastiveLoss(model.config.contrastive_temperature)(views, views, stored[ages > 0])
+    torch.testing.assert_close(without_dropout, expected)
+    model.train()
     state = model.state_dict()
     assert "training_objective.queue.embeddings" in state and "training_objective.queue.valid" in state
     assert any(key.startswith("training_objective.momentum_encoder.") for key in state)
@@ -266,14 +273,11 @@ def test_tiny_run_end_to_end(tiny_encoder_dir, english_sts_data, tmp_path):
     import run_ifcl
 
     output = tmp_path / "out"
-    run_ifcl.run(objective_run_args(
-        tiny_encoder_dir, english_sts_data, output, "micse",
-        "--micse_attention_layers", "top2",
-        "--micse_queue_size", "6",
-        "--micse_num_samples", "20",
-        "--pooler_type", "cls",
-        "--eval_pooler_type", "cls_before_pooler",
-    ))  # fmt: skip
+    settings = "--micse_attention_layers top2 --micse_queue_size 6 --micse_num_samples 20"
+    poolers = "--pooler_type cls --eval_pooler_type cls_before_pooler"
+    run_ifcl.main(
+        objective_run_args(tiny_encoder_dir, english_sts_data, output, "micse", *settings.split(), *poolers.split())
+    )
 
     results = json.loads((output / "all_results.json").read_text())
     assert math.isfinite(results["eval_stsb_spearman"])

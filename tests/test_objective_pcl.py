@@ -14,7 +14,6 @@ import torch
 from conftest import ENGLISH, objective_run_args, saved_weight_names
 from torch import nn
 
-import run_ifcl
 from ifcl.objectives import build_objective
 from ifcl.objectives.pcl import (
     PCLLoss,
@@ -146,17 +145,11 @@ def test_positives_are_dropout_then_the_discrete_augmentations_in_turn():
     nine = PCLSettings().positive_augmentations()
     assert nine[0] == "dropout" and len(nine) == 9
     assert Counter(nine) == {"dropout": 1, "shuffle": 2, "inversion": 2, "repetition": 2, "deletion": 2}
-    assert PCLSettings(pcl_num_positives=5).positive_augmentations() == [
-        "dropout", "shuffle", "inversion", "repetition", "deletion"
-    ]  # fmt: skip
+    five = ["dropout", "shuffle", "inversion", "repetition", "deletion"]
+    assert PCLSettings(pcl_num_positives=5).positive_augmentations() == five
     assert PCLSettings(pcl_num_positives=1).positive_augmentations() == ["dropout"]  # PCL_{K=1}
     mono = PCLSettings(pcl_augmentations="shuffle").positive_augmentations()  # PCL_SS of Fig. 3
     assert mono == ["dropout"] + ["shuffle"] * 8
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tiny_encoder_dir) -> IFCLModel:
-    return IFCLModel.from_encoder(str(tiny_encoder_dir), objective="pcl", queue_size=0)
 
 
 @pytest.mark.parametrize("unit", ["word", "token"])
@@ -394,16 +387,15 @@ def test_tied_peer_encodes_both_networks_in_one_call_and_feeds_the_loss(tiny_mod
         output = objective(counting, batch, gather)
         assert counting.calls == [2 * 4 * (1 + 3)]  # anchors and positives of θ and θ′ in one call
         assert gathered_rows == [4, 4]  # each network's anchors are gathered as negatives
-        with torch.no_grad():
-            anchors = torch.stack([
-                tiny_model(input_ids=ids[mask.bool()][None], training_pooler=True).sentence_embedding[0]
-                for ids, mask in zip(batch["input_ids"], batch["attention_mask"])
-            ])  # fmt: skip
-            positives = torch.stack([
-                torch.stack([tiny_model(input_ids=ids[mask.bool()][None], training_pooler=True).sentence_embedding[0]
-                             for ids, mask in zip(view_ids, view_mask)])
-                for view_ids, view_mask in zip(batch["positive_input_ids"], batch["positive_attention_mask"])
-            ])  # fmt: skip
+
+        @torch.no_grad()
+        def alone(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            """The training pooler's embedding of one sequence, its padding cut off."""
+            return tiny_model(input_ids=ids[mask.bool()][None], training_pooler=True).sentence_embedding[0]
+
+        anchors = torch.stack([alone(ids, mask) for ids, mask in zip(batch["input_ids"], batch["attention_mask"])])
+        views = zip(batch["positive_input_ids"], batch["positive_attention_mask"])
+        positives = torch.stack([torch.stack([alone(ids, mask) for ids, mask in zip(*view)]) for view in views])
     finally:
         tiny_model.train()
     candidates = torch.cat([others, anchors])
@@ -430,9 +422,8 @@ def test_untied_peer_is_a_trainable_copy_called_beside_the_model(tiny_model):
     output.loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in peer.encoder.parameters() if p.requires_grad)
     assert tiny_model.encoder.embeddings.word_embeddings.weight.grad is not None
-    assert set(output.components) == {
-        "loss_kl_peer_peer", "loss_kl_peer_main", "loss_contrastive_main", "loss_contrastive_peer"
-    }  # fmt: skip
+    terms = {"loss_kl_peer_peer", "loss_kl_peer_main", "loss_contrastive_main", "loss_contrastive_peer"}
+    assert set(output.components) == terms
     tiny_model.zero_grad()
 
 
@@ -451,10 +442,12 @@ def test_build_objective_reads_pcl_settings_from_the_config(tiny_encoder_dir):
 
 @pytest.mark.parametrize("untied", [False, True], ids=["tied", "untied"])
 def test_pcl_end_to_end(tiny_encoder_dir, english_sts_data, tmp_path, untied):
+    import run_ifcl
+
     output = tmp_path / "pcl"
     peer = ["--pcl_untied_peer"] if untied else []
     args = objective_run_args(tiny_encoder_dir, english_sts_data, output, "pcl", "--pcl_num_positives", "3", *peer)
-    trainer, metrics = run_ifcl.run(args)
+    trainer, metrics = run_ifcl.main(args)
     results = json.loads((output / "all_results.json").read_text())
     assert math.isfinite(results["eval_stsb_spearman"]) and math.isfinite(metrics["test_stsb_spearman"])
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]

@@ -1,4 +1,5 @@
-"""The hippocampus queue against its specification (the paper's Section 3.2, Eq. 4: p_m = 1 − λ·⌈m/N⌉)."""
+"""The hippocampus queue against its specification (the paper's Section 3.2, Eq. 4: p_m = 1 − λ·⌈m/N⌉), and the
+ring buffer under it (``ifcl.queue`` over ``modeling_ifcl.QueueBuffers``)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import math
 import pytest
 import torch
 
-from configuration_ifcl import IFCLConfig
-from modeling_ifcl import HippocampusQueue
+from configuration_ifcl import IFCLConfig, IFCLSettings, SharedSettings
+from ifcl import queue as ring
+from ifcl.losses import forgetting_coefficients
+from modeling_ifcl import QueueBuffers
 
 N, K, DIM, LAMBDA = 3, 2, 4, 0.2
 
@@ -18,80 +21,92 @@ def batch(value: float, rows: int = N) -> torch.Tensor:
     return torch.tensor([[value + 0.1 * r] * DIM for r in range(rows)])
 
 
+def column(*values: float) -> torch.Tensor:
+    """One-wide rows holding ``values``."""
+    return torch.tensor(values, dtype=torch.float).unsqueeze(1)
+
+
 def test_newest_first_with_coefficient_by_age():
-    queue = HippocampusQueue(K, N, DIM, LAMBDA)
-    queue.push(batch(1.0))
-    queue.push(batch(2.0))
-    embeddings, coefficients = queue.ordered()
-    assert torch.equal(embeddings, torch.cat([batch(2.0), batch(1.0)]))
+    queue = QueueBuffers(K, N, DIM)
+    ring.push(queue, batch(1.0))
+    ring.push(queue, batch(2.0))
+    rows, ages = ring.newest_first(queue)
+    assert torch.equal(rows, torch.cat([batch(2.0), batch(1.0)]))
+    assert ages.tolist() == [1, 1, 1, 2, 2, 2]
     # p_m = 1 − λ·⌈m/N⌉ for m = 1..k·N, written out by hand.
     expected = [1 - LAMBDA * math.ceil(m / N) for m in range(1, K * N + 1)]
-    assert coefficients.tolist() == pytest.approx(expected)
-    assert coefficients.tolist() == pytest.approx([0.8, 0.8, 0.8, 0.6, 0.6, 0.6])
+    assert forgetting_coefficients(ages, LAMBDA).tolist() == pytest.approx(expected)
+    assert forgetting_coefficients(ages, LAMBDA).tolist() == pytest.approx([0.8, 0.8, 0.8, 0.6, 0.6, 0.6])
 
 
 def test_oldest_batch_drops_out():
-    queue = HippocampusQueue(K, N, DIM, LAMBDA)
+    queue = QueueBuffers(K, N, DIM)
     for value in (1.0, 2.0, 3.0):
-        queue.push(batch(value))
-    embeddings, _ = queue.ordered()
-    assert torch.equal(embeddings, torch.cat([batch(3.0), batch(2.0)]))
-    assert len(queue) == K * N
+        ring.push(queue, batch(value))
+    rows, ages = ring.newest_first(queue)
+    assert torch.equal(rows, torch.cat([batch(3.0), batch(2.0)]))
+    assert ages.tolist() == [1, 1, 1, 2, 2, 2]
+    assert ring.size(queue) == K * N
 
 
 def test_empty_slots_take_no_part():
-    queue = HippocampusQueue(3, N, DIM, LAMBDA)
-    assert len(queue) == 0
-    queue.push(batch(1.0))
-    embeddings, log_coefficients = queue.entries()
-    assert embeddings.shape == (3 * N, DIM)
-    finite = torch.isfinite(log_coefficients)
-    assert int(finite.sum()) == N
-    assert torch.equal(embeddings[finite], batch(1.0))
-    assert log_coefficients[finite].exp().tolist() == pytest.approx([1 - LAMBDA] * N)
+    queue = QueueBuffers(3, N, DIM)
+    assert ring.size(queue) == 0 and ring.newest_first(queue)[0].shape == (0, DIM)
+    ring.push(queue, batch(1.0))
+    rows, ages = ring.entries(queue)
+    assert rows.shape == (3 * N, DIM) and ages.shape == (3 * N,)
+    filled = ages > 0
+    assert int(filled.sum()) == N == ring.size(queue)
+    assert torch.equal(rows[filled], batch(1.0))
+    coefficients = forgetting_coefficients(ages, LAMBDA)
+    assert coefficients[filled].tolist() == pytest.approx([1 - LAMBDA] * N)
+    assert coefficients[~filled].tolist() == [0.0] * (2 * N)
+    assert ring.size(None) == 0  # k = 0: no queue
 
 
 def test_short_batch_fills_only_its_rows():
-    queue = HippocampusQueue(K, N, DIM, LAMBDA)
-    queue.push(batch(1.0))
-    queue.push(batch(2.0, rows=1))
-    embeddings, coefficients = queue.ordered()
-    assert torch.equal(embeddings, torch.cat([batch(2.0, rows=1), batch(1.0)]))
-    assert coefficients.tolist() == pytest.approx([0.8, 0.6, 0.6, 0.6])
+    queue = QueueBuffers(K, N, DIM)
+    ring.push(queue, batch(1.0))
+    ring.push(queue, batch(2.0, rows=1))
+    rows, ages = ring.newest_first(queue)
+    assert torch.equal(rows, torch.cat([batch(2.0, rows=1), batch(1.0)]))
+    assert forgetting_coefficients(ages, LAMBDA).tolist() == pytest.approx([0.8, 0.6, 0.6, 0.6])
     # The short batch's slot, overwritten later by a full one, is whole again.
-    queue.push(batch(3.0))
-    assert torch.equal(queue.ordered()[0], torch.cat([batch(3.0), batch(2.0, rows=1)]))
+    ring.push(queue, batch(3.0))
+    ring.push(queue, batch(4.0))
+    assert torch.equal(ring.newest_first(queue)[0], torch.cat([batch(4.0), batch(3.0)]))
 
 
-def test_entries_match_ordered_view_as_sets():
-    queue = HippocampusQueue(K, N, DIM, LAMBDA)
+def test_entries_match_newest_first_as_sets():
+    """The losses read the entries in storage order: the same rows with the same ages as the paper's order."""
+    queue = QueueBuffers(K, N, DIM)
     for value in (1.0, 2.0, 3.0):
-        queue.push(batch(value))
-    embeddings, log_coefficients = queue.entries()
-    stored = sorted(zip(embeddings[:, 0].tolist(), log_coefficients.exp().tolist()))
-    ordered_embeddings, ordered_coefficients = queue.ordered()
-    expected = sorted(zip(ordered_embeddings[:, 0].tolist(), ordered_coefficients.tolist()))
-    assert len(stored) == len(expected)
-    for (value, coefficient), (expected_value, expected_coefficient) in zip(stored, expected):
-        assert value == expected_value
-        assert coefficient == pytest.approx(expected_coefficient)
-
-
-def test_too_many_anchors_for_one_step_is_an_error():
-    queue = HippocampusQueue(K, N, DIM, LAMBDA)
-    with pytest.raises(ValueError, match="queue_batch_size"):
-        queue.push(batch(1.0, rows=N + 1))
+        ring.push(queue, batch(value))
+    rows, ages = ring.entries(queue)
+    stored = sorted(zip(rows[:, 0].tolist(), ages.tolist()))
+    ordered_rows, ordered_ages = ring.newest_first(queue)
+    assert stored == sorted(zip(ordered_rows[:, 0].tolist(), ordered_ages.tolist()))
 
 
 @pytest.mark.parametrize("k, lam", [(10, 0.1), (4, 0.25), (2, 0.6)])
 def test_settings_with_a_non_positive_weight_are_rejected(k, lam):
+    for settings in (IFCLSettings, IFCLConfig):
+        with pytest.raises(ValueError, match="forgetting_rate"):
+            settings(queue_size=k, forgetting_rate=lam)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 10])
+def test_a_forgetting_rate_just_below_one_over_k_is_accepted_and_weighs_every_entry(k):
+    """The boundary of λ·k < 1: just below it the oldest entry still weighs p = 1 − λ·k > 0; at it, refused."""
+    lam = (1 - 1e-3) / k
+    assert IFCLConfig(queue_size=k, forgetting_rate=lam).forgetting_rate == lam
+    queue = QueueBuffers(k, 1, 1)
+    ring.push(queue, column(*range(k)))
+    coefficients = forgetting_coefficients(ring.newest_first(queue)[1], lam)
+    assert coefficients[-1].item() == pytest.approx(1e-3, rel=1e-3)  # the oldest, p_k = 1 − λ·k
+    assert coefficients.min() > 0 and coefficients.argmin() == k - 1
     with pytest.raises(ValueError, match="forgetting_rate"):
-        IFCLConfig(queue_size=k, forgetting_rate=lam)
-
-
-def test_largest_valid_forgetting_rate_is_accepted():
-    config = IFCLConfig(queue_size=4, forgetting_rate=0.24)
-    assert 1 - config.forgetting_rate * config.queue_size > 0
+        IFCLSettings(queue_size=k, forgetting_rate=1 / k)
 
 
 @pytest.mark.parametrize(
@@ -99,29 +114,48 @@ def test_largest_valid_forgetting_rate_is_accepted():
     [
         ({"fusion_rate": 1.5}, "fusion_rate"),
         ({"fusion_rate": -0.1}, "fusion_rate"),
+        ({"fusion_rate": float("nan")}, "fusion_rate"),
         ({"queue_size": -1}, "queue_size"),
+        ({"twins_loss_weight": -1.0}, "twins_loss_weight"),
         ({"contrastive_temperature": 0.0}, "temperature"),
         ({"pooler_type": "max"}, "pooler_type"),
+        ({"eval_pooler_type": "max"}, "eval_pooler_type"),
     ],
 )
 def test_other_impossible_settings_are_rejected(setting, message):
+    """The settings dataclasses check them, and the model config through them."""
     with pytest.raises(ValueError, match=message):
         IFCLConfig(**setting)
+    name, value = next(iter(setting.items()))
+    settings = IFCLSettings if name in IFCLSettings.__dataclass_fields__ else SharedSettings
+    with pytest.raises(ValueError, match=message):
+        settings(**{name.replace("contrastive_", ""): value})
 
 
 def test_ring_buffer_fills_whole_slots_and_keeps_the_newest_rows():
     """The ring buffer both queues share: a push fills ⌈count/N⌉ slots, a partial last slot's unwritten rows are
-    invalid, and a push larger than the queue keeps the newest rows in the slots they would have reached."""
-    from modeling_ifcl import RingBufferQueue
-
-    queue = RingBufferQueue(num_slots=3, slot_size=2, dim=1)
-    column = lambda *values: torch.tensor(values, dtype=torch.float).unsqueeze(1)  # noqa: E731
-    queue.push(column(1, 2, 3))  # slots 0 and 1, the second half empty
+    empty, and a push larger than the queue keeps the newest rows in the slots they would have reached."""
+    queue = QueueBuffers(num_slots=3, slot_size=2, dim=1)
+    assert queue.head.item() == -1 and not queue.valid.any()
+    ring.push(queue, column(1, 2, 3))  # slots 0 and 1, the second half empty
     assert queue.valid.tolist() == [[True, True], [True, False], [False, False]] and queue.head.item() == 1
-    assert queue.slot_ages().tolist() == [2, 1, 3]
-    embeddings, log_weights = queue.entries()
-    assert embeddings.flatten().tolist()[:3] == [1, 2, 3] and log_weights.tolist()[2:] == [0] + [float("-inf")] * 3
+    assert ring.slot_ages(queue).tolist() == [2, 1, 3]
+    rows, ages = ring.entries(queue)
+    assert rows.flatten().tolist()[:3] == [1, 2, 3] and ages.tolist() == [2, 2, 1, 0, 0, 0]
     # 8 rows, 4 slots for a queue of 3: one slot at a time, (4, 5) would go to slot 2 and be overwritten by (10, 11)
-    queue.push(column(*range(4, 12)))
+    ring.push(queue, column(*range(4, 12)))
     assert queue.embeddings.flatten().tolist() == [6, 7, 8, 9, 10, 11] and queue.valid.all()
-    assert queue.head.item() == 2 and len(queue) == 6
+    assert queue.head.item() == 2 and ring.size(queue) == 6
+    assert ring.newest_first(queue)[0].flatten().tolist() == [10, 11, 8, 9, 6, 7]
+    ring.push(queue, column())  # nothing to push: nothing changes
+    assert queue.head.item() == 2 and ring.size(queue) == 6
+
+
+def test_pushed_rows_carry_no_gradient_and_take_the_queues_dtype():
+    queue = QueueBuffers(2, 2, 3)
+    rows = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    ring.push(queue, rows)
+    stored = ring.newest_first(queue)[0]
+    assert not stored.requires_grad and stored.dtype == torch.float32
+    torch.testing.assert_close(stored, rows.detach().float())
+    assert set(dict(queue.named_buffers())) == {"embeddings", "valid", "head"}  # checkpoints carry all three

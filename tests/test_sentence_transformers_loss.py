@@ -13,12 +13,19 @@ pytest.importorskip("sentence_transformers")
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer  # noqa: E402
 from sentence_transformers.sentence_transformer.modules import Pooling, Transformer  # noqa: E402
 
+from ifcl import queue as ring  # noqa: E402
 from ifcl.sentence_transformers_loss import IFCLLoss  # noqa: E402
 from modeling_ifcl import IFCLModel  # noqa: E402
 from trainer_ifcl import IFCLTrainer  # noqa: E402
 
-SETTINGS = dict(fusion_rate=0.4, queue_size=3, forgetting_rate=0.2, temperature=0.05, fraternal_loss_weight=0.7,
-                twins_loss_weight=1.3)  # fmt: skip
+SETTINGS = dict(
+    fusion_rate=0.4,
+    queue_size=3,
+    forgetting_rate=0.2,
+    temperature=0.05,
+    fraternal_loss_weight=0.7,
+    twins_loss_weight=1.3,
+)
 
 
 def without_dropout(module: nn.Module) -> None:
@@ -27,11 +34,13 @@ def without_dropout(module: nn.Module) -> None:
             child.p = 0.0
 
 
-def sentence_transformer_of(encoder_dir, ifcl_model: IFCLModel) -> SentenceTransformer:
-    """The tiny encoder as a sentence-transformers model (mean pooling), with the IFCL model's encoder weights."""
+def sentence_transformer_of(encoder_dir, ifcl_model: IFCLModel | None = None) -> SentenceTransformer:
+    """The tiny encoder as a sentence-transformers model (mean pooling, 16 tokens), with the IFCL model's encoder
+    weights when one is given."""
     transformer = Transformer(str(encoder_dir), max_seq_length=16)
-    missing, unexpected = transformer.auto_model.load_state_dict(ifcl_model.encoder.state_dict(), strict=False)
-    assert not unexpected and all(name.startswith("pooler.") for name in missing)
+    if ifcl_model is not None:
+        missing, unexpected = transformer.auto_model.load_state_dict(ifcl_model.encoder.state_dict(), strict=False)
+        assert not unexpected and all(name.startswith("pooler.") for name in missing)
     return SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")])
 
 
@@ -43,15 +52,12 @@ def test_the_loss_equals_the_ifcl_objective_in_ifcl_trainer(
     with the queue holding the first step's anchors)."""
     fraternal_dir = str(tiny_fraternal_dir) if with_fraternal_model else None
     torch.manual_seed(0)
-    model = IFCLModel.from_encoder(
-        str(tiny_encoder_dir), fraternal_dir, max_seq_length=16, queue_batch_size=4,
-        fusion_rate=SETTINGS["fusion_rate"], queue_size=SETTINGS["queue_size"],
-        forgetting_rate=SETTINGS["forgetting_rate"], contrastive_temperature=SETTINGS["temperature"],
-        fraternal_loss_weight=SETTINGS["fraternal_loss_weight"], twins_loss_weight=SETTINGS["twins_loss_weight"],
-    )  # fmt: skip
+    settings = {("contrastive_" if name == "temperature" else "") + name: value for name, value in SETTINGS.items()}
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), fraternal_dir, max_seq_length=16, **settings)
     pairs = Dataset.from_dict({"sentence": ENGLISH[:8], "fraternal": GERMAN[:8]})
-    args = TrainingArguments(output_dir=str(tmp_path / "ifcl"), per_device_train_batch_size=4, use_cpu=True,
-                             report_to=[])  # fmt: skip
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "ifcl"), per_device_train_batch_size=4, use_cpu=True, report_to=[]
+    )
     trainer = IFCLTrainer(model=model, args=args, train_dataset=pairs)
 
     st_model = sentence_transformer_of(tiny_encoder_dir, model)
@@ -74,44 +80,49 @@ def test_the_loss_equals_the_ifcl_objective_in_ifcl_trainer(
         ifcl_terms = {name: value.item() for name, value in output.components.items()}
         trainer.objective.on_step_end(model)  # the step's anchors enter the model's queue
 
-        batch = collator([{"sentence": pairs[i]["sentence"], "fraternal": pairs[i]["fraternal"]}
-                          for i in range(4 * step, 4 * step + 4)])  # fmt: skip
-        features = [{key[len(column) + 1 :]: value for key, value in batch.items() if key.startswith(column + "_")}
-                    for column in ("sentence", "fraternal")]  # fmt: skip
+        batch = collator([pairs[i] for i in range(4 * step, 4 * step + 4)])
+        features = [
+            {key[len(column) + 1 :]: value for key, value in batch.items() if key.startswith(column + "_")}
+            for column in ("sentence", "fraternal")
+        ]
         terms = loss(features, None)
         assert set(terms) == {"loss_identical", "loss_fraternal", "loss_twins"}
         for name, value in terms.items():
-            assert value.item() / loss.ifcl_loss.weight(name) == pytest.approx(ifcl_terms[name], abs=1e-5), name
+            assert value.item() / loss.terms.weight(name) == pytest.approx(ifcl_terms[name], abs=1e-5), name
         assert sum(terms.values()).item() == pytest.approx(ifcl_total.item(), abs=1e-5)
-    assert len(loss.queue) == 4 and len(model.queue) == 8  # the last batch's anchors enter with the next batch
-    assert torch.equal(loss.pending_anchors, model.queue.ordered()[0][:4])
+    # The last batch's anchors enter with the next batch.
+    assert ring.size(loss.queue) == 4 and ring.size(model.queue) == 8
+    assert torch.equal(loss.pending_anchors, ring.newest_first(model.queue)[0][:4])
 
 
 def test_the_loss_trains_with_sentence_transformers_trainer_and_logs_its_terms(tiny_encoder_dir, tmp_path):
     from sentence_transformers import SentenceTransformerTrainingArguments
 
-    transformer = Transformer(str(tiny_encoder_dir), max_seq_length=16)
-    st_model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")])
+    st_model = sentence_transformer_of(tiny_encoder_dir)
     table = st_model[0].auto_model.get_input_embeddings().weight
     before = table.detach().clone()
     loss = IFCLLoss(st_model, queue_size=2)
     assert not table.requires_grad  # BEL_S frozen by default, as in the trainer
     args = SentenceTransformerTrainingArguments(
-        output_dir=str(tmp_path / "st"), per_device_train_batch_size=4, max_steps=3, logging_steps=1,
-        use_cpu=True, report_to=[], save_strategy="no",
-    )  # fmt: skip
+        output_dir=str(tmp_path / "st"),
+        per_device_train_batch_size=4,
+        max_steps=3,
+        logging_steps=1,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+    )
     pairs = Dataset.from_dict({"sentence": ENGLISH * 2, "fraternal": GERMAN * 2})
     trainer = SentenceTransformerTrainer(model=st_model, args=args, train_dataset=pairs, loss=loss)
     trainer.train()
     logged = [entry for entry in trainer.state.log_history if "loss_identical" in entry]
     assert logged and all({"loss_identical", "loss_fraternal", "loss_twins"} <= set(entry) for entry in logged)
-    assert len(loss.queue) == 8  # two slots of four: the batches before the last one
+    assert ring.size(loss.queue) == 8  # two slots of four: the batches before the last one
     assert torch.equal(table, before)
 
 
 def test_settings_are_checked_and_a_single_column_is_refused(tiny_encoder_dir):
-    transformer = Transformer(str(tiny_encoder_dir), max_seq_length=16)
-    st_model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")])
+    st_model = sentence_transformer_of(tiny_encoder_dir)
     with pytest.raises(ValueError, match="fusion_rate"):
         IFCLLoss(st_model, fusion_rate=1.5)
     loss = IFCLLoss(st_model)
@@ -143,8 +154,7 @@ def test_the_readme_sentence_transformers_example_runs(tmp_path):
 
 
 def test_its_collator_takes_the_columns_by_name_and_a_missing_fraternal_model_is_named(tiny_encoder_dir, tmp_path):
-    transformer = Transformer(str(tiny_encoder_dir), max_seq_length=16)
-    st_model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")])
+    st_model = sentence_transformer_of(tiny_encoder_dir)
     loss = IFCLLoss(st_model)
     swapped = [{"fraternal": german, "sentence": english} for english, german in zip(ENGLISH[:3], GERMAN[:3])]
     batch = loss.data_collator()(swapped)
@@ -156,11 +166,27 @@ def test_its_collator_takes_the_columns_by_name_and_a_missing_fraternal_model_is
         IFCLLoss(st_model, fraternal_model_name_or_path=missing)
 
 
+def test_its_collator_checks_the_training_set_or_else_each_batch(tiny_encoder_dir):
+    """As ``IFCLTrainer`` checks its text: one error naming the column and the row, at once when the collator is
+    given the training set, else at the batch."""
+    loss = IFCLLoss(sentence_transformer_of(tiny_encoder_dir))
+    blank = Dataset.from_dict({"sentence": ENGLISH[:3], "fraternal": [GERMAN[0], " ", GERMAN[2]]})
+    with pytest.raises(ValueError, match="column 'fraternal' has ' ' in row 1"):
+        loss.data_collator(blank)
+    collator = loss.data_collator()
+    with pytest.raises(ValueError, match="column 'fraternal' has ' ' in row 1"):
+        collator(blank.to_list())
+    with pytest.raises(ValueError, match="fraternal"):
+        loss.data_collator(Dataset.from_dict({"sentence": ENGLISH[:3]}))  # no translations at all
+    with pytest.raises(ValueError, match="fraternal"):
+        collator([{"sentence": sentence} for sentence in ENGLISH[:3]])
+
+
 def test_its_settings_reach_sentence_transformers_cards(tiny_encoder_dir):
-    transformer = Transformer(str(tiny_encoder_dir), max_seq_length=16)
-    st_model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")])
+    st_model = sentence_transformer_of(tiny_encoder_dir)
     config = IFCLLoss(st_model, **SETTINGS).get_config_dict()
-    assert config == {**SETTINGS, "fraternal_model": None}
+    frozen = {"freeze_word_embeddings": True, "freeze_fraternal_embeddings": True}  # IFCLSettings' defaults
+    assert config == {**SETTINGS, **frozen, "fraternal_model": None}
 
 
 def test_sentence_transformers_trainer_writes_the_ifcl_settings_and_citation_into_its_card(
@@ -170,14 +196,20 @@ def test_sentence_transformers_trainer_writes_the_ifcl_settings_and_citation_int
     (``get_config_dict``) and cites the IFCL paper; a local fraternal model is named by its folder's base name."""
     from sentence_transformers import SentenceTransformerTrainingArguments
 
-    transformer = Transformer(str(tiny_encoder_dir), max_seq_length=16)
-    st_model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")])
+    st_model = sentence_transformer_of(tiny_encoder_dir)
     loss = IFCLLoss(st_model, fraternal_model_name_or_path=str(tiny_fraternal_dir), **SETTINGS)
-    args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4,
-                                                max_steps=1, use_cpu=True, report_to=[], save_strategy="no")  # fmt: skip
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(tmp_path / "run"),
+        per_device_train_batch_size=4,
+        max_steps=1,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+    )
     pairs = Dataset.from_dict({"sentence": ENGLISH[:4], "fraternal": GERMAN[:4]})
-    trainer = SentenceTransformerTrainer(model=st_model, args=args, train_dataset=pairs, loss=loss,
-                                         data_collator=loss.data_collator())  # fmt: skip
+    trainer = SentenceTransformerTrainer(
+        model=st_model, args=args, train_dataset=pairs, loss=loss, data_collator=loss.data_collator(pairs)
+    )
     trainer.train()
     st_model.save(str(tmp_path / "saved"))
     card = (tmp_path / "saved" / "README.md").read_text(encoding="utf-8")

@@ -1,5 +1,6 @@
-"""The sentence-transformers view of a saved IFCL model: true to a sentence-transformers base encoder, written as
-sentence-transformers 6 writes models, loading cleanly and embedding like ``IFCLModel.encode``."""
+"""The sentence-transformers view of a published IFCL folder (``ifcl.publishing``): true to a sentence-transformers
+base encoder, written as sentence-transformers 6 writes models, loading cleanly and embedding like
+``IFCLModel.encode``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 import torch
 from conftest import ENGLISH, GERMAN
 
-from modeling_ifcl import SENTENCE_TRANSFORMERS_BASE_FILE, IFCLModel
+from ifcl.publishing import adopt_base, read_base, save_published
+from modeling_ifcl import IFCLModel, max_input_length
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
 
@@ -97,7 +99,7 @@ def test_view_of_a_sentence_transformers_base_is_true_to_it_and_embeds_like_enco
     model = IFCLModel.from_encoder(str(st_base_dir), queue_size=0, pooler_type=pooler, eval_pooler_type=pooler)
     if model.mlp is not None:
         torch.nn.init.normal_(model.mlp.dense.weight)  # make the MLP matter
-    model.save_pretrained(tmp_path / "saved")
+    save_published(model, tmp_path / "saved")
     base = sentence_transformers.SentenceTransformer(str(st_base_dir), device="cpu")
     view, messages = load_view(tmp_path / "saved")
 
@@ -115,7 +117,7 @@ def test_view_of_a_sentence_transformers_base_is_true_to_it_and_embeds_like_enco
     ours = model.encode(SENTENCES, normalize_embeddings=True)
     theirs = view.encode(SENTENCES, batch_size=5, convert_to_tensor=True)
     assert (ours - theirs).abs().max().item() <= 1e-5
-    ours = model.encode(SENTENCES, prompt_name="query", normalize_embeddings=True)
+    ours = model.encode(SENTENCES, prompt="query: ", normalize_embeddings=True)
     theirs = view.encode(SENTENCES, prompt_name="query", convert_to_tensor=True)
     assert (ours - theirs).abs().max().item() <= 1e-5
     if pooler == "avg":  # untrained: the IFCL model still embeds like its base
@@ -124,7 +126,7 @@ def test_view_of_a_sentence_transformers_base_is_true_to_it_and_embeds_like_enco
 
 def test_view_is_written_as_sentence_transformers_6_writes_models(st_base_dir, tmp_path):
     model = IFCLModel.from_encoder(str(st_base_dir), queue_size=0, pooler_type="cls", eval_pooler_type="cls")
-    model.save_pretrained(tmp_path / "saved")
+    save_published(model, tmp_path / "saved")
     sentence_transformers.SentenceTransformer(str(st_base_dir), device="cpu").save(str(tmp_path / "resaved_base"))
     ours, theirs = tmp_path / "saved", tmp_path / "resaved_base"
 
@@ -153,49 +155,50 @@ def test_view_is_written_as_sentence_transformers_6_writes_models(st_base_dir, t
 
 def test_view_of_a_plain_encoder_loads_cleanly_without_normalize(tiny_encoder_dir, tmp_path):
     model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
-    model.save_pretrained(tmp_path / "saved")
+    save_published(model, tmp_path / "saved")
     assert model.sentence_transformers_base is None
-    assert not (tmp_path / "saved" / SENTENCE_TRANSFORMERS_BASE_FILE).exists()
     view, messages = load_view(tmp_path / "saved")
     assert not messages, messages
     assert [type(module).__name__ for module in view] == ["Transformer", "Pooling"]
-    assert view.max_seq_length == model.max_input_length(model.tokenizer) == 128  # the position embeddings
+    assert view.max_seq_length == max_input_length(model.tokenizer, model.encoder.config) == 128  # its positions
     assert view.similarity_fn_name == "cosine"
     assert (model.encode(SENTENCES) - view.encode(SENTENCES, convert_to_tensor=True)).abs().max() <= 1e-5
 
 
 def test_a_loaded_model_writes_the_same_view_and_embeds_the_same(st_base_dir, tmp_path):
     model = IFCLModel.from_encoder(str(st_base_dir), queue_size=0)
-    model.save_pretrained(tmp_path / "first")
+    save_published(model, tmp_path / "first")
+    assert model.sentence_transformers_base == read_base(str(st_base_dir))
     loaded = IFCLModel.from_pretrained(tmp_path / "first")
-    assert loaded.sentence_transformers_base == model.sentence_transformers_base
+    # The published folder is itself a sentence-transformers model: the same facts are read back from it.
+    assert adopt_base(loaded) == model.sentence_transformers_base
     assert loaded.sentence_transformers_base["max_seq_length"] == 20
     assert loaded.sentence_transformers_base["normalize"]
-    loaded.save_pretrained(tmp_path / "second")  # the tokenizer was never used: it is saved all the same
+    save_published(loaded, tmp_path / "second")  # the tokenizer was never used: it is saved all the same
     assert view_files(tmp_path / "second") == view_files(tmp_path / "first")
-    expected = model.encode(SENTENCES, prompt_name="query")
-    assert torch.allclose(IFCLModel.from_pretrained(tmp_path / "second").encode(SENTENCES, prompt_name="query"),
-                          expected, atol=1e-6)  # fmt: skip
+    expected = model.encode(SENTENCES, prompt="query: ")
+    again = IFCLModel.from_pretrained(tmp_path / "second").encode(SENTENCES, prompt="query: ")
+    torch.testing.assert_close(again, expected, atol=1e-6, rtol=0)
 
 
 @pytest.mark.slow
-def test_through_remote_code_a_loaded_model_keeps_the_view(st_base_dir, tmp_path):
-    """What a Hub user does: AutoModel with remote code (the project not importable), encode, save again."""
+def test_through_remote_code_a_published_model_embeds_as_in_training(st_base_dir, tmp_path):
+    """What a Hub user does: AutoModel with remote code (the project not importable), then encode with a prompt:
+    the embeddings of the trained model, truncated at its base's 20 tokens."""
     import os
     import subprocess
     import sys
     import textwrap
 
     model = IFCLModel.from_encoder(str(st_base_dir), queue_size=0)
-    model.save_pretrained(tmp_path / "first")
-    torch.save(model.encode(SENTENCES, prompt_name="query", normalize_embeddings=True), tmp_path / "expected.pt")
+    save_published(model, tmp_path / "first")
+    torch.save(model.encode(SENTENCES, prompt="query: ", normalize_embeddings=True), tmp_path / "expected.pt")
     script = textwrap.dedent(
         f"""
         import json, torch
         from transformers import AutoModel
         model = AutoModel.from_pretrained({str(tmp_path / "first")!r}, trust_remote_code=True)
-        embeddings = model.encode({SENTENCES!r}, prompt_name="query", normalize_embeddings=True)
-        model.save_pretrained({str(tmp_path / "second")!r})
+        embeddings = model.encode({SENTENCES!r}, prompt="query: ", normalize_embeddings=True)
         expected = torch.load({str(tmp_path / "expected.pt")!r})
         print(json.dumps({{"module": type(model).__module__, "diff": (embeddings - expected).abs().max().item()}}))
         """
@@ -207,19 +210,6 @@ def test_through_remote_code_a_loaded_model_keeps_the_view(st_base_dir, tmp_path
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["module"].startswith("transformers_modules") and report["diff"] <= 1e-5
-    assert view_files(tmp_path / "second") == view_files(tmp_path / "first")
-
-
-def test_a_folder_saved_without_the_base_facts_reads_them_from_the_local_base(st_base_dir, tmp_path):
-    model = IFCLModel.from_encoder(str(st_base_dir), queue_size=0)
-    model.save_pretrained(tmp_path / "saved")
-    (tmp_path / "saved" / SENTENCE_TRANSFORMERS_BASE_FILE).unlink()
-    # Folders of that time also recorded the base encoder by its local path.
-    config = json.loads((tmp_path / "saved" / "config.json").read_text())
-    config["ifcl"]["encoder_name_or_path"] = str(st_base_dir)
-    (tmp_path / "saved" / "config.json").write_text(json.dumps(config))
-    loaded = IFCLModel.from_pretrained(tmp_path / "saved")
-    assert loaded.sentence_transformers_base == model.sentence_transformers_base
 
 
 def test_the_encoder_is_stored_once_under_its_own_names(st_base_dir, tmp_path):
@@ -230,8 +220,8 @@ def test_the_encoder_is_stored_once_under_its_own_names(st_base_dir, tmp_path):
     from transformers import AutoModel
 
     model = IFCLModel.from_encoder(str(st_base_dir), queue_size=0)
-    assert model.shares_word_table and model.fraternal_embeddings is None
-    model.save_pretrained(tmp_path / "saved")
+    assert model.config.shares_word_table and model.fraternal_embeddings is None
+    save_published(model, tmp_path / "saved")
     weight_files = sorted(
         str(path.relative_to(tmp_path / "saved")) for path in (tmp_path / "saved").rglob("*.safetensors")
     )
@@ -259,18 +249,16 @@ def test_encode_converts_and_normalizes_like_sentence_transformers(tiny_encoder_
     unit = model.encode(ENGLISH[:4], normalize_embeddings=True)
     assert torch.allclose(unit.norm(dim=1), torch.ones(4), atol=1e-6)
     assert torch.allclose(unit, torch.nn.functional.normalize(default, dim=1), atol=1e-6)
-    assert torch.allclose(
-        model.encode(ENGLISH[:2], prompt="query: "), model.encode([f"query: {s}" for s in ENGLISH[:2]])
-    )
-    with pytest.raises(ValueError, match="Prompt name 'nope'"):
-        model.encode(ENGLISH[:2], prompt_name="nope")
+    prompted = model.encode(ENGLISH[:2], prompt="query: ")
+    assert torch.allclose(prompted, model.encode([f"query: {s}" for s in ENGLISH[:2]]))
+    assert not torch.allclose(prompted, default[:2])
 
 
 def test_with_trust_remote_code_sentence_transformers_runs_the_ifcl_model_alike(tiny_encoder_dir, tmp_path):
     """Users of the Hub's remote-code embedding models pass trust_remote_code=True: the Transformer module then runs
     IFCLModel itself (its forward gives last_hidden_state), with the same embeddings as without."""
     model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
-    model.save_pretrained(tmp_path / "saved")
+    save_published(model, tmp_path / "saved")
     plain = sentence_transformers.SentenceTransformer(str(tmp_path / "saved"), device="cpu")
     remote = sentence_transformers.SentenceTransformer(str(tmp_path / "saved"), device="cpu", trust_remote_code=True)
     assert type(remote[0].model).__name__ == "IFCLModel" and type(plain[0].model).__name__ == "BertModel"

@@ -9,7 +9,10 @@ from conftest import ENGLISH, GERMAN, train_and_resume
 from torch import nn
 from transformers import TrainingArguments
 
+from ifcl import queue as ring
+from ifcl.losses import forgetting_coefficients
 from ifcl.objectives import pad_features
+from ifcl.objectives.ifcl import fraternal_tokenizer
 from modeling_ifcl import IFCLModel
 from trainer_ifcl import IFCLTrainer
 
@@ -17,7 +20,7 @@ from trainer_ifcl import IFCLTrainer
 def tokenized(model: IFCLModel, with_fraternal: bool) -> datasets.Dataset:
     features = dict(model.tokenizer(ENGLISH))
     if with_fraternal:
-        fraternal = model.fraternal_tokenizer(GERMAN)
+        fraternal = fraternal_tokenizer(model)(GERMAN)
         features["fraternal_input_ids"] = fraternal["input_ids"]
         features["fraternal_attention_mask"] = fraternal["attention_mask"]
     return datasets.Dataset.from_dict(features)
@@ -53,12 +56,12 @@ def test_queue_takes_all_anchors_of_each_optimizer_step_once(tiny_encoder_dir, t
 
     # One push per optimizer step, each of N = 4 rows (per micro-batch pushes would give 2-row slots).
     assert sorted(model.queue.valid.sum(dim=1).tolist()) == [0, 4, 4, 4]
-    entries, coefficients = model.queue.ordered()
-    assert coefficients.tolist() == pytest.approx([0.9] * 4 + [0.8] * 4 + [0.7] * 4)
+    entries, ages = ring.newest_first(model.queue)
+    assert forgetting_coefficients(ages, 0.1).tolist() == pytest.approx([0.9] * 4 + [0.8] * 4 + [0.7] * 4)
 
     model.eval()
     with torch.no_grad():
-        batch = pad_features([dict(model.tokenizer(s)) for s in ENGLISH], model.tokenizer.pad_token_id)
+        batch = pad_features([dict(model.tokenizer(s)) for s in ENGLISH], {"": model.tokenizer.pad_token_id})
         reference = model(**batch, return_twins=True).anchor
     distances = torch.cdist(entries, reference)
     nearest = distances.argmin(dim=1)
@@ -114,8 +117,8 @@ def test_resumed_run_repeats_the_uninterrupted_losses_exactly(tiny_encoder_dir, 
     assert sorted(got) == [1, 2, 3, 4, 5, 6]  # 1-3 come with the checkpoint's state, 4-6 are trained again
     for step in (4, 5, 6):
         assert got[step] == pytest.approx(expected[step], abs=1e-6), step
-    final_a = uninterrupted.model.queue.ordered()[0]
-    final_b = resumed.model.queue.ordered()[0]
+    final_a = ring.newest_first(uninterrupted.model.queue)[0]
+    final_b = ring.newest_first(resumed.model.queue)[0]
     assert final_a.shape == (6, 32) and torch.allclose(final_a, final_b, atol=1e-6)
 
 
@@ -124,10 +127,16 @@ def test_non_finite_loss_stops_naming_step_and_term_and_keeps_the_last_good_chec
 
     model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
     trainer = make_trainer(
-        model, tokenized(model, with_fraternal=True), tmp_path,
-        gradient_accumulation_steps=1, max_steps=8, save_strategy="steps", save_steps=2, logging_steps=4,
-    )  # fmt: skip
-    twins_loss = trainer.objective.loss.twins_loss
+        model,
+        tokenized(model, with_fraternal=True),
+        tmp_path,
+        gradient_accumulation_steps=1,
+        max_steps=8,
+        save_strategy="steps",
+        save_steps=2,
+        logging_steps=4,
+    )
+    twins_loss = trainer.objective.terms.twins_loss
     original, calls = twins_loss.forward, []
 
     def poisoned(*args):
@@ -146,29 +155,64 @@ def test_non_finite_loss_stops_naming_step_and_term_and_keeps_the_last_good_chec
 def test_trainer_takes_a_text_dataset_as_it_is(tiny_encoder_dir, tiny_fraternal_dir, tmp_path, objective):
     """The Python API: a text Dataset, TrainingArguments and the model; the trainer tokenizes with the objective's
     hook, builds its collator and sizes the queue from the global batch (here 2 × 2 accumulation steps)."""
-    from conftest import GERMAN, write_sts_file
+    from conftest import write_sts_file
     from datasets import Dataset
 
     model = IFCLModel.from_encoder(
-        str(tiny_encoder_dir), str(tiny_fraternal_dir) if objective == "ifcl" else None, objective=objective,
-        queue_size=3, queue_batch_size=64, max_seq_length=16,
-    )  # fmt: skip
+        str(tiny_encoder_dir),
+        str(tiny_fraternal_dir) if objective == "ifcl" else None,
+        objective=objective,
+        queue_size=3,
+        queue_batch_size=64,
+        max_seq_length=16,
+    )
     text = Dataset.from_dict({"sentence": ENGLISH, "fraternal": GERMAN})
     args = TrainingArguments(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=3,
-        report_to="none", use_cpu=True, save_strategy="no", logging_steps=1,
-    )  # fmt: skip
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        max_steps=3,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=1,
+    )
     trainer = IFCLTrainer(model=model, args=args, train_dataset=text)
     trainer.train()
     assert any("loss" in entry for entry in trainer.state.log_history)
     if objective == "ifcl":
-        assert model.queue.slot_size == 4 and model.config.queue_batch_size == 4 and len(model.queue) == 12
+        assert model.queue.valid.shape == (3, 4) and model.config.queue_batch_size == 4
+        assert ring.size(model.queue) == 12
         assert any("loss_twins" in entry for entry in trainer.state.log_history)
+    else:
+        assert model.queue is None and model.fraternal_embeddings is None
     write_sts_file(tmp_path / "sts.tsv")
     from ifcl.data import load_sts_file
 
     metrics = trainer.evaluate({"mine": load_sts_file(str(tmp_path / "sts.tsv"))})
     assert "eval_mine_spearman" in metrics
+
+
+def test_save_model_writes_the_published_folder_without_the_queue(tiny_encoder_dir, tiny_fraternal_dir, tmp_path):
+    """The published folder: weights without the training state (IFCL's queue), the tokenizers and the
+    sentence-transformers view; it loads with the trained model's embeddings, its queue empty."""
+    from conftest import saved_weight_names
+    from datasets import Dataset
+
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), str(tiny_fraternal_dir), queue_size=2)
+    text = Dataset.from_dict({"sentence": ENGLISH, "fraternal": GERMAN})
+    trainer = make_trainer(model, text, tmp_path, gradient_accumulation_steps=1, max_steps=2, learning_rate=1e-3)
+    trainer.train()
+    assert ring.size(model.queue) == 4
+    published = tmp_path / "published"
+    trainer.save_model(str(published))
+    assert not [name for name in saved_weight_names(published) if name.startswith(("queue.", "training_objective."))]
+    for name in ("modules.json", "tokenizer.json", "fraternal_tokenizer/tokenizer.json", "modeling_ifcl.py"):
+        assert (published / name).is_file(), name
+    assert ring.size(model.queue) == 4 and model.training_objective is trainer.objective  # restored for training
+    loaded = IFCLModel.from_pretrained(published)
+    assert ring.size(loaded.queue) == 0
+    torch.testing.assert_close(loaded.encode(ENGLISH), model.encode(ENGLISH), atol=1e-6, rtol=0)
 
 
 def test_text_dataset_without_translations_names_the_missing_column(tiny_encoder_dir, tmp_path):

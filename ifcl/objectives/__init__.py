@@ -12,23 +12,14 @@ from __future__ import annotations
 from dataclasses import asdict, fields, is_dataclass
 from typing import Any
 
-from .base import (
-    Gather,
-    Objective,
-    ObjectiveOutput,
-    Paper,
-    RowGather,
-    no_gather,
-    no_row_gather,
-    pad_features,
-    unwrap_model,
-)
+from .base import Objective, ObjectiveOutput, pad_features, unwrap_model
 from .conisi import ConIsIObjective
-from .ifcl import IFCLObjective
+from .ifcl import IFCLObjective, fit_model
 from .micse import MiCSEObjective
 from .pcl import PCLObjective
 from .simcse import SimCSEObjective
 
+DEFAULT_OBJECTIVE = "ifcl"
 # The one registry: ``--objective`` name -> class. Each class carries its paper, its loss terms and its settings;
 # the config's valid names, the command line's choices, the model card and the training-curve plot read them here.
 OBJECTIVES: dict[str, type[Objective]] = {
@@ -55,31 +46,34 @@ def settings_as_dict(settings: Any) -> dict[str, Any]:
 
 
 def build_objective(model) -> Objective:
-    """The objective ``model.config.objective`` names, with the settings stored in the config.
+    """The objective ``model.config.objective`` names (None: IFCL), with its settings.
 
-    Settings the stored dict lacks (a config written by an older version) take their defaults.
+    Args:
+        model: the unwrapped ``IFCLModel`` to train; it takes the objective's ``model_settings`` (the peers train the
+            encoder alone: no fraternal table, no queue, both word tables trained).
+
+    Returns:
+        The objective. A peer's settings are the config's ``objective_settings`` (those a config written by an older
+        version lacks take their defaults); IFCL's are the config's own fields.
     """
-    from configuration_ifcl import DEFAULT_OBJECTIVE
-
-    cls = objective_class(getattr(model.config, "objective", DEFAULT_OBJECTIVE))
+    cls = objective_class(getattr(model.config, "objective", None) or DEFAULT_OBJECTIVE)
+    if cls.model_settings:
+        fit_model(model, **cls.model_settings)
+    stored = getattr(model.config, "objective_settings", None) or {}
     settings = None
-    if cls.settings_class is not None:
-        stored = getattr(model.config, "objective_settings", None) or {}
+    if cls.settings_class is not None and stored:
         known = {f.name for f in fields(cls.settings_class)}
         settings = cls.settings_class(**{k: v for k, v in stored.items() if k in known})
     return cls(model, settings)
 
 
 __all__ = [
+    "DEFAULT_OBJECTIVE",
     "OBJECTIVES",
-    "Gather",
     "Objective",
     "ObjectiveOutput",
-    "Paper",
-    "RowGather",
     "build_objective",
-    "no_gather",
-    "no_row_gather",
+    "fit_model",
     "objective_class",
     "pad_features",
     "settings_as_dict",

@@ -60,15 +60,13 @@ class ObjectiveOutput:
     components: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def pad_features(
-    features: list[dict[str, Any]], pad_token_id: int, fraternal_pad_token_id: int | None = None
-) -> dict[str, torch.Tensor]:
+def pad_features(features: list[dict[str, Any]], pad_token_ids: dict[str, int]) -> dict[str, torch.Tensor]:
     """Pad a list of tokenized features into tensors, each group of fields to its own longest sequence.
 
     A group is ``<prefix>input_ids`` with ``<prefix>attention_mask`` and ``<prefix>token_type_ids`` (prefix "" for
-    the sentences, "fraternal_" for their translations, or an objective's own, e.g. "pair_"). ``input_ids`` are
-    padded with the tokenizer's pad id (the fraternal tokenizer's for the "fraternal_" group), the rest with 0. Other
-    list fields are padded with 0 to their own longest; scalar fields become 1-d tensors.
+    the sentences, or an objective's own, e.g. "pair_"); its ``input_ids`` are padded with ``pad_token_ids[prefix]``
+    (``pad_token_ids[""]`` for a prefix not listed), the rest with 0. Other list fields are padded with 0 to their
+    own longest; scalar fields become 1-d tensors.
     """
     batch: dict[str, torch.Tensor] = {}
     for key in features[0]:
@@ -79,13 +77,7 @@ def pad_features(
         prefix = next((key[: -len(name)] for name in TOKEN_FIELDS if key.endswith(name)), None)
         lead = f"{prefix}input_ids" if prefix is not None and f"{prefix}input_ids" in features[0] else key
         length = max(len(feature[lead]) for feature in features)
-        pad = 0
-        if key.endswith("input_ids"):
-            pad = (
-                fraternal_pad_token_id
-                if prefix == "fraternal_" and fraternal_pad_token_id is not None
-                else pad_token_id
-            )
+        pad = pad_token_ids.get(prefix, pad_token_ids[""]) if key.endswith("input_ids") else 0
         batch[key] = torch.tensor([list(v) + [pad] * (length - len(v)) for v in values], dtype=torch.long)
     return batch
 
@@ -95,22 +87,24 @@ class Objective(nn.Module):
 
     Subclasses set ``name`` (``--objective``), ``paper`` (model card and citation), ``loss_terms`` (the terms
     :meth:`forward` logs, which the training-curve plot draws) and ``settings_class`` (a dataclass of the objective's
-    own command-line settings, each field prefixed with the objective's name, checked in ``__post_init__``), and
-    implement :meth:`forward`; :data:`ifcl.objectives.OBJECTIVES` registers them. They are built from the model by
+    own command-line settings, checked in ``__post_init__``), and implement :meth:`forward`;
+    :data:`ifcl.objectives.OBJECTIVES` registers them. They are built from the model by
     :func:`ifcl.objectives.build_objective`; they must not keep the model as an attribute (they become its sub-module
     while training), only what they copy from it.
     """
 
     name: ClassVar[str] = ""
     paper: ClassVar[Paper]
+    loss_terms: ClassVar[tuple[str, ...]] = ()
+    settings_class: ClassVar[type | None] = None
     # The model-config fields this objective alone reads, shown on the model card.
     card_settings: ClassVar[tuple[str, ...]] = ()
     # The command-line settings this objective alone reads beyond ``settings_class`` (refused with another objective).
     own_arguments: ClassVar[tuple[str, ...]] = ()
-    # Whether training reads a fraternal (translation) column; IFCL's instances say so from the model's config.
-    uses_fraternal_twins: bool = False
-    loss_terms: ClassVar[tuple[str, ...]] = ()
-    settings_class: ClassVar[type | None] = None
+    # Model-config settings this objective trains with, whatever the model was built with (build_objective sets them).
+    model_settings: ClassVar[dict[str, Any]] = {}
+    # The model's sub-modules that are training state: checkpoints keep them, the published model leaves them out.
+    training_state: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, model: nn.Module, settings: Any = None) -> None:
         super().__init__()
@@ -122,17 +116,29 @@ class Objective(nn.Module):
 
     # ------------------------------------------------------------------ data
 
-    def tokenize(
-        self, batch: dict[str, list[str]], tokenizer, max_length: int, fraternal_tokenizer=None
-    ) -> dict[str, list]:
-        """``datasets.map`` hook: the features of a batch of training text (columns sentence[, fraternal]).
+    @property
+    def text_columns(self) -> tuple[str, ...]:
+        """The text columns a training row needs."""
+        return ("sentence",)
 
-        ``max_length`` is ``--max_seq_length``; ``fraternal_tokenizer`` tokenizes the fraternal column."""
+    def tokenize(self, batch: dict[str, list[str]], tokenizer, max_length: int) -> dict[str, list]:
+        """``datasets.map`` hook: the features of a batch of training text (:attr:`text_columns`), each sentence
+        truncated at ``max_length`` (``--max_seq_length``)."""
         return dict(tokenizer(batch["sentence"], truncation=True, max_length=max_length))
 
-    def collate(self, features: list[dict[str, Any]], tokenizer, fraternal_pad_token_id: int | None = None):
+    def collate(self, features: list[dict[str, Any]], tokenizer) -> dict[str, torch.Tensor]:
         """Data-collator hook: features → a batch of tensors. Augmentations made per batch go here."""
-        return pad_features(features, tokenizer.pad_token_id or 0, fraternal_pad_token_id)
+        return pad_features(features, {"": tokenizer.pad_token_id or 0})
+
+    def check_data_size(self, num_rows: int, global_batch: int) -> None:
+        """``ValueError`` when ``num_rows`` training rows are too few for this objective (one global batch)."""
+        from ifcl.data import check_training_data_size
+
+        check_training_data_size(num_rows, global_batch, queue_size=0)
+
+    def prepare(self, model: nn.Module, global_batch: int) -> None:
+        """Fit the unwrapped ``model`` to the training run before its first step (e.g. queues to the global batch).
+        Nothing by default."""
 
     # ------------------------------------------------------------------ training
 
@@ -144,8 +150,8 @@ class Objective(nn.Module):
         raise NotImplementedError
 
     def queue_rows(self, rows: torch.Tensor) -> None:
-        """Keep ``rows`` of a training micro-batch for the queue; :meth:`step_rows` hands them over after the
-        optimizer step, so a queue takes a whole step's rows once, whatever the gradient accumulation."""
+        """Keep ``rows`` of a training micro-batch for a queue; :meth:`step_rows` hands them over after the optimizer
+        step, so a queue takes a whole step's rows once, whatever the gradient accumulation."""
         self.pending_rows.append(rows.detach())
 
     def step_rows(self, gather_rows: RowGather) -> torch.Tensor | None:

@@ -36,6 +36,7 @@ from torch import nn
 from ifcl.losses import float32_region, info_nce
 
 from .base import Gather, Objective, ObjectiveOutput, Paper, no_gather, pad_features, unwrap_model
+from .ifcl import WITHOUT_IFCL
 from .wordnet import DEFAULT_WORDNET_PATH, AntonymLexicon, check_wordnet_folder, load_antonym_lexicon
 
 STRATEGIES = ("s", "o1", "o2")
@@ -81,9 +82,11 @@ class ConIsISettings:
     )
     conisi_random_token_rate: float = field(
         default=0.8,
-        metadata={"help": "o1: a chosen token becomes a random token this often and stays unchanged otherwise "
-                  "(paper: 80 per cent random, 20 per cent unchanged)."},
-    )  # fmt: skip
+        metadata={
+            "help": "o1: a chosen token becomes a random token this often and stays unchanged otherwise "
+            "(paper: 80 per cent random, 20 per cent unchanged)."
+        },
+    )
     conisi_antonym_share: float = field(
         default=0.15,
         metadata={
@@ -389,6 +392,7 @@ class ConIsIObjective(Objective):
     )
     loss_terms = ("loss_contrastive", "loss_interactive")
     settings_class = ConIsISettings
+    model_settings = WITHOUT_IFCL
 
     def __init__(self, model: nn.Module, settings: ConIsISettings | None = None) -> None:
         super().__init__(model, settings)
@@ -404,7 +408,7 @@ class ConIsIObjective(Objective):
 
     # ------------------------------------------------------------------ data
 
-    def tokenize(self, batch, tokenizer, max_length: int, fraternal_tokenizer=None) -> dict[str, list]:
+    def tokenize(self, batch, tokenizer, max_length: int) -> dict[str, list]:
         """x_i (``max_length``), Y_i = [x_i ; x_i] (x_i's truncated tokens twice, group ``pair_``) with the second segment's
         mask, and for o2 Z_i = [x_i ; antonyms(x_i)] (group ``negative_``) with the count of replaced words."""
         if not getattr(tokenizer, "is_fast", False):
@@ -436,7 +440,7 @@ class ConIsIObjective(Objective):
             features[ANTONYM_COUNT] = [r.replaced for r in replacements]
         return features
 
-    def collate(self, features: list[dict[str, Any]], tokenizer, fraternal_pad_token_id: int | None = None):
+    def collate(self, features: list[dict[str, Any]], tokenizer):
         """Makes Z_i = [x_i ; c_i] for the batch (o1, s, and the o2 fallback), then pads the three groups to one
         length, so that :meth:`forward` encodes them in one call."""
         rows = [dict(feature) for feature in features]
@@ -447,9 +451,7 @@ class ConIsIObjective(Objective):
             row.update({NEGATIVE + key: value for key, value in negative.items() if key != SECOND_SEGMENT})
             row.pop(NEGATIVE + SECOND_SEGMENT, None)
         pad_token_id = tokenizer.pad_token_id or 0
-        return pad_to_common_length(
-            pad_features(rows, pad_token_id, fraternal_pad_token_id), (SINGLE, POSITIVE, NEGATIVE), pad_token_id
-        )
+        return pad_to_common_length(pad_features(rows, {"": pad_token_id}), (SINGLE, POSITIVE, NEGATIVE), pad_token_id)
 
     def compose_negatives(
         self, rows: list[dict[str, Any]], tokenizer, generator: torch.Generator | None = None

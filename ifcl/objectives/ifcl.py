@@ -1,24 +1,100 @@
 """IFCL as an objective: ℓ^I + w_F·ℓ^F + w_T·ℓ^T (Xiao et al., arXiv:2307.10932, Eq. 9), with the hippocampus queue.
 
 The loss terms are in ``ifcl/losses.py``; the fraternal word table and the queue belong to the model itself
-(``IFCLModel.fraternal_embeddings``, ``IFCLModel.queue``), so this objective owns no weights.
+(``IFCLModel.fraternal_embeddings``, ``IFCLModel.queue``), which this objective asks for. Its settings are
+``configuration_ifcl.IFCLSettings``, held by the model's config.
 """
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import torch
 from torch import nn
 
-from ifcl.losses import IFCLLoss
+from configuration_ifcl import IFCLSettings
+from ifcl import queue as ring
+from ifcl.losses import IFCLTerms, forgetting_coefficients
 
-from .base import Gather, Objective, ObjectiveOutput, Paper, RowGather, no_gather, no_row_gather, unwrap_model
+from .base import (
+    Gather,
+    Objective,
+    ObjectiveOutput,
+    Paper,
+    RowGather,
+    no_gather,
+    no_row_gather,
+    pad_features,
+    unwrap_model,
+)
+
+logger = logging.getLogger(__name__)
+
+FRATERNAL_TOKENIZER = "fraternal_tokenizer"  # the sub-folder of a saved model that holds the fraternal tokenizer
+
+# IFCL's parts switched off: no fraternal table, no queue, both word tables trained. The peer objectives train so.
+WITHOUT_IFCL = {
+    "queue_size": 0,
+    "fraternal_loss_weight": 0.0,
+    "twins_loss_weight": 0.0,
+    "freeze_word_embeddings": False,
+    "freeze_fraternal_embeddings": False,
+}
+
+
+def fit_model(model: nn.Module, **settings: Any) -> None:
+    """Give a built ``IFCLModel`` other IFCL settings (:class:`IFCLSettings` fields, ``queue_batch_size``): the config
+    takes them (checked), the queue starts empty when its shape changes, a fraternal table no longer used goes, and
+    the word tables are frozen or trained as the config now says."""
+    config = model.config
+    changed = {name: value for name, value in settings.items() if getattr(config, name) != value}
+    if not changed:
+        return
+    queue_shape = (config.queue_size, config.queue_batch_size)
+    for name, value in changed.items():
+        setattr(config, name, value)
+    IFCLSettings(**{name: getattr(config, name) for name in IFCLSettings.__dataclass_fields__})
+    if (config.queue_size, config.queue_batch_size) != queue_shape:
+        if ring.size(model.queue):
+            logger.warning(f"The hippocampus queue held {ring.size(model.queue)} rows; it starts empty.")
+        model.queue = model.new_queue()
+    if not config.uses_fraternal_twins:
+        model.fraternal_embeddings = model.fraternal_projection = None
+    elif model.fraternal_embeddings is None and not config.shares_word_table:  # BEL_F was BEL_S: now a copy of it
+        words = model.get_input_embeddings()
+        model.fraternal_embeddings = nn.Embedding.from_pretrained(
+            words.weight.detach().clone(), padding_idx=words.padding_idx
+        )
+    freeze_word_tables(model)
+
+
+def fraternal_tokenizer(model: nn.Module):
+    """The fraternal language's tokenizer: the fraternal model's (attached by ``IFCLModel.from_encoder``, else read
+    from the model's ``fraternal_tokenizer/`` folder), or the encoder's own without a fraternal model."""
+    if model.config.fraternal_model_name_or_path is None:
+        return model.tokenizer
+    if model.fraternal_tokenizer is None:
+        from transformers import AutoTokenizer
+
+        model.fraternal_tokenizer = AutoTokenizer.from_pretrained(model.name_or_path, subfolder=FRATERNAL_TOKENIZER)
+    return model.fraternal_tokenizer
+
+
+def freeze_word_tables(model: nn.Module) -> None:
+    """Keep BEL_S and BEL_F fixed or train them, as the model's config says (IFCL's reading of BEL_S: "the embedding
+    layer without trainable parameters"); a frozen table gets no gradient and, so, no optimizer state. BEL_F's
+    width-matching projection always trains."""
+    model.get_input_embeddings().weight.requires_grad_(not model.config.freeze_word_embeddings)
+    if model.fraternal_embeddings is not None:
+        model.fraternal_embeddings.weight.requires_grad_(not model.config.freeze_fraternal_embeddings)
 
 
 class IFCLObjective(Objective):
     """Anchors, identical twins (dropout) and fraternal twins (Eq. 1–3); ℓ^I takes the queue's weighted negatives.
 
-    Settings are the model config's (fusion rate, queue, forgetting rate, τ, loss weights). The anchors of each
-    optimizer step are pushed into the model's queue.
+    The anchors of each optimizer step, of all processes, are pushed into the model's queue, which holds one slot
+    of N = the global batch per step.
     """
 
     name = "ifcl"
@@ -35,58 +111,69 @@ class IFCLObjective(Objective):
 }""",
     )
     loss_terms = ("loss_identical", "loss_fraternal", "loss_twins")
-    card_settings = (
-        "fusion_rate",
-        "freeze_word_embeddings",
-        "freeze_fraternal_embeddings",
-        "queue_size",
-        "queue_batch_size",
-        "forgetting_rate",
-        "fraternal_loss_weight",
-        "twins_loss_weight",
-        "fraternal_model_name_or_path",
-    )
-    own_arguments = (
-        "fusion_rate",
-        "freeze_word_embeddings",
-        "freeze_fraternal_embeddings",
-        "queue_size",
-        "forgetting_rate",
-        "fraternal_loss_weight",
-        "twins_loss_weight",
-        "fraternal_model_name_or_path",
-        "fraternal_column",
-    )
+    settings_class = IFCLSettings
+    card_settings = (*IFCLSettings.__dataclass_fields__, "queue_batch_size", "fraternal_model_name_or_path")
+    own_arguments = ("fraternal_model_name_or_path", "fraternal_column")
+    training_state = ("queue",)
 
-    def __init__(self, model: nn.Module, settings=None) -> None:
-        super().__init__(model, settings)
-        self.loss = IFCLLoss.from_config(model.config)
-        self.uses_fraternal_twins = model.config.uses_fraternal_twins
+    def __init__(self, model: nn.Module, settings: IFCLSettings | None = None) -> None:
+        config = model.config
+        super().__init__(
+            model, settings or IFCLSettings(**{f: getattr(config, f) for f in IFCLSettings.__dataclass_fields__})
+        )
+        self.terms = IFCLTerms(config.contrastive_temperature, config.fraternal_loss_weight, config.twins_loss_weight)
+        self.fraternal_pad_token_id = config.fraternal_pad_token_id or 0
+        # A fraternal model's own tokenizer reads the fraternal text; without one, the encoder's does.
+        self.fraternal_tokenizer = fraternal_tokenizer(model) if config.fraternal_model_name_or_path else None
 
-    def tokenize(self, batch, tokenizer, max_length: int, fraternal_tokenizer=None) -> dict[str, list]:
+    @property
+    def text_columns(self) -> tuple[str, ...]:
+        return ("sentence", "fraternal") if self.settings.uses_fraternal_twins else ("sentence",)
+
+    def tokenize(self, batch: dict[str, list[str]], tokenizer, max_length: int) -> dict[str, list]:
         features = super().tokenize(batch, tokenizer, max_length)
         if "fraternal" in batch:
-            fraternal = (fraternal_tokenizer or tokenizer)(batch["fraternal"], truncation=True, max_length=max_length)
+            fraternal = (self.fraternal_tokenizer or tokenizer)(
+                batch["fraternal"], truncation=True, max_length=max_length
+            )
             features["fraternal_input_ids"] = fraternal["input_ids"]
             features["fraternal_attention_mask"] = fraternal["attention_mask"]
         return features
 
+    def collate(self, features: list[dict[str, Any]], tokenizer) -> dict[str, torch.Tensor]:
+        return pad_features(features, {"": tokenizer.pad_token_id or 0, "fraternal_": self.fraternal_pad_token_id})
+
+    def check_data_size(self, num_rows: int, global_batch: int) -> None:
+        from ifcl.data import check_training_data_size
+
+        check_training_data_size(num_rows, global_batch, self.settings.queue_size)
+
+    def prepare(self, model: nn.Module, global_batch: int) -> None:
+        """Freeze the word tables as the settings say; the hippocampus queue takes one slot of N rows per optimizer
+        step, N the global batch."""
+        freeze_word_tables(model)
+        if model.queue is not None and model.config.queue_batch_size != global_batch:
+            logger.info(f"Hippocampus queue: {model.config.queue_size} slots of the global batch N = {global_batch}.")
+            fit_model(model, queue_batch_size=global_batch)
+
     def forward(
         self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
     ) -> ObjectiveOutput:
-        unwrapped = unwrap_model(model)
-        if self.uses_fraternal_twins and "fraternal_input_ids" not in inputs:
+        if self.settings.uses_fraternal_twins and "fraternal_input_ids" not in inputs:
             raise ValueError(
                 "The batch has no fraternal_input_ids, but fraternal_loss_weight or twins_loss_weight is > 0: "
                 "give a fraternal (translation) column, or set both weights to 0."
             )
         twins = model(**inputs, return_twins=True)
-        queue = unwrapped.queue
-        queue_embeddings, queue_log_coefficients = queue.entries() if queue is not None else (None, None)
+        queue = unwrap_model(model).queue
+        queue_rows = queue_log_weights = None
+        if queue is not None:
+            queue_rows, ages = ring.entries(queue)
+            queue_log_weights = forgetting_coefficients(ages, self.settings.forgetting_rate).log()
         identical_candidates, label_offset = gather(twins.identical)
         fraternal_candidates = gather(twins.fraternal)[0] if twins.fraternal is not None else None
-        loss, components = self.loss(
-            twins, queue_embeddings, queue_log_coefficients, identical_candidates, fraternal_candidates, label_offset
+        loss, components = self.terms(
+            twins, queue_rows, queue_log_weights, identical_candidates, fraternal_candidates, label_offset
         )
         if queue is not None and model.training:
             self.queue_rows(twins.anchor.float())
@@ -97,4 +184,4 @@ class IFCLObjective(Objective):
         """The anchors of the step just taken, of all processes, enter the hippocampus queue (Section 3.2)."""
         rows = self.step_rows(gather_rows)
         if rows is not None:
-            model.queue.push(rows)
+            ring.push(model.queue, rows)

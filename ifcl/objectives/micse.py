@@ -25,10 +25,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ifcl import queue as ring
 from ifcl.losses import float32_region, info_nce
-from modeling_ifcl import ALL_LAYER_POOLERS, RingBufferQueue
+from modeling_ifcl import ALL_LAYER_POOLERS, QueueBuffers, pool_hidden_states
 
 from .base import Gather, Objective, ObjectiveOutput, Paper, RowGather, no_gather, no_row_gather, unwrap_model
+from .ifcl import WITHOUT_IFCL
 
 ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 LAYERS_SETTING = "micse_attention_layers"
@@ -328,16 +330,6 @@ class MomentumContrastiveLoss(nn.Module):
         return info_nce(first_views, second_views, self.temperature, queue, queue_log_weights, label_offset)
 
 
-class MomentumQueue(RingBufferQueue):
-    """The queue Q of Eq. 2: the last ``size`` momentum-encoder embeddings, one row per slot of the shared ring
-    buffer (:class:`modeling_ifcl.RingBufferQueue`), so the oldest rows are overwritten first and every row weighs
-    the same. Checkpoints carry its buffers."""
-
-    def __init__(self, size: int, dim: int) -> None:
-        super().__init__(num_slots=size, slot_size=1, dim=dim)
-        self.size = size
-
-
 # ---------------------------------------------------------------------------------------------------- objective
 
 
@@ -381,6 +373,7 @@ class MiCSEObjective(Objective):
     )
     loss_terms = ("loss_contrastive", "loss_attention", "attention_mutual_information")
     settings_class = MiCSESettings
+    model_settings = WITHOUT_IFCL
 
     def __init__(self, model: nn.Module, settings: MiCSESettings | None = None) -> None:
         super().__init__(model, settings)
@@ -411,12 +404,13 @@ class MiCSEObjective(Objective):
         )
         self.momentum = settings.micse_momentum
         self.momentum_encoder: nn.Module | None = None
-        self.queue: MomentumQueue | None = None
+        self.queue: QueueBuffers | None = None
         if settings.micse_queue_size > 0:
             # Copied before the switch to eager attention: the momentum encoder returns no attention maps.
             self.momentum_encoder = copy.deepcopy(model.encoder).requires_grad_(False)
             set_dropout(self.momentum_encoder, settings.micse_momentum_dropout)
-            self.queue = MomentumQueue(settings.micse_queue_size, model.hidden_size)
+            # Q: one momentum embedding per slot of a ring buffer (ifcl.queue): the oldest overwritten first
+            self.queue = QueueBuffers(settings.micse_queue_size, 1, model.hidden_size)
         if settings.micse_attention_weight > 0:
             model.encoder.set_attn_implementation("eager")
             if model.encoder.config._attn_implementation != "eager":
@@ -442,7 +436,10 @@ class MiCSEObjective(Objective):
         first_views, second_views = output.sentence_embedding.split(batch_size)
 
         candidates, label_offset = gather(second_views)
-        queue, queue_log_weights = self.queue.entries() if self.queue is not None else (None, None)
+        queue = queue_log_weights = None
+        if self.queue is not None:  # every filled row weighs the same, an empty one takes no part
+            queue, ages = ring.entries(self.queue)
+            queue_log_weights = torch.zeros_like(queue[:, 0]).masked_fill(ages == 0, float("-inf"))
         loss_contrastive = self.contrastive_loss(first_views, candidates, queue, queue_log_weights, label_offset)
         loss = loss_contrastive
         components = {"loss_contrastive": loss_contrastive.detach()}
@@ -472,7 +469,7 @@ class MiCSEObjective(Objective):
         all_hidden_states = pooler_type in ALL_LAYER_POOLERS
         outputs = self.momentum_encoder(**inputs, output_hidden_states=all_hidden_states, return_dict=True)
         hidden_states = outputs.hidden_states if all_hidden_states else (outputs.last_hidden_state,)
-        return unwrapped.pool(pooler_type, inputs["attention_mask"], hidden_states).float()
+        return pool_hidden_states(pooler_type, inputs["attention_mask"], hidden_states, unwrapped.mlp).float()
 
     @torch.no_grad()
     def on_step_end(self, model: nn.Module, gather_rows: RowGather = no_row_gather) -> None:
@@ -480,7 +477,7 @@ class MiCSEObjective(Objective):
         encoder: θ_m ← μ·θ_m + (1 − μ)·θ (Section 2.1, μ = ``micse_momentum``)."""
         rows = self.step_rows(gather_rows)
         if rows is not None:
-            self.queue.push(rows)
+            ring.push(self.queue, rows)
         if self.momentum_encoder is None:
             return
         online = dict(model.encoder.named_parameters())

@@ -25,6 +25,7 @@ from ifcl.losses import float32_region
 from modeling_ifcl import max_input_length
 
 from .base import TOKEN_FIELDS, Gather, Objective, ObjectiveOutput, Paper, no_gather, unwrap_model
+from .ifcl import WITHOUT_IFCL
 
 # The five augmentations of Section 3.2 / Appendix A. "dropout" is the continuous one (Δ^(c)), the others are
 # discrete (Δ^(d)) and change the token ids.
@@ -265,7 +266,21 @@ def group_logits(
         return positive_logits / temperature, negative_logits / temperature
 
 
-class PeerPositiveContrast(nn.Module):
+class GroupContrast(nn.Module):
+    """What Eq. 4 and Eq. 1 share: the logits of each anchor against its K positives and its in-batch negatives
+    (:func:`group_logits`), at the temperature τ."""
+
+    def __init__(self, temperature: float = 0.05) -> None:
+        super().__init__()
+        self.temperature = temperature
+
+    def logits(
+        self, anchors: torch.Tensor, positives: torch.Tensor, candidates: torch.Tensor, label_offset: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return group_logits(anchors, positives, candidates, self.temperature, label_offset)
+
+
+class PeerPositiveContrast(GroupContrast):
     """log p^{P-Cf}_{θ1,θ2}(x_i), Eq. 4: one softmax over the anchor's K positives and its in-batch negatives.
 
     θ1 encodes the anchor x_i; θ2 encodes the positives x̂_k^i and the negatives x_j (the other sentences of the
@@ -273,33 +288,25 @@ class PeerPositiveContrast(nn.Module):
     Returns log-probabilities [N, K + M − 1], the K positives first.
     """
 
-    def __init__(self, temperature: float = 0.05) -> None:
-        super().__init__()
-        self.temperature = temperature
-
     def forward(
         self, anchors: torch.Tensor, positives: torch.Tensor, candidates: torch.Tensor, label_offset: int = 0
     ) -> torch.Tensor:
-        positive_logits, negative_logits = group_logits(anchors, positives, candidates, self.temperature, label_offset)
+        positive_logits, negative_logits = self.logits(anchors, positives, candidates, label_offset)
         with float32_region(anchors):
             return torch.cat([positive_logits, negative_logits], dim=1).log_softmax(dim=1)
 
 
-class VanillaContrastiveLoss(nn.Module):
+class VanillaContrastiveLoss(GroupContrast):
     """Σ_{δ_k ∈ Δ} L^(c)(X, δ_k; θ), the vanilla InfoNCE of Eq. 1 for each augmentation, summed (Eq. 6).
 
     L^(c)_k = −E_i log e^{s(f(x_i), f(δ_k(x_i)))/τ} / (e^{s(f(x_i), f(δ_k(x_i)))/τ} + Σ_{j≠i} e^{s(f(x_i), f(x_j))/τ}):
     one network encodes anchor, positive and negatives; as in Eq. 1 the negatives are the other sentences x_j.
     """
 
-    def __init__(self, temperature: float = 0.05) -> None:
-        super().__init__()
-        self.temperature = temperature
-
     def forward(
         self, anchors: torch.Tensor, positives: torch.Tensor, candidates: torch.Tensor, label_offset: int = 0
     ) -> torch.Tensor:
-        positive_logits, negative_logits = group_logits(anchors, positives, candidates, self.temperature, label_offset)
+        positive_logits, negative_logits = self.logits(anchors, positives, candidates, label_offset)
         with float32_region(anchors):
             negatives = negative_logits.logsumexp(dim=1, keepdim=True)  # −inf with no negatives: loss 0
             per_positive = torch.logaddexp(positive_logits, negatives) - positive_logits  # [N, K]
@@ -413,6 +420,7 @@ class PCLObjective(Objective):
     )
     loss_terms = ("loss_kl_peer_peer", "loss_kl_peer_main", "loss_contrastive_main", "loss_contrastive_peer")
     settings_class = PCLSettings
+    model_settings = WITHOUT_IFCL
 
     def __init__(self, model: nn.Module, settings: PCLSettings | None = None) -> None:
         super().__init__(model, settings)
@@ -440,7 +448,7 @@ class PCLObjective(Objective):
 
     # ------------------------------------------------------------------ data
 
-    def tokenize(self, batch, tokenizer, max_length: int, fraternal_tokenizer=None) -> dict[str, list]:
+    def tokenize(self, batch, tokenizer, max_length: int) -> dict[str, list]:
         """The sentences' features, plus ``word_ids`` (−1 for special tokens) for word-level augmentation."""
         encoding = tokenizer(batch["sentence"], truncation=True, max_length=max_length)
         features = dict(encoding)
@@ -460,7 +468,7 @@ class PCLObjective(Objective):
         """The longest view the encoder takes (word repetition makes views longer than their sentence)."""
         return max_input_length(tokenizer, self.encoder_config)
 
-    def collate(self, features: list[dict[str, Any]], tokenizer, fraternal_pad_token_id: int | None = None):
+    def collate(self, features: list[dict[str, Any]], tokenizer):
         """Anchors and K augmented positives per sentence (Eq. 3), padded to one length.
 
         Word-level augmentation reads each feature's ``word_ids`` (from :meth:`tokenize`); token-level finds the

@@ -15,6 +15,7 @@ from torch import nn
 from ifcl.losses import info_nce
 
 from .base import Gather, Objective, ObjectiveOutput, Paper, no_gather
+from .ifcl import WITHOUT_IFCL
 
 
 class SimCSEObjective(Objective):
@@ -32,6 +33,7 @@ class SimCSEObjective(Objective):
 }""",
     )
     loss_terms = ("loss_contrastive",)
+    model_settings = WITHOUT_IFCL
 
     def __init__(self, model: nn.Module, settings=None) -> None:
         super().__init__(model, settings)

@@ -27,12 +27,20 @@ SYNSET_TYPE_FILES = {"n": "noun", "v": "verb", "a": "adj", "s": "adj", "r": "adv
 
 # morphy(7WN): suffix detachment rules per part of speech, tried after the exception lists.
 DETACHMENT_RULES: dict[str, tuple[tuple[str, str], ...]] = {
-    "noun": (("s", ""), ("ses", "s"), ("xes", "x"), ("zes", "z"), ("ches", "ch"), ("shes", "sh"), ("men", "man"),
-             ("ies", "y")),
+    "noun": (
+        ("s", ""),
+        ("ses", "s"),
+        ("xes", "x"),
+        ("zes", "z"),
+        ("ches", "ch"),
+        ("shes", "sh"),
+        ("men", "man"),
+        ("ies", "y"),
+    ),
     "verb": (("s", ""), ("ies", "y"), ("es", "e"), ("es", ""), ("ed", "e"), ("ed", ""), ("ing", "e"), ("ing", "")),
     "adj": (("er", ""), ("est", ""), ("er", "e"), ("est", "e")),
     "adv": (),
-}  # fmt: skip
+}
 
 # An adjective in data.adj may carry a syntactic marker: "able(a)", "galore(ip)".
 ADJECTIVE_MARKER = re.compile(r"\((?:a|p|ip)\)$")
@@ -115,9 +123,15 @@ class AntonymLexicon:
                         source, target = int(source_target[:2], 16), int(source_target[2:], 16)
                         for index in range(len(synset_words)) if source == 0 else (source - 1,):
                             pointers.append(
-                                (synset_words[index], part_of_speech, offset, SYNSET_TYPE_FILES[target_type],
-                                 target_offset, target)
-                            )  # fmt: skip
+                                (
+                                    synset_words[index],
+                                    part_of_speech,
+                                    offset,
+                                    SYNSET_TYPE_FILES[target_type],
+                                    target_offset,
+                                    target,
+                                )
+                            )
         lemmas = {lemma for lemma, *_ in pointers}
         ranks = {part_of_speech: _sense_ranks(path, part_of_speech, lemmas) for part_of_speech in PARTS_OF_SPEECH}
         found: dict[str, list[AntonymPointer]] = defaultdict(list)

@@ -1,0 +1,202 @@
+"""What a published folder holds beyond the model's weights, config and remote code: the tokenizers and
+the sentence-transformers view, written by ``IFCLTrainer.save_model`` or :func:`save_published`.
+
+The sentence-transformers view lets ``SentenceTransformer(folder)`` embed like ``IFCLModel.encode`` without remote
+code. The folder itself is the Transformer module, as in sentence-transformers' own published models (config.json is the
+encoder's config and the weights carry its own names, so nothing is stored twice); then the evaluation pooler
+(``1_Pooling/``), for ``cls`` SimCSE's MLP (``2_Dense/``), and a ``Normalize`` module when the base encoder is a
+sentence-transformers model that normalizes. A sentence-transformers base's truncation length, lowercasing, prompts
+and similarity function carry over (:func:`read_base`, :func:`adopt_base`). sentence-transformers itself is not
+needed to write the view.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+from typing import Any
+
+import torch
+
+from ifcl.cli import read_json
+
+logger = logging.getLogger(__name__)
+
+# The module classes as sentence-transformers 6 names them in modules.json.
+ST_TRANSFORMER = "sentence_transformers.base.modules.transformer.Transformer"
+ST_POOLING = "sentence_transformers.sentence_transformer.modules.pooling.Pooling"
+ST_DENSE = "sentence_transformers.base.modules.dense.Dense"
+ST_NORMALIZE = "sentence_transformers.base.modules.normalize.Normalize"
+# Each evaluation pooler's Pooling mode, and whether SimCSE's MLP follows as a Dense module (avg_first_last and
+# avg_top2 have no sentence-transformers module: no view is written for them).
+POOLING_MODES = {"avg": ("mean", False), "cls_before_pooler": ("cls", False), "cls": ("cls", True)}
+
+
+def read_base(name_or_path: str | None) -> dict[str, Any] | None:
+    """How a sentence-transformers model (a folder or Hub repo with a modules.json, an IFCL folder too) embeds beyond
+    its encoder and pooling; None for a plain encoder.
+
+    Returns:
+        ``max_seq_length`` (its sentence_bert_config.json's, or its tokenizer's ``model_max_length`` where
+        sentence-transformers 6 keeps it; None: no limit), ``do_lower_case``, ``normalize`` (a ``Normalize`` module
+        follows the pooling), ``prompts``, ``default_prompt_name``, ``similarity_fn_name``, and ``omitted_modules``:
+        its other modules after the encoder (``Dense``, ``LayerNorm``), which an IFCL model neither holds nor trains.
+    """
+    modules = read_json(name_or_path, "modules.json") if name_or_path else None
+    if not isinstance(modules, list) or not modules:
+        return None
+    kinds = [str(module.get("type", "")).rsplit(".", 1)[-1] for module in modules]
+    folder = modules[0].get("path", "") if kinds[0] == "Transformer" else ""
+    transformer = read_json(name_or_path, "sentence_bert_config.json", folder) or {}
+    settings = read_json(name_or_path, "config_sentence_transformers.json") or {}
+    max_seq_length = transformer.get("max_seq_length")
+    if max_seq_length is None:
+        limit = (read_json(name_or_path, "tokenizer_config.json", folder) or {}).get("model_max_length")
+        max_seq_length = limit if isinstance(limit, int) and limit < 100_000 else None  # huge: no limit
+    is_ifcl = "ifcl" in (read_json(name_or_path, "config.json") or {})  # its Dense module is SimCSE's MLP
+    return {
+        "max_seq_length": max_seq_length,
+        "do_lower_case": bool(transformer.get("do_lower_case", False)),
+        "normalize": "Normalize" in kinds,
+        "prompts": {name: text or "" for name, text in (settings.get("prompts") or {}).items()},
+        "default_prompt_name": settings.get("default_prompt_name"),
+        "similarity_fn_name": settings.get("similarity_fn_name"),
+        "omitted_modules": [] if is_ifcl else [m["type"] for m, kind in zip(modules, kinds) if kind not in KEPT],
+    }
+
+
+KEPT = ("Transformer", "Pooling", "Normalize", "Dropout")
+
+
+def adopt_base(model) -> dict[str, Any] | None:
+    """Make ``model`` embed as its sentence-transformers base does, read from ``model.name_or_path`` (the base
+    encoder of ``IFCLModel.from_encoder``, or the IFCL folder loaded): its tokenizer truncates at the base's
+    ``max_seq_length`` (else at the encoder's own limit, which it is saved with) and lowercases when the base does.
+    Returns the facts, also kept as ``model.sentence_transformers_base``; modules the model leaves out are warned
+    about."""
+    from modeling_ifcl import max_input_length
+
+    base = read_base(model.name_or_path)
+    model.sentence_transformers_base = base
+    tokenizer = model.tokenizer
+    if base is not None and base["max_seq_length"]:
+        tokenizer.model_max_length = base["max_seq_length"]
+    tokenizer.model_max_length = max_input_length(tokenizer, model.encoder.config)
+    if base is None:
+        return None
+    if base["do_lower_case"]:
+        from tokenizers import normalizers
+
+        normalizer = tokenizer.backend_tokenizer.normalizer
+        if normalizer is None or normalizer.normalize_str("A") != "a":
+            steps = [normalizers.Lowercase()] + ([normalizer] if normalizer is not None else [])
+            tokenizer.backend_tokenizer.normalizer = normalizers.Sequence(steps)
+    if base["omitted_modules"]:
+        logger.warning(
+            f"{model.name_or_path}: its sentence-transformers modules {', '.join(base['omitted_modules'])} are not "
+            "part of the IFCL model; encode and the saved sentence-transformers view embed without them."
+        )
+    return base
+
+
+def write_json(path: str, content: Any, indent: int = 2) -> None:
+    """``content`` as JSON at ``path``, its folder made."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(content, f, indent=indent, sort_keys=True)
+
+
+def save_published(model, folder: str) -> None:
+    """Save ``model`` as a published folder: weights (without the queue, training state), config, remote code,
+    tokenizers and the sentence-transformers view (what ``IFCLTrainer.save_model`` writes, for a model trained
+    otherwise)."""
+    if not hasattr(model, "sentence_transformers_base"):
+        adopt_base(model)
+    queue = model._modules.pop("queue", None)  # training state: a loaded model starts it empty
+    try:
+        model.save_pretrained(folder)
+    finally:
+        model._modules["queue"] = queue
+    model.tokenizer.save_pretrained(folder)
+    save_extras(model, folder)
+
+
+def save_extras(model, folder: str) -> None:
+    """The fraternal model's tokenizer (in ``fraternal_tokenizer/``) and the sentence-transformers view."""
+    from ifcl.objectives.ifcl import FRATERNAL_TOKENIZER, fraternal_tokenizer
+
+    if model.config.fraternal_model_name_or_path is not None:
+        fraternal_tokenizer(model).save_pretrained(os.path.join(folder, FRATERNAL_TOKENIZER))
+    save_view(model, folder)
+
+
+def save_view(model, folder: str) -> bool:
+    """Write the sentence-transformers view of ``model`` into ``folder``, where its weights and tokenizer are saved.
+
+    Returns:
+        False, writing nothing, for a pooler sentence-transformers has no module for (avg_first_last, avg_top2).
+    """
+    from importlib import metadata
+
+    import transformers
+
+    pooler = POOLING_MODES.get(model.config.eval_pooler_type)
+    if pooler is None:
+        return False
+    base = getattr(model, "sentence_transformers_base", None)
+    if base is None:
+        base = read_base(model.name_or_path) or {}
+    transformer = {
+        "transformer_task": "feature-extraction",
+        "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
+        "module_output_name": "token_embeddings",
+    }
+    if "add_pooling_layer" in inspect.signature(type(model.encoder).__init__).parameters:
+        transformer["model_kwargs"] = {"add_pooling_layer": False}  # saved without its pooler head, built so
+    write_json(os.path.join(folder, "sentence_bert_config.json"), transformer, indent=4)
+    modules = [("", ST_TRANSFORMER)]
+
+    def add_module(name: str, module_type: str, config: dict[str, Any]) -> str:
+        path = f"{len(modules)}_{name}"
+        write_json(os.path.join(folder, path, "config.json"), config, indent=4)
+        modules.append((path, module_type))
+        return os.path.join(folder, path)
+
+    width = model.hidden_size
+    add_module(
+        "Pooling", ST_POOLING, {"embedding_dimension": width, "pooling_mode": pooler[0], "include_prompt": True}
+    )
+    embedding = {"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding"}
+    if pooler[1]:
+        from safetensors.torch import save_file
+
+        dense = {"in_features": width, "out_features": width, "bias": True}
+        dense["activation_function"] = "torch.nn.modules.activation.Tanh"
+        dense_folder = add_module("Dense", ST_DENSE, dense | embedding)
+        weights = {"linear.weight": model.mlp.dense.weight, "linear.bias": model.mlp.dense.bias}
+        save_file(
+            {k: v.detach().cpu().contiguous() for k, v in weights.items()},
+            os.path.join(dense_folder, "model.safetensors"),
+        )
+    if base.get("normalize"):
+        add_module("Normalize", ST_NORMALIZE, embedding)
+    write_json(
+        os.path.join(folder, "modules.json"),
+        [{"idx": i, "name": str(i), "path": path, "type": kind} for i, (path, kind) in enumerate(modules)],
+    )
+    versions = {"pytorch": torch.__version__, "transformers": transformers.__version__}
+    try:
+        versions["sentence_transformers"] = metadata.version("sentence-transformers")
+    except metadata.PackageNotFoundError:
+        pass
+    settings = {
+        "__version__": versions,
+        "default_prompt_name": base.get("default_prompt_name"),
+        "model_type": "SentenceTransformer",
+        "prompts": {"query": "", "document": ""} | base.get("prompts", {}),
+        "similarity_fn_name": base.get("similarity_fn_name") or "cosine",
+    }
+    write_json(os.path.join(folder, "config_sentence_transformers.json"), settings)
+    return True
