@@ -3,12 +3,13 @@ settings it was trained with, and how far its training went."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import zipfile
 from dataclasses import dataclass
 from typing import Any
+
+from ifcl.cli import read_json
 
 TRAINER_STATE_FILE = "trainer_state.json"
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
@@ -76,14 +77,8 @@ def read_checkpoint_config(checkpoint: str) -> dict[str, Any]:
     """A checkpoint's config.json in IFCLConfig's form (its settings beside ``encoder_config``)."""
     from configuration_ifcl import ifcl_config_dict
 
-    config = read_json_file(os.path.join(checkpoint, "config.json"))
+    config = read_json(checkpoint, "config.json")
     return (ifcl_config_dict(config) if isinstance(config, dict) else None) or config
-
-
-def read_json_file(path: str) -> Any:
-    """A JSON file's content; ValueError naming what is wrong with it."""
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
 
 
 def checkpoint_problem(checkpoint: str, world_size: int = 1, to_train: bool = True) -> str | None:
@@ -101,7 +96,7 @@ def checkpoint_problem(checkpoint: str, world_size: int = 1, to_train: bool = Tr
         if not os.path.isfile(path):
             return f"{name} is missing"
         try:
-            read_json_file(path)
+            read_json(os.path.dirname(path), os.path.basename(path))
         except (ValueError, UnicodeDecodeError) as error:
             return f"{name} is not valid JSON ({error})"
     weights = [name for name in WEIGHT_FILES if os.path.isfile(os.path.join(checkpoint, name))]
@@ -128,14 +123,14 @@ def checkpoint_problem(checkpoint: str, world_size: int = 1, to_train: bool = Tr
 
 def trained_steps(checkpoint: str) -> int:
     """The optimizer steps a checkpoint was saved after (its ``trainer_state.json``)."""
-    return int(read_json_file(os.path.join(checkpoint, TRAINER_STATE_FILE)).get("global_step", 0))
+    return int(read_json(checkpoint, TRAINER_STATE_FILE).get("global_step", 0))
 
 
 def planned_steps(checkpoint: str, max_steps: int) -> int:
     """The steps the run plans in all: ``--max_steps`` when set, else what the checkpoint's run computed."""
     if max_steps > 0:
         return max_steps
-    return int(read_json_file(os.path.join(checkpoint, TRAINER_STATE_FILE)).get("max_steps", 0))
+    return int(read_json(checkpoint, TRAINER_STATE_FILE).get("max_steps", 0))
 
 
 @dataclass

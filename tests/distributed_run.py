@@ -10,11 +10,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import run_ifcl  # noqa: E402
+from ifcl.objectives import unwrap_model  # noqa: E402
 
 if __name__ == "__main__":
-    trainer, _ = run_ifcl.run(sys.argv[1:])
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    rank = trainer.accelerator.process_index
+    trainer, _ = run_ifcl.main(sys.argv[1:])
+    model = unwrap_model(trainer.model)
+    rank = trainer.args.process_index
     if model.queue is not None:
         state = {name: buffer.detach().cpu() for name, buffer in model.queue.named_buffers()}
         torch.save(state, os.path.join(trainer.args.output_dir, f"queue_rank{rank}.pt"))

@@ -82,28 +82,85 @@ def base_arguments(script: str, files, tiny_encoder_dir, tmp_path) -> list[str]:
     """Arguments that work for ``script``; a case's own arguments come after them and win."""
     if script == "run_ifcl.py":
         return [
-            "--model_name_or_path", str(tiny_encoder_dir), "--train_file", str(files / "train.txt"),
-            "--validation_file", str(files / "sts.tsv"), "--test_file", str(files / "sts.tsv"),
-            "--output_dir", str(tmp_path / "out"), "--max_seq_length", "16", "--per_device_train_batch_size", "4",
+            "--model_name_or_path",
+            str(tiny_encoder_dir),
+            "--train_file",
+            str(files / "train.txt"),
+            "--validation_file",
+            str(files / "sts.tsv"),
+            "--test_file",
+            str(files / "sts.tsv"),
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--max_seq_length",
+            "16",
+            "--per_device_train_batch_size",
+            "4",
             "--use_cpu",
-        ]  # fmt: skip
+        ]
     if script == "evaluate_sts.py":
-        return ["--model_name_or_path", str(tiny_encoder_dir), "--tasks", str(files / "sts.tsv"),
-                "--output_dir", str(tmp_path / "out")]  # fmt: skip
-    return ["--input_file", str(files / "sentences.txt"), "--output_file", str(tmp_path / "out" / "pairs.txt"),
-            "--model_name_or_path", str(tiny_encoder_dir)]  # fmt: skip
+        return [
+            "--model_name_or_path",
+            str(tiny_encoder_dir),
+            "--tasks",
+            str(files / "sts.tsv"),
+            "--output_dir",
+            str(tmp_path / "out"),
+        ]
+    return [
+        "--input_file",
+        str(files / "sentences.txt"),
+        "--output_file",
+        str(tmp_path / "out" / "pairs.txt"),
+        "--model_name_or_path",
+        str(tiny_encoder_dir),
+    ]
+
+
+def script_main(script: str):
+    """The function each script's command line runs (``ifcl.cli.run_command`` turns its errors into exit codes)."""
+    if script == "run_ifcl.py":
+        import run_ifcl
+
+        return run_ifcl.main
+    if script == "evaluate_sts.py":
+        from ifcl.evaluate_sts import main
+
+        return main
+    from ifcl.translation import run
+
+    return run
+
+
+@pytest.mark.parametrize("script, extra, named", CASES, ids=[f"{c[0]} {' '.join(c[1])}" for c in CASES])
+def test_bad_setting_stops_with_a_message_naming_it(files, tiny_encoder_dir, tmp_path, script, extra, named, capsys):
+    """In this process (the scripts' entries are tested as commands below): exit code 2, one line naming it."""
+    from ifcl.cli import run_command
+
+    base = base_arguments(script, files, tiny_encoder_dir, tmp_path)
+    argv = [*base, *(a.replace("{files}", str(files)) for a in extra)]
+    with pytest.raises(SystemExit) as exit_info:
+        run_command(script, lambda: script_main(script)(argv))
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2, error[-2000:]
+    assert "Traceback" not in error and named in error, error[-2000:]
+    assert error.startswith(f"{script}: error:")
+    assert not (tmp_path / "out").exists()  # nothing written, no model loaded
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script, extra, named", CASES, ids=[f"{c[0]} {' '.join(c[1])}" for c in CASES])
-def test_bad_setting_stops_with_a_message_naming_it(files, tiny_encoder_dir, tmp_path, script, extra, named):
+@pytest.mark.parametrize(
+    "script, extra, named",
+    [CASES[0], CASES[-12], CASES[-1]],
+    ids=["run_ifcl.py", "evaluate_sts.py", "prepare_fraternal.py"],
+)
+def test_the_commands_end_with_one_line_and_exit_code_2(files, tiny_encoder_dir, tmp_path, script, extra, named):
     base = base_arguments(script, files, tiny_encoder_dir, tmp_path)
     result = run_script([*base, *(a.replace("{files}", str(files)) for a in extra)], tmp_path, script)
     assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    assert named in result.stderr, result.stderr[-2000:]
-    assert f"{script}: error:" in result.stderr
-    assert not (tmp_path / "out").exists()  # nothing written, no model loaded
+    assert "Traceback" not in result.stderr and named in result.stderr, result.stderr[-2000:]
+    assert result.stderr.startswith(f"{script}: error:")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow
@@ -114,15 +171,18 @@ def test_invalid_json_arguments_file_is_named(files, tmp_path):
 
 
 JSON_CASES = [
-    # (a setting with a value of the wrong type, what the message must name)
-    ({"fusion_rate": "half"}, 'fusion_rate: expected a number, got "half"'),
-    ({"fusion_rate": None}, "fusion_rate: expected a number, got null"),
-    ({"queue_size": 4.5}, "queue_size: expected an integer, got 4.5"),
-    ({"max_steps": 2.7}, "max_steps: expected an integer, got 2.7"),
-    ({"freeze_word_embeddings": "maybe"}, 'freeze_word_embeddings: expected true or false, got "maybe"'),
-    ({"freeze_word_embeddings": [True]}, "freeze_word_embeddings: expected true or false"),
-    ({"objective": "simsce"}, "objective: expected one of ifcl, simcse"),
-    ({"learning_rate": True}, "learning_rate: expected a number, got true"),
+    # (a setting with a value of the wrong type, what the message must name): as the command line would say it
+    ({"fusion_rate": "half"}, "argument --fusion_rate/--fusion-rate: invalid float value: 'half'"),
+    ({"fusion_rate": None}, "fusion_rate needs a value, got null"),
+    ({"queue_size": 4.5}, "argument --queue_size/--queue-size: invalid int value: '4.5'"),
+    ({"max_steps": 2.7}, "argument --max_steps/--max-steps: invalid int value: '2.7'"),
+    (
+        {"freeze_word_embeddings": "maybe"},
+        "argument --freeze_word_embeddings/--freeze-word-embeddings: Truthy value expected: got maybe",
+    ),
+    ({"freeze_word_embeddings": [True]}, "freeze_word_embeddings takes one value, got the list [true]"),
+    ({"objective": "simsce"}, "argument --objective: invalid choice: 'simsce'"),
+    ({"learning_rate": True}, "argument --learning_rate/--learning-rate: invalid float value: 'true'"),
     ({"no_such_setting": 1}, "unknown argument(s) no_such_setting"),
 ]
 
@@ -138,15 +198,18 @@ def json_arguments(files, tiny_encoder_dir, tmp_path) -> dict:
     return values
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("bad, named", JSON_CASES, ids=[json.dumps(case[0]) for case in JSON_CASES])
-def test_json_values_of_the_wrong_type_stop_with_a_message(files, tiny_encoder_dir, tmp_path, bad, named):
+def test_json_values_of_the_wrong_type_stop_with_a_message(files, tiny_encoder_dir, tmp_path, bad, named, capsys):
+    import run_ifcl
+    from ifcl.cli import run_command
+
     path = tmp_path / "arguments.json"
     path.write_text(json.dumps({**json_arguments(files, tiny_encoder_dir, tmp_path), **bad}), encoding="utf-8")
-    result = run_script([str(path)], tmp_path)
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    assert f"run_ifcl.py: error: {path}: " in result.stderr and named in result.stderr, result.stderr[-2000:]
+    with pytest.raises(SystemExit) as exit_info:
+        run_command("run_ifcl.py", lambda: run_ifcl.main([str(path)]))
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in error
+    assert f"run_ifcl.py: error: {path}: " in error and named in error, error[-2000:]
     assert not (tmp_path / "out").exists()
 
 
@@ -181,7 +244,8 @@ def test_ifcl_trainer_checks_its_text_like_the_command_line(tiny_encoder_dir, tm
     from modeling_ifcl import IFCLModel
     from trainer_ifcl import IFCLTrainer
 
-    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0, fraternal_loss_weight=0, twins_loss_weight=0)
+    weights = {} if "fraternal" in columns else {"fraternal_loss_weight": 0, "twins_loss_weight": 0}
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0, **weights)  # fraternal twins: that column
     args = TrainingArguments(str(tmp_path / "out"), per_device_train_batch_size=2, use_cpu=True, report_to=[])
     with pytest.raises(ValueError, match=named.replace("(", r"\(")):
         IFCLTrainer(model, args, train_dataset=Dataset.from_dict(columns))

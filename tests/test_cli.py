@@ -1,33 +1,28 @@
-"""How the scripts end (``ifcl.cli.Command``): one line per error, exit 2 for bad input, 1 for a failure once the
+"""How the scripts end (``ifcl.cli.run_command``): one line per error, exit 2 for bad input, 1 for a failure once the
 work has begun, 130 for Ctrl-C with the way on, the traceback only with IFCL_DEBUG=1."""
 
 from __future__ import annotations
 
 import pytest
 
-import run_ifcl
-from ifcl.cli import Command
+from ifcl.cli import Interrupted, failures_of_the_run, run_command
 
 
-def fail_with(error: BaseException, command: Command | None = None, running: bool = False):
+def fail_with(error: BaseException, running: bool = False):
     def work() -> None:
-        if command is not None:
-            command.running = running
+        if running:
+            with failures_of_the_run():
+                raise error
         raise error
 
     return work
 
 
-@pytest.mark.parametrize(
-    "running, code",
-    [(False, 2), (True, 1)],
-    ids=["bad input", "failure during the run"],
-)
+@pytest.mark.parametrize("running, code", [(False, 2), (True, 1)], ids=["bad input", "failure during the run"])
 def test_errors_end_with_one_line_and_an_exit_code(capsys, monkeypatch, running, code):
     monkeypatch.delenv("IFCL_DEBUG", raising=False)
-    command = Command("some_script.py")
     with pytest.raises(SystemExit) as exit_info:
-        command.main(fail_with(ValueError("--setting 3: out of range"), command, running))
+        run_command("some_script.py", fail_with(ValueError("--setting 3: out of range"), running))
     assert exit_info.value.code == code
     err = capsys.readouterr().err
     assert err.startswith("some_script.py: error: --setting 3: out of range\n")
@@ -38,13 +33,13 @@ def test_errors_end_with_one_line_and_an_exit_code(capsys, monkeypatch, running,
 def test_debug_variable_shows_the_traceback(monkeypatch):
     monkeypatch.setenv("IFCL_DEBUG", "1")
     with pytest.raises(OSError, match="disk full"):
-        Command("some_script.py").main(fail_with(OSError("disk full")))
+        run_command("some_script.py", fail_with(OSError("disk full")))
 
 
 def test_other_exceptions_are_not_swallowed(monkeypatch):
     monkeypatch.delenv("IFCL_DEBUG", raising=False)
     with pytest.raises(RuntimeError, match="a bug"):
-        Command("some_script.py").main(fail_with(RuntimeError("a bug")))
+        run_command("some_script.py", fail_with(RuntimeError("a bug")))
 
 
 def write_checkpoint(folder, step: int) -> None:
@@ -62,25 +57,27 @@ def write_checkpoint(folder, step: int) -> None:
         torch.save({"step": step}, folder / name)
 
 
-def test_ctrl_c_names_the_newest_complete_checkpoint_and_the_resume_command(tmp_path, capsys, monkeypatch):
+def test_ctrl_c_names_the_newest_complete_checkpoint_and_the_resume_command(tmp_path, capsys):
+    from ifcl.checkpoints import interrupted_message
+
     folder = tmp_path / "run"
     for step in (2, 10, 4):
         write_checkpoint(folder / f"checkpoint-{step}", step)
     (folder / "checkpoint-10" / "optimizer.pt").unlink()  # its save was cut short
-    monkeypatch.setattr("sys.argv", ["run_ifcl.py", "--output_dir", str(folder)])
+    command = ["run_ifcl.py", "--output_dir", str(folder)]
 
     def interrupted() -> None:
-        run_ifcl.COMMAND.details["output_dir"] = str(folder)
-        raise KeyboardInterrupt
+        raise Interrupted(interrupted_message(str(folder), command))
 
     with pytest.raises(SystemExit) as exit_info:
-        run_ifcl.COMMAND.main(interrupted, on_interrupt=run_ifcl.interrupted_message)
+        run_command("run_ifcl.py", interrupted)
     assert exit_info.value.code == 130
     err = capsys.readouterr().err
     assert f"the newest complete checkpoint is {folder / 'checkpoint-4'}" in err
     assert f"continue with: run_ifcl.py --output_dir {folder} --resume_from_checkpoint last" in err
-    run_ifcl.COMMAND.details["output_dir"] = str(tmp_path / "empty")
-    assert run_ifcl.interrupted_message() == "interrupted; no complete checkpoint was written yet"
+    assert (
+        interrupted_message(str(tmp_path / "empty"), command) == "interrupted; no complete checkpoint was written yet"
+    )
 
 
 LAUNCHER = """

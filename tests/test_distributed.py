@@ -26,8 +26,12 @@ def test_gather_rows_makes_one_collective_and_gathers_what_three_did(tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
     result = subprocess.run(
         [*command, str(ROOT / "tests" / "distributed_gather.py"), str(tmp_path)],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     ranks = [torch.load(tmp_path / f"gather_rank{rank}.pt") for rank in (0, 1)]
     for case in range(len(ranks[0])):
@@ -82,9 +86,12 @@ def test_run_ifcl_refuses_fsdp_before_any_model_loads(tmp_path):
     args += ["--model_name_or_path", str(tmp_path / "no_model_here"), "--output_dir", str(tmp_path / "out")]
     result = subprocess.run(
         [sys.executable, str(ROOT / "run_ifcl.py"), *args],
-        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "run_ifcl.py: error: --fsdp" in result.stderr and "no_model_here" not in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
@@ -94,11 +101,12 @@ def test_the_queue_survives_zero_to_fp32s_buffer_cast(tiny_encoder_dir):
     """DeepSpeed's zero_to_fp32 keeps a checkpoint's persistent buffers but casts each to float32 (``v.float()`` in
     its ``parse_model_states``); ``load_state_dict`` casts them back, so the queue (float rows, bool marks, long
     head) comes back whole."""
+    from ifcl import queue as ring
     from modeling_ifcl import IFCLModel
 
     trained = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=3, queue_batch_size=4)
     for step in range(2):
-        trained.queue.push(torch.randn(4 if step else 3, trained.hidden_size))
+        ring.push(trained.queue, torch.randn(4 if step else 3, trained.hidden_size))
     buffers = {name for name, _ in trained.named_buffers()}
     consolidated = {name: value.float() if name in buffers else value for name, value in trained.state_dict().items()}
     assert consolidated["queue.valid"].dtype == torch.float32 and consolidated["queue.head"].dtype == torch.float32
@@ -107,4 +115,4 @@ def test_the_queue_survives_zero_to_fp32s_buffer_cast(tiny_encoder_dir):
     for name, value in trained.queue.named_buffers():
         restored_value = dict(restored.queue.named_buffers())[name]
         assert restored_value.dtype == value.dtype and torch.equal(restored_value, value), name
-    assert len(restored.queue) == 7
+    assert ring.size(restored.queue) == 7

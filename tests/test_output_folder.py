@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 import run_ifcl
 from ifcl import evaluate_sts
 from ifcl.checkpoints import CheckpointError
-from ifcl.cli import exclusive_lock
+from ifcl.cli import Interrupted, exclusive_lock, run_command
 from ifcl.output_folder import LOCK_FILE, RUN_IN_PROGRESS_FILE, RUN_RECORD_FILE, OutputFolderError, RunRecord
 
 
@@ -42,7 +42,7 @@ def test_a_second_run_into_a_finished_folder_is_refused_before_any_model_loads(t
     (folder / "checkpoint-50").mkdir()
     write_record(folder, ["all_results.json", "checkpoint-50"])
     with pytest.raises(OutputFolderError) as error:
-        run_ifcl.run(["--model_name_or_path", "owner/not-loaded", "--output_dir", str(folder)])
+        run_ifcl.main(["--model_name_or_path", "owner/not-loaded", "--output_dir", str(folder)])
     message = str(error.value)
     assert str(folder) in message and "all_results.json" in message and "checkpoint-50" in message
     assert "--resume_from_checkpoint last" in message and "--overwrite_output_dir" in message
@@ -58,7 +58,7 @@ def test_a_users_files_that_the_run_would_write_over_are_refused_by_name(tmp_pat
     (folder / "config.json").write_text('{"mine": true}')
     args = ["--model_name_or_path", "owner/not-loaded", "--output_dir", str(folder)]
     with pytest.raises(OutputFolderError) as error:
-        run_ifcl.run([*args, "--overwrite_output_dir"] if overwrite else args)
+        run_ifcl.main([*args, "--overwrite_output_dir"] if overwrite else args)
     assert "README.md" in str(error.value) and "config.json" in str(error.value)
     assert "no run of run_ifcl.py recorded" in str(error.value)
     assert (folder / "README.md").read_text() == "# my notes\n" and (
@@ -70,13 +70,13 @@ def test_a_users_files_that_the_run_would_write_over_are_refused_by_name(tmp_pat
 def test_overwrite_deletes_only_what_the_earlier_run_wrote(tiny_encoder_dir, english_sts_data, tmp_path):
     folder = tmp_path / "run"
     args = objective_run_args(tiny_encoder_dir, english_sts_data, folder, "simcse")
-    run_ifcl.run(args)
+    run_ifcl.main(args)
     first = record(folder)
     assert first.finished and "model.safetensors" in first.written and "all_results.json" in first.written
     (folder / "notes.txt").write_text("what I noticed")  # the user's, beside the run
     with pytest.raises(OutputFolderError, match="already holds a run"):
-        run_ifcl.run(args)
-    _, metrics = run_ifcl.run([*args, "--overwrite_output_dir"])
+        run_ifcl.main(args)
+    _, metrics = run_ifcl.main([*args, "--overwrite_output_dir"])
     assert (folder / "notes.txt").read_text() == "what I noticed"
     written = json.loads((folder / "all_results.json").read_text())
     assert written["test_stsb_spearman"] == pytest.approx(metrics["test_stsb_spearman"])
@@ -89,14 +89,14 @@ def test_overwrite_refuses_a_folder_holding_what_the_run_reads(tiny_encoder_dir,
     data = tmp_path / "data"
     shutil.copytree(english_sts_data, data)
     args = objective_run_args(tiny_encoder_dir, data, data, "simcse")  # the output folder holds the data
-    run_ifcl.run(args)
+    run_ifcl.main(args)
     with pytest.raises(OutputFolderError, match="it holds what this run reads.*--train_file"):
-        run_ifcl.run([*args, "--overwrite_output_dir"])
+        run_ifcl.main([*args, "--overwrite_output_dir"])
     assert (data / "train.txt").exists() and (data / "model.safetensors").exists()
     # The model to continue from, as the output folder, is not deleted before it is loaded.
     continued = [*objective_run_args(data, english_sts_data, data, "simcse"), "--overwrite_output_dir"]
     with pytest.raises(OutputFolderError, match="--model_name_or_path"):
-        run_ifcl.run(continued)
+        run_ifcl.main(continued)
     assert (data / "model.safetensors").exists()
 
 
@@ -121,7 +121,7 @@ def test_one_run_per_folder_at_a_time(tmp_path):
     folder.mkdir()
     with exclusive_lock(str(folder / LOCK_FILE)):  # another run holds the folder
         with pytest.raises(OutputFolderError, match="another run is writing into it"):
-            run_ifcl.run(["--model_name_or_path", "owner/not-loaded", "--output_dir", str(folder)])
+            run_ifcl.main(["--model_name_or_path", "owner/not-loaded", "--output_dir", str(folder)])
     assert os.listdir(folder) == []
 
 
@@ -137,13 +137,13 @@ def test_a_run_that_fails_before_writing_anything_leaves_nothing_behind(
     folder = tmp_path / "run"
     args = objective_run_args(tiny_encoder_dir, english_sts_data, folder, "simcse")
     with pytest.raises(OSError, match="the disk went away"):
-        run_ifcl.run(args)
+        run_ifcl.main(args)
     assert not folder.exists()  # made for the lock, left empty, removed
     monkeypatch.undo()
     # A run killed before its first checkpoint leaves only its record: the same command starts anew.
     folder.mkdir()
     write_record(folder, [], finished=False)
-    run_ifcl.run(args)
+    run_ifcl.main(args)
     assert record(folder).finished
 
 
@@ -155,16 +155,16 @@ def test_an_unfinished_run_is_marked_and_evaluate_sts_refuses_it(tmp_path):
     with pytest.raises(ValueError, match="unfinished training run"):
         evaluate_sts.parse_arguments(["--model_name_or_path", str(folder)])
     with pytest.raises(OutputFolderError, match="already holds a run"):
-        run_ifcl.run(["--output_dir", str(folder)])
+        run_ifcl.main(["--output_dir", str(folder)])
 
 
 def test_unwritable_output_folder_is_found_before_training(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     with pytest.raises(OutputFolderError, match="cannot be written"):
-        run_ifcl.run(["--output_dir", str(blocker / "run")])
+        run_ifcl.main(["--output_dir", str(blocker / "run")])
     with pytest.raises(OutputFolderError, match="is a file, not a folder"):
-        run_ifcl.run(["--output_dir", str(blocker)])
+        run_ifcl.main(["--output_dir", str(blocker)])
 
 
 def test_results_with_nan_stay_valid_json(tmp_path):
@@ -182,7 +182,7 @@ def runs(tiny_encoder_dir, english_sts_data, tmp_path_factory):
 
     base = tmp_path_factory.mktemp("resume")
     args = objective_run_args(tiny_encoder_dir, english_sts_data, base / "whole", "simcse")
-    _, whole_metrics = run_ifcl.run(args)
+    _, whole_metrics = run_ifcl.main(args)
     stopped = base / "stopped"
     stopped_args = objective_run_args(tiny_encoder_dir, english_sts_data, stopped, "simcse")
     on_step_end = ObjectiveStepCallback.on_step_end
@@ -194,8 +194,8 @@ def runs(tiny_encoder_dir, english_sts_data, tmp_path_factory):
 
     ObjectiveStepCallback.on_step_end = stop_in_step_three
     try:
-        with pytest.raises(KeyboardInterrupt):
-            run_ifcl.run(stopped_args)
+        with pytest.raises(Interrupted):
+            run_ifcl.main(stopped_args)
     finally:
         ObjectiveStepCallback.on_step_end = on_step_end
     assert (stopped / "checkpoint-2").is_dir() and not record(stopped).finished
@@ -223,14 +223,14 @@ def test_resume_with_other_settings_names_each_of_them_before_any_model_loads(ru
         str(checkpoint),
     ]
     with pytest.raises(CheckpointError) as error:
-        run_ifcl.run([*args, *changed])
+        run_ifcl.main([*args, *changed])
     message = str(error.value)
     assert str(checkpoint) in message
     assert "--temperature: 0.05 in the checkpoint, 0.1 now" in message
     assert "global batch" in message and "4 in the checkpoint, 2 now" in message
     assert "--fusion_rate" not in message  # only what differs is named
     with pytest.raises(CheckpointError, match="--objective: 'simcse' in the checkpoint, 'ifcl' now"):
-        run_ifcl.run([*[a for a in args if a not in ("simcse", "--objective")], "--resume_from_checkpoint", "last"])
+        run_ifcl.main([*[a for a in args if a not in ("simcse", "--objective")], "--resume_from_checkpoint", "last"])
 
 
 @pytest.mark.parametrize(
@@ -247,15 +247,15 @@ def test_resume_from_a_broken_checkpoint_names_the_file(runs, tmp_path, name):
         (checkpoint / name).write_bytes(data[: len(data) // 2])  # cut short, as by a full disk or a kill
         expected = f"{checkpoint / name} (is not valid JSON|cannot be read|is cut)"
     with pytest.raises(CheckpointError, match=expected):
-        run_ifcl.run([*args, "--resume_from_checkpoint", str(checkpoint)])
+        run_ifcl.main([*args, "--resume_from_checkpoint", str(checkpoint)])
     with pytest.raises(CheckpointError, match="no checkpoint of .* can be resumed from"):
-        run_ifcl.run([*args, "--resume_from_checkpoint", "last"])
+        run_ifcl.main([*args, "--resume_from_checkpoint", "last"])
 
 
 def test_resume_trains_exactly_like_an_uninterrupted_run(runs, tmp_path):
     _, _, whole_metrics = runs["whole"]
     folder, args = copy_of_stopped_run(runs, tmp_path)
-    trainer, metrics = run_ifcl.run([*args, "--resume_from_checkpoint", "last"])
+    trainer, metrics = run_ifcl.main([*args, "--resume_from_checkpoint", "last"])
     assert trainer.state.global_step == 4
     assert metrics["test_stsb_spearman"] == pytest.approx(whole_metrics["test_stsb_spearman"], abs=1e-9)
     whole_folder = runs["whole"][0]
@@ -267,7 +267,7 @@ def test_resume_trains_exactly_like_an_uninterrupted_run(runs, tmp_path):
     assert losses_by_step(trainer) == pytest.approx(whole_losses, rel=1e-6) and 4 in whole_losses
     assert record(folder).finished and "checkpoint-2" in record(folder).written
     with pytest.raises(OutputFolderError, match="is finished"):  # nothing left to resume
-        run_ifcl.run([*args, "--resume_from_checkpoint", "last"])
+        run_ifcl.main([*args, "--resume_from_checkpoint", "last"])
 
 
 def test_last_skips_a_broken_newer_checkpoint_and_names_it(runs, tmp_path, caplog):
@@ -279,7 +279,7 @@ def test_last_skips_a_broken_newer_checkpoint_and_names_it(runs, tmp_path, caplo
     data = (broken / "model.safetensors").read_bytes()
     (broken / "model.safetensors").write_bytes(data[: len(data) // 3])
     with caplog.at_level("WARNING"):
-        trainer, _ = run_ifcl.run([*args, "--resume_from_checkpoint", "last"])
+        trainer, _ = run_ifcl.main([*args, "--resume_from_checkpoint", "last"])
     assert trainer.state.global_step == 4
     assert any("checkpoint-3" in message and "model.safetensors" in message for message in caplog.messages)
 
@@ -292,7 +292,7 @@ def test_a_checkpoint_with_nan_weights_is_not_resumed_from(runs, tmp_path):
     tensors[name] = torch.full_like(tensors[name], float("nan"))
     save_file(tensors, str(weights), metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=f"NaN or infinite values \\({name}"):
-        run_ifcl.run([*args, "--resume_from_checkpoint", "last"])
+        run_ifcl.main([*args, "--resume_from_checkpoint", "last"])
 
 
 def test_a_run_stopped_after_training_finishes_its_results_without_a_step(
@@ -305,7 +305,7 @@ def test_a_run_stopped_after_training_finishes_its_results_without_a_step(
         "--save_total_limit",
         "3",
     ]
-    _, whole_metrics = run_ifcl.run(args)
+    _, whole_metrics = run_ifcl.main(args)
     evaluate = IFCLTrainer.evaluate
 
     def stop_in_the_final_test(self, *a, **kwargs):
@@ -316,8 +316,8 @@ def test_a_run_stopped_after_training_finishes_its_results_without_a_step(
     monkeypatch.setattr(IFCLTrainer, "evaluate", stop_in_the_final_test)
     folder = tmp_path / "run"
     stopped_args = [str(folder) if a == str(tmp_path / "whole") else a for a in args]
-    with pytest.raises(KeyboardInterrupt):
-        run_ifcl.run(stopped_args)
+    with pytest.raises(Interrupted):
+        run_ifcl.main(stopped_args)
     assert (folder / "model.safetensors").exists()  # the weights were saved ...
     assert not (folder / "all_results.json").exists()  # ... but no results file says the run finished
     assert (folder / RUN_IN_PROGRESS_FILE).exists()
@@ -326,7 +326,7 @@ def test_a_run_stopped_after_training_finishes_its_results_without_a_step(
     monkeypatch.undo()
     trained = []
     monkeypatch.setattr(IFCLTrainer, "training_step", lambda *a, **k: trained.append(1) or pytest.fail("trained"))
-    trainer, metrics = run_ifcl.run([*stopped_args, "--resume_from_checkpoint", "last"])
+    trainer, metrics = run_ifcl.main([*stopped_args, "--resume_from_checkpoint", "last"])
     assert not trained and trainer.state.global_step == 4
     assert metrics["test_stsb_spearman"] == pytest.approx(whole_metrics["test_stsb_spearman"], abs=1e-9)
     assert metrics["eval_stsb_spearman"] == pytest.approx(whole_metrics["eval_stsb_spearman"], abs=1e-9)
@@ -357,14 +357,14 @@ def test_a_full_disk_during_a_checkpoint_ends_in_one_line_and_resume_takes_the_l
     args = objective_run_args(tiny_encoder_dir, english_sts_data, folder, "simcse")
     monkeypatch.setattr("sys.argv", ["run_ifcl.py", *args])
     with pytest.raises(SystemExit) as exit_code:
-        run_ifcl.main()
+        run_command("run_ifcl.py", run_ifcl.main)
     assert exit_code.value.code == 1
     error = capsys.readouterr().err
     assert "Traceback" not in error and "run_ifcl.py: error: writing into" in error and "at step 4" in error
     assert "No space left on device" in error and "--resume_from_checkpoint last" in error
     assert (folder / RUN_IN_PROGRESS_FILE).exists()
     monkeypatch.undo()
-    trainer, _ = run_ifcl.run([*args, "--resume_from_checkpoint", "last"])  # checkpoint-4 is broken: from 2
+    trainer, _ = run_ifcl.main([*args, "--resume_from_checkpoint", "last"])  # checkpoint-4 is broken: from 2
     assert trainer.state.global_step == 4 and record(folder).finished
 
 
@@ -376,5 +376,5 @@ def test_nan_in_the_weights_to_train_from_is_named_before_training(tiny_encoder_
     tensors[name].view(-1)[0] = float("nan")
     save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match="weights hold NaN or infinite values"):
-        run_ifcl.run(objective_run_args(broken, english_sts_data, tmp_path / "run", "simcse"))
+        run_ifcl.main(objective_run_args(broken, english_sts_data, tmp_path / "run", "simcse"))
     assert not (tmp_path / "run").exists()

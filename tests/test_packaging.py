@@ -18,7 +18,7 @@ TOP_LEVEL_MODULES = {"run_ifcl.py", "modeling_ifcl.py", "configuration_ifcl.py",
 def test_one_dependency_list():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    assert project["project"]["dynamic"] == ["dependencies"]
+    assert project["project"]["dynamic"] == ["dependencies", "version"]  # version: ifcl.__version__
     assert project["tool"]["setuptools"]["dynamic"]["dependencies"] == {"file": ["requirements.txt"]}
     assert not (ROOT / "requirements-dev.txt").exists()
     requirements = (ROOT / "requirements.txt").read_text(encoding="utf-8")
@@ -30,10 +30,22 @@ def wheel(tmp_path_factory) -> Path:
     pytest.importorskip("setuptools")
     folder = tmp_path_factory.mktemp("wheel")
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir",
-         str(folder), str(ROOT)],
-        capture_output=True, text=True, cwd=folder,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(folder),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=folder,
+    )
     assert built.returncode == 0, built.stderr[-3000:]
     return next(folder.glob("ifcl-*.whl"))
 
@@ -58,8 +70,10 @@ def test_the_installed_library_imports_and_registers_from_outside_the_checkout(w
     target = tmp_path / "site"
     installed = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
-        capture_output=True, text=True, cwd=tmp_path,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert installed.returncode == 0, installed.stderr[-3000:]
     code = f"""
 import evaluate

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CANTONESE, ENGLISH, GERMAN, MANDARIN, ROOT, build_tiny_bert, write_sts_file
+from conftest import CANTONESE, ENGLISH, GERMAN, MANDARIN, ROOT, build_tiny_bert, objective_run_args, write_sts_file
 
-import ifcl.hub
 import run_ifcl
 
 
@@ -29,22 +28,9 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def tiny_args(encoder: Path, fraternal: Path, data: Path, output: Path, *extra: str) -> list[str]:
-    return [
-        "--model_name_or_path", str(encoder),
-        "--fraternal_model_name_or_path", str(fraternal),
-        "--train_file", str(data / "train.txt"),
-        "--validation_file", str(data / "sts.tsv"),
-        "--test_file", str(data / "sts.tsv"),
-        "--output_dir", str(output),
-        "--max_steps", "6",
-        "--per_device_train_batch_size", "4",
-        "--eval_steps", "3",
-        "--save_steps", "3",
-        "--logging_steps", "2",
-        "--queue_size", "2",
-        "--forgetting_rate", "0.2",
-        *extra,
-    ]  # fmt: skip
+    """A 6-step IFCL run with a fraternal model and a queue of k = 2 (conftest's one argument builder)."""
+    queue = ("--queue_size", "2", "--forgetting_rate", "0.2")
+    return objective_run_args(encoder, data, output, "ifcl", *queue, *extra, fraternal=fraternal, max_steps=6)
 
 
 def launch(args: list[str], processes: int = 1, script: str = "run_ifcl.py") -> subprocess.CompletedProcess:
@@ -99,10 +85,12 @@ def test_one_process_end_to_end(tiny_encoder_dir, tiny_fraternal_dir, data_dir, 
     from ifcl.hub import PUSH_IGNORE_PATTERNS
 
     published = [
-        path for path in output.rglob("*")
-        if path.suffix in (".json", ".md") and not any(path.relative_to(output).match(p) for p in PUSH_IGNORE_PATTERNS)
+        path
+        for path in output.rglob("*")
+        if path.suffix in (".json", ".md")
+        and not any(path.relative_to(output).match(p) for p in PUSH_IGNORE_PATTERNS)
         and not str(path.relative_to(output)).startswith("checkpoint-")
-    ]  # fmt: skip
+    ]
     assert "trainer_state.json" in {path.name for path in published}
     for path in published:
         text = path.read_text(encoding="utf-8")
@@ -169,12 +157,31 @@ def test_chinese_mandarin_with_cantonese_twins_end_to_end(tmp_path):
             f.write(json.dumps({"sentence1": a, "sentence2": b if i % 2 else MANDARIN[i - 1], "score": i % 2}) + "\n")
     output = tmp_path / "out"
     args = [
-        "--model_name_or_path", str(encoder), "--fraternal_model_name_or_path", str(fraternal),
-        "--train_file", str(tmp_path / "train.txt"), "--validation_file", str(tmp_path / "cstsb.tsv"),
-        "--test_file", str(tmp_path / "simclue.jsonl"), "--sts_task_name", "cstsb",
-        "--output_dir", str(output), "--max_steps", "4", "--per_device_train_batch_size", "4",
-        "--eval_steps", "2", "--save_steps", "2", "--queue_size", "2",
-    ]  # fmt: skip
+        "--model_name_or_path",
+        str(encoder),
+        "--fraternal_model_name_or_path",
+        str(fraternal),
+        "--train_file",
+        str(tmp_path / "train.txt"),
+        "--validation_file",
+        str(tmp_path / "cstsb.tsv"),
+        "--test_file",
+        str(tmp_path / "simclue.jsonl"),
+        "--sts_task_name",
+        "cstsb",
+        "--output_dir",
+        str(output),
+        "--max_steps",
+        "4",
+        "--per_device_train_batch_size",
+        "4",
+        "--eval_steps",
+        "2",
+        "--save_steps",
+        "2",
+        "--queue_size",
+        "2",
+    ]
     result = launch(args)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     results = json.loads((output / "all_results.json").read_text())
@@ -186,8 +193,10 @@ def test_chinese_mandarin_with_cantonese_twins_end_to_end(tmp_path):
     model = IFCLModel.from_pretrained(output)
     ids = model.tokenizer(MANDARIN[0])["input_ids"]
     assert model.tokenizer.unk_token_id not in ids and len(ids) == len(MANDARIN[0]) + 2  # one token per character
-    cantonese_ids = model.fraternal_tokenizer(CANTONESE[1])["input_ids"]
-    assert model.fraternal_tokenizer.unk_token_id not in cantonese_ids
+    from ifcl.objectives.ifcl import fraternal_tokenizer
+
+    cantonese_ids = fraternal_tokenizer(model)(CANTONESE[1])["input_ids"]
+    assert fraternal_tokenizer(model).unk_token_id not in cantonese_ids
     embeddings = model.encode(MANDARIN)
     assert embeddings.shape == (len(MANDARIN), 32) and torch.isfinite(embeddings).all()
 
@@ -197,7 +206,7 @@ def test_chinese_mandarin_with_cantonese_twins_end_to_end(tmp_path):
 
 def run_in_process(*args: str, tmp_path: Path) -> None:
     """Run with a model path that does not exist: any error must come before the model would be loaded."""
-    run_ifcl.run(
+    run_ifcl.main(
         ["--model_name_or_path", str(tmp_path / "no-such-model"), "--output_dir", str(tmp_path / "out"), *args]
     )
 
@@ -281,14 +290,23 @@ def test_push_to_hub_sends_the_finished_folder(tiny_encoder_dir, tiny_fraternal_
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     output = tmp_path / "out"
     args = tiny_args(tiny_encoder_dir, tiny_fraternal_dir, data_dir, output, "--max_steps", "3", "--eval_steps", "3")
-    run_ifcl.run(
+    run_ifcl.main(
         [*args, "--save_steps", "3", "--push_to_hub", "--hub_model_id", "someone/ifcl-tiny", "--hub_token", "x"]
     )
     assert sent["repo_id"] == "someone/ifcl-tiny"
     files = sent["files"]
-    for name in ("README.md", "config.json", "model.safetensors", "modeling_ifcl.py", "configuration_ifcl.py",
-                 "tokenizer.json", "fraternal_tokenizer/tokenizer.json", "modules.json", "all_results.json",
-                 "training_curves.png"):  # fmt: skip
+    for name in (
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        "modeling_ifcl.py",
+        "configuration_ifcl.py",
+        "tokenizer.json",
+        "fraternal_tokenizer/tokenizer.json",
+        "modules.json",
+        "all_results.json",
+        "training_curves.png",
+    ):
         assert name in files, name
     assert not any(name.startswith("checkpoint-") or name == "training_args.bin" for name in files)
     assert json.loads((output / "config.json").read_text())["auto_map"]["AutoModel"] == "modeling_ifcl.IFCLModel"
@@ -305,6 +323,8 @@ def test_push_to_hub_offline_keeps_everything_and_says_how_to_push_later(
     args = tiny_args(
         tiny_encoder_dir, tiny_fraternal_dir, data_dir, output, "--max_steps", "2", "--eval_strategy", "no"
     )
-    with pytest.raises(ifcl.hub.PushError, match="push it later with: hf upload someone/x"):
-        run_ifcl.run([*args, "--load_best_model_at_end", "false", "--push_to_hub", "--hub_model_id", "someone/x"])
+    from ifcl.cli import RunFailure
+
+    with pytest.raises(RunFailure, match="push it later with: hf upload someone/x"):
+        run_ifcl.main([*args, "--load_best_model_at_end", "false", "--push_to_hub", "--hub_model_id", "someone/x"])
     assert (output / "all_results.json").is_file() and (output / "model.safetensors").is_file()

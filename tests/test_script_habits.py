@@ -19,6 +19,9 @@ from conftest import ENGLISH, GERMAN, ROOT, objective_run_args, write_sts_file
 
 import ifcl.hub
 import run_ifcl
+from ifcl.arguments import strategy_name
+from ifcl.checks import check_training_settings
+from ifcl.cli import run_command
 from ifcl.output_folder import RUN_IN_PROGRESS_FILE
 
 IFCL_EXTRA = ("--queue_size", "2", "--forgetting_rate", "0.2")
@@ -38,16 +41,15 @@ def pairs_data(tmp_path_factory) -> Path:
 def ifcl_folder(tiny_encoder_dir, pairs_data, tmp_path_factory) -> tuple[Path, dict[str, float]]:
     """A finished 4-step IFCL run (fraternal table, queue of k = 2 mini-batches of N = 4): folder A and its results."""
     folder = tmp_path_factory.mktemp("runs") / "a"
-    _, metrics = run_ifcl.run(objective_run_args(tiny_encoder_dir, pairs_data, folder, "ifcl", *IFCL_EXTRA))
+    _, metrics = run_ifcl.main(objective_run_args(tiny_encoder_dir, pairs_data, folder, "ifcl", *IFCL_EXTRA))
     return folder, metrics
 
 
 def main_exit_code(argv: list[str], monkeypatch) -> int:
-    """``run_ifcl.main()`` with ``argv`` on the command line: its exit code (0 when it returns)."""
+    """``run_ifcl.py`` with ``argv`` on the command line: its exit code (0 when it returns)."""
     monkeypatch.delenv("IFCL_DEBUG", raising=False)
-    monkeypatch.setattr(sys, "argv", ["run_ifcl.py", *argv])
     try:
-        run_ifcl.main()
+        run_command("run_ifcl.py", lambda: run_ifcl.main(argv))
     except SystemExit as exit_info:
         return int(exit_info.code or 0)
     return 0
@@ -93,16 +95,16 @@ def test_a_failed_push_ends_with_exit_code_1_after_everything_is_saved(
 @pytest.mark.parametrize("strategy", ["every_save", "checkpoint", "all_checkpoints"])
 def test_hub_strategies_other_than_end_are_refused_before_any_model_loads(strategy, tmp_path):
     with pytest.raises(ValueError, match=f"--hub_strategy {strategy}: this script pushes once, at the end"):
-        run_ifcl.run(bad_input("--push_to_hub", "--hub_strategy", strategy, tmp_path=tmp_path))
+        run_ifcl.main(bad_input("--push_to_hub", "--hub_strategy", strategy, tmp_path=tmp_path))
     assert not (tmp_path / "out").exists()
 
 
 def test_hub_strategy_end_is_the_default_and_accepted(tmp_path):
     arguments = run_ifcl.parse_arguments(["--output_dir", str(tmp_path / "out")])
-    assert run_ifcl.strategy_name(arguments.training.hub_strategy) == "end"
-    run_ifcl.check_training_settings(arguments.training)  # no error
+    assert strategy_name(arguments.training.hub_strategy) == "end"
+    check_training_settings(arguments.training)  # no error
     arguments = run_ifcl.parse_arguments(["--hub_strategy", "end", "--output_dir", str(tmp_path / "out")])
-    run_ifcl.check_training_settings(arguments.training)
+    check_training_settings(arguments.training)
 
 
 def test_a_bad_hub_strategy_exits_with_code_2(tmp_path, monkeypatch, capsys):
@@ -116,13 +118,14 @@ def test_help_says_what_push_to_hub_and_the_do_flags_do_here(capsys):
         run_ifcl.parse_arguments(["--help"])
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
+    assert text.startswith("usage: run_ifcl.py") and "Train a sentence encoder with IFCL" in text[:300]
     assert "every time the model is saved" not in text
     assert "Push the finished output folder to --hub_model_id once, at the end, after training" in text
-    assert "checkpoint-* folders, training_args.bin and runs/ left out" in text
-    assert "exit code 1 and prints the hf upload command" in text
+    assert "a failed push loses nothing and prints the command that pushes later" in text
     assert "Only 'end' (the default here)" in text
-    assert "With none of --do_train, --do_eval, --do_predict given, all three run; with any given, only those" in text
+    assert "With none of --do_train, --do_eval, --do_predict given, all three run" in text
     assert "Not directly used by Trainer" not in text
+    assert "(default: sentence-transformers/all-" in text  # the embedded default, said once
 
 
 # ---------------------------------------------------------------- B4. --do_train, --do_eval, --do_predict
@@ -161,13 +164,13 @@ def test_the_do_flags_in_a_json_file(tmp_path):
 )
 def test_do_flags_that_cannot_work_are_refused_before_any_model_loads(args, message, tmp_path):
     with pytest.raises(ValueError, match=message):
-        run_ifcl.run(bad_input(*args, tmp_path=tmp_path))
+        run_ifcl.main(bad_input(*args, tmp_path=tmp_path))
     assert not (tmp_path / "out").exists()
 
 
 def test_do_train_alone_trains_with_dev_evaluations_and_nothing_else(tiny_encoder_dir, english_sts_data, tmp_path):
     output = tmp_path / "out"
-    run_ifcl.run([*objective_run_args(tiny_encoder_dir, english_sts_data, output, "simcse"), "--do_train"])
+    run_ifcl.main([*objective_run_args(tiny_encoder_dir, english_sts_data, output, "simcse"), "--do_train"])
     written = results(output)
     assert written["train_steps"] == 4
     assert not [key for key in written if key.startswith(("init_", "eval_", "test_"))]
@@ -180,7 +183,7 @@ def test_do_train_alone_trains_with_dev_evaluations_and_nothing_else(tiny_encode
 def test_do_train_and_do_predict_give_the_test_figures_before_and_after(tiny_encoder_dir, english_sts_data, tmp_path):
     output = tmp_path / "out"
     args = objective_run_args(tiny_encoder_dir, english_sts_data, output, "simcse", "--do_train", "--do_predict")
-    _, metrics = run_ifcl.run(args)
+    _, metrics = run_ifcl.main(args)
     assert {"init_test_stsb_spearman", "test_stsb_spearman", "train_steps"} <= set(results(output))
     assert not [key for key in metrics if key.startswith(("init_eval_", "eval_"))]
 
@@ -188,7 +191,7 @@ def test_do_train_and_do_predict_give_the_test_figures_before_and_after(tiny_enc
 def test_without_do_train_the_model_is_evaluated_as_it_is(tiny_encoder_dir, english_sts_data, tmp_path):
     output = tmp_path / "out"
     args = objective_run_args(tiny_encoder_dir, english_sts_data, output, "simcse", "--do_eval", "--do_predict")
-    _, metrics = run_ifcl.run(args)
+    _, metrics = run_ifcl.main(args)
     written = results(output)
     assert set(written) == set(metrics)
     assert -100 <= written["eval_stsb_spearman"] <= 100 and -100 <= written["test_stsb_spearman"] <= 100
@@ -199,7 +202,7 @@ def test_without_do_train_the_model_is_evaluated_as_it_is(tiny_encoder_dir, engl
     assert not (output / RUN_IN_PROGRESS_FILE).exists()
 
     only_test = tmp_path / "test_only"
-    _, metrics = run_ifcl.run(
+    _, metrics = run_ifcl.main(
         objective_run_args(tiny_encoder_dir, english_sts_data, only_test, "simcse", "--do_predict")
     )
     assert metrics["test_stsb_spearman"] == pytest.approx(written["test_stsb_spearman"])
@@ -222,7 +225,7 @@ def test_eval_strategy_no_turns_off_keeping_the_best_checkpoint(tmp_path):
 def test_eval_strategy_no_runs_end_to_end(tiny_encoder_dir, english_sts_data, tmp_path):
     output = tmp_path / "out"
     args = objective_run_args(tiny_encoder_dir, english_sts_data, output, "simcse", "--eval_strategy", "no")
-    _, metrics = run_ifcl.run(args)
+    _, metrics = run_ifcl.main(args)
     assert metrics["train_steps"] == 4 and "eval_stsb_spearman" in metrics and "test_stsb_spearman" in metrics
     state = json.loads((output / "trainer_state.json").read_text())
     assert not any("eval_stsb_spearman" in entry for entry in state["log_history"])  # none while training
@@ -233,7 +236,7 @@ def test_eval_steps_alone_makes_save_steps_follow(tmp_path):
     assert arguments.training.eval_steps == 7 and arguments.training.save_steps == 7
     assert any("--save_steps follows --eval_steps 7" in note for note in arguments.notes)
     arguments = run_ifcl.parse_arguments(["--eval_strategy", "epoch", "--output_dir", str(tmp_path)])
-    assert run_ifcl.strategy_name(arguments.training.save_strategy) == "epoch"
+    assert strategy_name(arguments.training.save_strategy) == "epoch"
     # Given together and fitting, or without keeping the best checkpoint: as given.
     training = run_ifcl.parse_arguments(["--eval_steps", "5", "--save_steps", "10", "--output_dir", str(tmp_path)])
     assert training.training.save_steps == 10 and not training.notes
@@ -268,7 +271,7 @@ def test_training_continues_from_an_ifcl_folder(ifcl_folder, pairs_data, tmp_pat
     folder_a, metrics_a = ifcl_folder
     assert json.loads((folder_a / "config.json").read_text())["ifcl"]["objective"] == "ifcl"
     folder_b = tmp_path / "b"
-    _, metrics_b = run_ifcl.run(objective_run_args(folder_a, pairs_data, folder_b, "ifcl", *IFCL_EXTRA))
+    _, metrics_b = run_ifcl.main(objective_run_args(folder_a, pairs_data, folder_b, "ifcl", *IFCL_EXTRA))
     # Before training, B's model embeds exactly as A's saved model: the same STS figures.
     assert metrics_b["init_eval_stsb_spearman"] == pytest.approx(metrics_a["eval_stsb_spearman"], abs=1e-9)
     assert metrics_b["init_test_stsb_spearman"] == pytest.approx(metrics_a["test_stsb_spearman"], abs=1e-9)
@@ -283,44 +286,39 @@ def test_training_continues_from_an_ifcl_folder(ifcl_folder, pairs_data, tmp_pat
 def test_a_continued_model_holds_the_saved_weights_and_starts_an_empty_queue(ifcl_folder, tmp_path):
     from safetensors.torch import load_file
 
+    from configuration_ifcl import ifcl_config_dict
+    from ifcl import queue as ring
+    from ifcl.checks import read_config
+    from ifcl.objectives import build_objective
+
     folder_a, _ = ifcl_folder
-    saved = run_ifcl.saved_ifcl_config(str(folder_a))
+    saved = ifcl_config_dict(read_config(str(folder_a)))
     assert saved is not None and saved["queue_size"] == 2 and saved["queue_batch_size"] == 4
     weights = load_file(str(folder_a / "model.safetensors"))
     settings = {**{k: saved[k] for k in ("queue_size", "queue_batch_size")}, "fusion_rate": 0.3, "max_seq_length": 16}
-    model = run_ifcl.load_continued_model(str(folder_a), saved, settings)
+    model = run_ifcl.load_model(run_ifcl.ModelArguments(str(folder_a)), str(folder_a), saved, settings)
     state = model.state_dict()
     assert model.config.fusion_rate == 0.3 and model.config.max_seq_length == 16  # this command's settings
     # A published model leaves its run's queue out (checkpoints keep it): continuing starts it empty.
-    assert not any(name.startswith("queue.") for name in weights) and len(model.queue) == 0
+    assert not any(name.startswith("queue.") for name in weights) and ring.size(model.queue) == 0
     encoder = [name for name in weights if name.startswith("bert.")]
     assert encoder and all(torch.equal(state[name], weights[name]) for name in weights)
-    assert not model.get_input_embeddings().weight.requires_grad  # frozen as the config says
+    build_objective(model).prepare(model, global_batch=4)
+    assert not model.get_input_embeddings().weight.requires_grad  # frozen as the config says, for training
 
     # Another global batch: the queue starts empty, shaped for it.
-    model = run_ifcl.load_continued_model(str(folder_a), saved, {"queue_size": 3, "queue_batch_size": 8})
+    settings = {"queue_size": 3, "queue_batch_size": 8}
+    model = run_ifcl.load_model(run_ifcl.ModelArguments(str(folder_a)), str(folder_a), saved, settings)
     assert model.config.queue_size == 3 and model.config.queue_batch_size == 8
-    assert tuple(model.queue.embeddings.shape[:2]) == (3, 8) and len(model.queue) == 0
+    assert tuple(model.queue.embeddings.shape[:2]) == (3, 8) and ring.size(model.queue) == 0
 
 
 def test_plain_encoders_are_not_taken_for_ifcl_models(tiny_encoder_dir, tmp_path):
-    assert run_ifcl.saved_ifcl_config(str(tiny_encoder_dir)) is None
-    assert run_ifcl.saved_ifcl_config("owner/not-in-the-cache") is None  # offline: the encoder's loading says why
+    from configuration_ifcl import ifcl_config_dict
+    from ifcl.checks import read_config
 
-
-def test_a_hub_id_of_an_ifcl_model_is_read_through_the_hub_client(ifcl_folder, monkeypatch):
-    import huggingface_hub
-
-    folder_a, _ = ifcl_folder
-    asked = []
-
-    def download(repo_id, filename, **kwargs):
-        asked.append((repo_id, filename))
-        return str(folder_a / filename)
-
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
-    assert run_ifcl.saved_ifcl_config("you/ifcl-tiny")["objective"] == "ifcl"
-    assert asked == [("you/ifcl-tiny", "config.json")]
+    assert ifcl_config_dict(read_config(str(tiny_encoder_dir))) is None
+    assert read_config("owner/not-in-the-cache") is None  # offline: the encoder's loading says why
 
 
 @pytest.mark.parametrize(
@@ -337,7 +335,7 @@ def test_what_an_ifcl_model_cannot_continue_with_is_refused_before_it_loads(
     folder_a, _ = ifcl_folder
     extra = (*IFCL_EXTRA, *extra) if objective == "ifcl" else extra
     with pytest.raises(ValueError, match=message):
-        run_ifcl.run(objective_run_args(folder_a, pairs_data, tmp_path / "c", objective, *extra))
+        run_ifcl.main(objective_run_args(folder_a, pairs_data, tmp_path / "c", objective, *extra))
     assert not (tmp_path / "c").exists()
 
 

@@ -53,11 +53,28 @@ def test_an_edited_ifcl_folder_never_runs_its_code(saved_model, tmp_path):
     train = tmp_path / "train.txt"
     train.write_text("".join(f"Sentence number {i} is here.\tSatz Nummer {i} ist hier.\n" for i in range(16)))
     result = run_script(
-        "run_ifcl.py", "--model_name_or_path", str(saved_model), "--train_file", str(train),
-        "--validation_file", sts, "--test_file", sts, "--output_dir", str(tmp_path / "out"), "--max_steps", "2",
-        "--per_device_train_batch_size", "4", "--queue_size", "0", "--max_seq_length", "16", "--use_cpu",
+        "run_ifcl.py",
+        "--model_name_or_path",
+        str(saved_model),
+        "--train_file",
+        str(train),
+        "--validation_file",
+        sts,
+        "--test_file",
+        sts,
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--queue_size",
+        "0",
+        "--max_seq_length",
+        "16",
+        "--use_cpu",
         cwd=tmp_path,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert not sentinel.exists(), "run_ifcl.py ran the folder's code"
 
