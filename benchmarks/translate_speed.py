@@ -66,11 +66,20 @@ def build_model(folder: str) -> None:
     torch.manual_seed(0)
     shape = OPUS_MT_EN_DE
     config = MarianConfig(
-        vocab_size=size, d_model=shape["d_model"], encoder_layers=shape["layers"], decoder_layers=shape["layers"],
-        encoder_attention_heads=shape["heads"], decoder_attention_heads=shape["heads"], encoder_ffn_dim=shape["ffn"],
-        decoder_ffn_dim=shape["ffn"], max_position_embeddings=shape["positions"], pad_token_id=size - 1,
-        eos_token_id=0, forced_eos_token_id=0, decoder_start_token_id=size - 1,
-    )  # fmt: skip
+        vocab_size=size,
+        d_model=shape["d_model"],
+        encoder_layers=shape["layers"],
+        decoder_layers=shape["layers"],
+        encoder_attention_heads=shape["heads"],
+        decoder_attention_heads=shape["heads"],
+        encoder_ffn_dim=shape["ffn"],
+        decoder_ffn_dim=shape["ffn"],
+        max_position_embeddings=shape["positions"],
+        pad_token_id=size - 1,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        decoder_start_token_id=size - 1,
+    )
     MarianMTModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 
@@ -109,9 +118,12 @@ def ctranslate2_runner(ct2_folder: str, folder: str, device: str, compute_type: 
     def run(sentences: list[str]) -> int:
         tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(sentences)["input_ids"]]
         results = translator.translate_batch(
-            tokens, max_batch_size=batch_size, beam_size=1, min_decoding_length=target_tokens,
+            tokens,
+            max_batch_size=batch_size,
+            beam_size=1,
+            min_decoding_length=target_tokens,
             max_decoding_length=target_tokens,
-        )  # fmt: skip
+        )
         return sum(len(result.hypotheses[0]) for result in results)
 
     return run
@@ -187,24 +199,21 @@ def main() -> None:
         make_converter(folder).convert(ct2_folder)
         devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
         for device in devices:
+            batch, tokens = args.batch_size, args.target_tokens
             if device == "cpu":
                 runners = {
-                    "transformers float32": transformers_runner(folder, device, torch.float32, args.batch_size,
-                                                                args.target_tokens),
-                    "ctranslate2 int8": ctranslate2_runner(ct2_folder, folder, device, "int8", args.batch_size,
-                                                           args.target_tokens),
-                    "ctranslate2 float32": ctranslate2_runner(ct2_folder, folder, device, "float32", args.batch_size,
-                                                              args.target_tokens),
-                }  # fmt: skip
+                    "transformers float32": transformers_runner(folder, device, torch.float32, batch, tokens),
+                    "ctranslate2 int8": ctranslate2_runner(ct2_folder, folder, device, "int8", batch, tokens),
+                    "ctranslate2 float32": ctranslate2_runner(ct2_folder, folder, device, "float32", batch, tokens),
+                }
             else:
                 runners = {
-                    "transformers float16": transformers_runner(folder, device, torch.float16, args.batch_size,
-                                                                args.target_tokens),
-                    "ctranslate2 float16": ctranslate2_runner(ct2_folder, folder, device, "float16", args.batch_size,
-                                                              args.target_tokens),
-                    "ctranslate2 int8_float16": ctranslate2_runner(ct2_folder, folder, device, "int8_float16",
-                                                                   args.batch_size, args.target_tokens),
-                }  # fmt: skip
+                    "transformers float16": transformers_runner(folder, device, torch.float16, batch, tokens),
+                    "ctranslate2 float16": ctranslate2_runner(ct2_folder, folder, device, "float16", batch, tokens),
+                    "ctranslate2 int8_float16": ctranslate2_runner(
+                        ct2_folder, folder, device, "int8_float16", batch, tokens
+                    ),
+                }
             figures = measure(runners, sentences, args.rounds)
             baseline = next(name for name in figures if name.startswith("transformers"))
             for name, figure in figures.items():

@@ -4,9 +4,11 @@ then translated there with the same tokenizer, prefix, language tokens and lengt
 The folder (``--ct2_model_dir``, default ``<output folder>/<model name>-ct2``) is written by
 ``ctranslate2.converters.TransformersConverter`` in this process (no download, no subprocess), into a temporary
 folder that is renamed into place once complete, with ``ifcl_conversion.json`` beside the weights: the model it was
-converted from (its path and a fingerprint of its files) and the converter's version. A later run reuses the folder
-only if that record matches; a folder without the record, or converted from another model, is refused and never
-deleted.
+converted from (its path and a fingerprint of its files), the converter's version, and the size and SHA-256 of each
+file the converter wrote. A later run reuses the folder only if the record matches the model; a folder without the
+record, or converted from another model, is refused and never deleted. Before the model loads, its files are
+checked against the record: a damaged one (bytes changed, cut short, a file missing) is converted again in its
+place, which is safe because this project made it.
 
 Greedy output equals transformers' ``generate``: the same source tokens (the tokenizer's ids as tokens), the same
 first target tokens (NLLB/M2M100/mBART-50's target language as a target prefix), and the same end at
@@ -24,6 +26,8 @@ import os
 import shutil
 from collections.abc import Iterator, Sequence
 from typing import Any
+
+from ifcl.data import file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -101,11 +105,18 @@ def expected_record(model_name_or_path: str) -> dict[str, Any]:
     }
 
 
-def check_model_dir(model_dir: str, model_name_or_path: str) -> bool:
-    """Whether ``model_dir`` holds this model already converted (True) or is free (False); EngineSettingsError for a
-    folder this project did not convert, or converted from another model or with another converter."""
+def converted_files(folder: str) -> dict[str, dict[str, Any]]:
+    """The size and SHA-256 of each file the converter wrote into ``folder``."""
+    paths = {name: os.path.join(folder, name) for name in sorted(os.listdir(folder)) if name != CONVERSION_RECORD}
+    return {name: {"size": os.path.getsize(path), "sha256": file_sha256(path)} for name, path in paths.items()}
+
+
+def read_conversion_record(model_dir: str, model_name_or_path: str) -> dict[str, Any] | None:
+    """The conversion record of ``model_dir`` when this project converted this model there; None when the folder is
+    free. EngineSettingsError for a folder this project did not convert, one converted from another model or with
+    another converter, and one whose record cannot be read."""
     if not os.path.exists(model_dir):
-        return False
+        return None
     record_file = os.path.join(model_dir, CONVERSION_RECORD)
     hint = "pass another --ct2_model_dir (the folder is left as it is)"
     if not os.path.isfile(record_file):
@@ -113,8 +124,16 @@ def check_model_dir(model_dir: str, model_name_or_path: str) -> bool:
             f"--ct2_model_dir {model_dir}: exists and was not converted by prepare_fraternal.py (it has no "
             f"{CONVERSION_RECORD}); {hint}."
         )
-    with open(record_file, encoding="utf-8") as handle:
-        record = json.load(handle)
+    try:
+        with open(record_file, encoding="utf-8") as handle:
+            record = json.load(handle)
+        if not isinstance(record, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as error:
+        raise EngineSettingsError(
+            f"--ct2_model_dir {model_dir}: its {CONVERSION_RECORD} cannot be read ({error}); delete the folder to "
+            "convert the model again, or pass another --ct2_model_dir."
+        ) from None
     expected = expected_record(model_name_or_path)
     different = [key for key in expected if record.get(key) != expected[key]]
     if different:
@@ -123,7 +142,24 @@ def check_model_dir(model_dir: str, model_name_or_path: str) -> bool:
             f"{', '.join(different)}: {record.get(different[0])!r} there, {expected[different[0]]!r} now); {hint}, "
             "or delete it to convert again."
         )
-    return True
+    return record
+
+
+def find_damage(model_dir: str, record: dict[str, Any]) -> str | None:
+    """What differs between the files of ``model_dir`` and its conversion record, or None when none does."""
+    recorded = record.get("files")
+    if not recorded or not isinstance(recorded, dict) or not all(isinstance(file, dict) for file in recorded.values()):
+        return f"its {CONVERSION_RECORD} lists no files to check them against"
+    for name, expected in recorded.items():
+        path = os.path.join(model_dir, name)
+        if not os.path.isfile(path):
+            return f"{name} is missing"
+        if os.path.getsize(path) != expected.get("size"):
+            return f"{name} has {os.path.getsize(path)} bytes, {expected.get('size')} when converted"
+    for name, expected in recorded.items():
+        if file_sha256(os.path.join(model_dir, name)) != expected.get("sha256"):
+            return f"{name} differs from the file converted (SHA-256)"
+    return None
 
 
 def make_converter(model_name_or_path: str) -> Any:
@@ -164,6 +200,7 @@ def convert_model(model_name_or_path: str, model_dir: str) -> None:
     logger.info(f"Converting {model_name_or_path} for CTranslate2 into {model_dir} (once)")
     try:
         make_converter(model_name_or_path).convert(temporary, force=True)
+        record["files"] = converted_files(temporary)
         with open(os.path.join(temporary, CONVERSION_RECORD), "w", encoding="utf-8") as handle:
             json.dump(record, handle, indent=2)
         os.rename(temporary, model_dir)
@@ -173,9 +210,19 @@ def convert_model(model_name_or_path: str, model_dir: str) -> None:
 
 
 def prepare_model_dir(model_dir: str, model_name_or_path: str) -> None:
-    """Convert the model into ``model_dir`` unless this project already did (``check_model_dir``)."""
-    if not check_model_dir(model_dir, model_name_or_path):
-        convert_model(model_name_or_path, model_dir)
+    """Convert the model into ``model_dir`` unless this project already did and the folder is intact: a damaged one
+    (``find_damage``) is converted again in its place, with a log line."""
+    record = read_conversion_record(model_dir, model_name_or_path)
+    if record is not None:
+        damage = find_damage(model_dir, record)
+        if damage is None:
+            return
+        logger.warning(
+            f"--ct2_model_dir {model_dir}: {damage}; converting {model_name_or_path} into it again (this project "
+            "made it)"
+        )
+        shutil.rmtree(model_dir)
+    convert_model(model_name_or_path, model_dir)
 
 
 def check_compute_type(compute_type: str, device: str) -> None:
@@ -298,7 +345,13 @@ def load_ctranslate2_translator(
         options["intra_threads"] = cpu_threads
     else:
         options["inter_threads"] = 1
-    translator = ctranslate2.Translator(model_dir, device=device, **options)
+    try:
+        translator = ctranslate2.Translator(model_dir, device=device, **options)
+    except (RuntimeError, ValueError) as error:
+        raise EngineSettingsError(
+            f"--ct2_model_dir {model_dir}: CTranslate2 cannot load it on {device} ({error}); delete the folder to "
+            "convert the model again."
+        ) from None
     eos = generation.eos_token_id if generation.eos_token_id is not None else config.eos_token_id
     eos_ids = set(eos) if isinstance(eos, list) else {eos}
     end_is_forced = generation.forced_eos_token_id is not None and generation.forced_eos_token_id in eos_ids

@@ -1,61 +1,56 @@
-#!/usr/bin/env python
 """Translate a file of sentences into IFCL training pairs (``sentence<TAB>translation``, one per line).
 
     python prepare_fraternal.py --input_file wiki1m_for_simcse.txt --output_file wiki1m_en_de.txt \\
         --model_name_or_path Helsinki-NLP/opus-mt-en-de
-    python prepare_fraternal.py ... --model_name_or_path google-t5/t5-base --source_lang English --target_lang German
-    python prepare_fraternal.py ... --model_name_or_path facebook/nllb-200-distilled-600M \\
-        --source_lang eng_Latn --target_lang deu_Latn --batch_size 128 --dtype bfloat16
 
-Any Hugging Face sequence-to-sequence translation model works: T5 gets its task prefix ("translate English to
-German: "), M2M100/NLLB/mBART get the source language on the tokenizer and the target language as the forced first
-token, multilingual Marian models get their ">>deu<< " token. Sentences are translated in length-sorted batches
-and written in input order; the output is appended to and flushed after every batch, translations that are ahead
-of the order wait in ``OUTPUT.pending``. Running the same command again after an interruption checks the output
-against the input and translates only what is in neither file. ``run_ifcl.py --train_file OUTPUT`` reads the
-result directly.
+Any Hugging Face sequence-to-sequence translation model works: T5 gets its task prefix, M2M100/NLLB/mBART the
+source language on the tokenizer and the target language as the forced first token, multilingual Marian models
+their ">>deu<< " token. Two engines: transformers' ``generate`` (the default) and CTranslate2 (``--engine
+ctranslate2``, see ``ifcl.ctranslate2_engine``); greedy output is the same on both.
 
-Two engines: transformers' ``generate`` (``--engine transformers``, the default) and CTranslate2 (``--engine
-ctranslate2``, ``pip install "ifcl[ctranslate2]"``), which converts the model once into ``--ct2_model_dir`` and
-reuses it (``--compute_type int8`` on the CPU); greedy output is the same on both. Under ``accelerate launch
---num_processes N`` each process translates its share of every round of chunks, read from the input as a stream;
-the main process alone writes the output, in input order, byte for byte what one process writes.
+The input is cut into chunks of ``batch_size × batches_per_chunk`` sentences, the same whatever the number of
+processes; each is translated in length-sorted batches and, once finished, written as one shard file (a temporary
+file renamed) of the work folder ``OUTPUT.parts/``, whose ``manifest.json`` records the input's SHA-256 and the
+settings. Under ``accelerate launch --num_processes N`` process k translates the k-th, (k+N)-th, ... of the chunks
+still to do. At the end the main process joins the shards, in input order, into a temporary file that then
+replaces the output, and removes the work folder. The same command continues an interrupted run with any number of
+processes: only the chunks in flight are translated again, and the output is byte for byte an uninterrupted run's.
 
-Nothing is lost to a mistake or to a second run. The model is loaded before the output is changed in any way (even
-before an unfinished last line is cut), so a mistyped ``--model_name_or_path`` stops the run with the output as it
-was. ``--overwrite_output_file`` writes a new file, ``OUTPUT.new`` (with its own side file), and puts it in place of
-the old output only when the run has finished: until then the old output stays as it was (an interrupted overwrite
-run leaves ``OUTPUT.new`` behind; the next one starts it over). A run holds an exclusive lock (``flock``) on
-``OUTPUT.lock`` from before it reads the output to its end, so a second run on the same output stops at once
-instead of writing every line a second time; the lock file is removed at the end (one left by a killed run locks
-nothing and is taken over).
+The model is loaded before any file is changed; the output is only ever replaced whole, by a finished one (so
+``--overwrite_output_file`` leaves the old one as it was until then); a run holds an exclusive lock on
+``OUTPUT.lock`` from before it reads the output to its end, so that a second run on the same output stops at once.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
-import fcntl
-import glob
+import json
 import logging
 import os
+import shutil
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from configuration_ifcl import check_model_path
-from ifcl.cli import Command
-from ifcl.ctranslate2_engine import COMPUTE_TYPES
-from ifcl.data import DataFormatError, _iter_lines
+from ifcl.checks import check_model_path
+from ifcl.cli import Interrupted, RunFailure, exclusive_lock, failures_of_the_run, run_command, write_json_atomically
+from ifcl.ctranslate2_engine import COMPUTE_TYPES, EngineSettingsError
+from ifcl.data import DataFormatError, _iter_lines, file_sha256
 
 logger = logging.getLogger(__name__)
 
-PENDING_SUFFIX = ".pending"
-NEW_SUFFIX = ".new"  # --overwrite_output_file writes OUTPUT.new, then replaces OUTPUT with it
+SCRIPT = "prepare_fraternal.py"
+PARTS_SUFFIX = ".parts"  # the work folder beside the output: one shard per finished chunk, and the manifest
+MANIFEST = "manifest.json"
 LOCK_SUFFIX = ".lock"
+MADE_BY = "ifcl prepare_fraternal.py"
+# The arguments that say where and how much, not how to translate: every other one is in the manifest, and shards
+# made with other values are not joined with this run's.
+NOT_IN_MANIFEST = ("input_file", "output_file", "ct2_model_dir", "device", "max_sentences", "overwrite_output_file")
+SHOWN_EMPTY_LINES = 10  # how many input line numbers a log line about empty translations names
 DEFAULT_MAX_LENGTH = 128  # --max_length when not given (lowered to the model's positions where they are fewer)
 # Config attributes that count a model's absolute positions, encoder side and decoder side, the first one set wins
 # (Marian, M2M100/NLLB, mBART, FSMT: max_position_embeddings; LED: its own two). Relative positions (T5) have none:
@@ -87,50 +82,64 @@ class PrepareFraternalArguments:
     )
     source_lang: str | None = field(
         default=None,
-        metadata={"help": "Source language: a name for T5 (English), a code for NLLB (eng_Latn), M2M100 (en), "
-                  "mBART-50 (en_XX)."},
-    )  # fmt: skip
+        metadata={"help": "Source language: English for T5, eng_Latn for NLLB, en for M2M100, en_XX for mBART-50."},
+    )
     target_lang: str | None = field(
         default=None,
-        metadata={"help": "Target language: German for T5, deu_Latn for NLLB, de for M2M100, de_DE for mBART, deu for "
-                  "a multilingual Marian model."},
-    )  # fmt: skip
+        metadata={
+            "help": "Target language: German for T5, deu_Latn for NLLB, de for M2M100, de_DE for mBART, deu for a "
+            "multilingual Marian model."
+        },
+    )
     prefix: str | None = field(
         default=None,
-        metadata={"help": "Text put before every sentence. Default: 'translate <source> to <target>: ' for T5, "
-                  "'>><target><< ' for multilingual Marian models, else none. --prefix '' for none."},
-    )  # fmt: skip
+        metadata={
+            "help": "Text put before every sentence. Default: 'translate <source> to <target>: ' for T5, "
+            "'>><target><< ' for multilingual Marian models, else none. --prefix '' for none."
+        },
+    )
     engine: Literal["transformers", "ctranslate2"] = field(
         default="transformers",
-        metadata={"help": "transformers: the model's generate. ctranslate2: the model converted once for CTranslate2 "
-                  "(pip install 'ifcl[ctranslate2]'), several times faster, same greedy output."},
-    )  # fmt: skip
+        metadata={
+            "help": "transformers: the model's generate. ctranslate2: the model converted once for CTranslate2 "
+            "(pip install 'ifcl[ctranslate2]'), several times faster, same greedy output."
+        },
+    )
     ct2_model_dir: str | None = field(
         default=None,
-        metadata={"help": "--engine ctranslate2: where the converted model is kept and reused. Default: "
-                  "<output folder>/<model name>-ct2."},
-    )  # fmt: skip
+        metadata={
+            "help": "--engine ctranslate2: the converted model's folder. Default: <output folder>/<model name>-ct2."
+        },
+    )
     compute_type: str | None = field(
         default=None,
-        metadata={"help": "--engine ctranslate2: the type it computes in: int8, int8_float32, int8_float16, "
-                  "int8_bfloat16, int16, float16, bfloat16, float32, default, auto. Default: --dtype's type."},
-    )  # fmt: skip
+        metadata={
+            "help": "--engine ctranslate2: the type it computes in: int8, int8_float32, int8_float16, "
+            "int8_bfloat16, int16, float16, bfloat16, float32, default, auto. Default: --dtype's type."
+        },
+    )
     batch_size: int = field(default=32, metadata={"help": "Sentences per generate call."})
     max_batch_tokens: int | None = field(
         default=None,
-        metadata={"help": "Also cap each batch at this many source tokens, padding included (batch size × longest "
-                  "sentence): long sentences go in smaller batches. Default: no cap."},
-    )  # fmt: skip
+        metadata={
+            "help": "Also cap each batch at this many source tokens, padding included (batch size × longest "
+            "sentence): long sentences go in smaller batches. Default: no cap."
+        },
+    )
     batches_per_chunk: int = field(
         default=16,
-        metadata={"help": "Sentences are sorted by length within chunks of this many batches (less padding); "
-                  "output stays in input order."},
-    )  # fmt: skip
+        metadata={
+            "help": "Sentences are sorted by length within chunks of this many batches (less padding); a finished "
+            "chunk is kept when the run is interrupted. The output stays in input order."
+        },
+    )
     max_length: int | None = field(
         default=None,
-        metadata={"help": f"Longer sentences are truncated to this many tokens; translations stop there. Default: "
-                  f"{DEFAULT_MAX_LENGTH}, or the model's positions where they are fewer (more is refused)."},
-    )  # fmt: skip
+        metadata={
+            "help": f"Longer sentences are truncated to this many tokens; translations stop there. Default: "
+            f"{DEFAULT_MAX_LENGTH}, or the model's positions where they are fewer (more is refused)."
+        },
+    )
     num_beams: int | None = field(
         default=None, metadata={"help": "Beam width. Default: the model's generation config."}
     )
@@ -145,9 +154,11 @@ class PrepareFraternalArguments:
     )
     overwrite_output_file: bool = field(
         default=False,
-        metadata={"help": "Start the output over instead of continuing it: the new pairs go to OUTPUT.new, which "
-                  "replaces the output only once the run has finished; until then the old output stays as it was."},
-    )  # fmt: skip
+        metadata={
+            "help": "Start the output over instead of continuing it; the old output stays as it was until the new "
+            "one is finished, which then replaces it."
+        },
+    )
 
     def __post_init__(self) -> None:
         for name in (
@@ -181,15 +192,38 @@ class InputSentence:
 
 
 @dataclass
+class InputFile:
+    """What one pass over the input found: its sentences (non-empty lines), its empty lines, its SHA-256."""
+
+    path: str
+    sentences: int
+    empty_lines: int
+    sha256: str
+
+
+@dataclass
+class Plan:
+    """What a run does, decided by the main process with the output locked, before anything is changed."""
+
+    work_folder: str
+    manifest: dict[str, Any]  # what the shards are made from (written into the work folder)
+    start_over: bool  # the work folder is made anew (none yet, or one that --overwrite_output_file starts over)
+    chunks: list[range]  # the sentences the run adds to the output, chunk by chunk, in input order
+    todo: list[range]  # the chunks without a finished shard
+    kept_lines: int = 0  # the lines of the existing output that the new one begins with (continuing it)
+    kept_bytes: int = 0
+
+
+@dataclass
 class PrepareSummary:
     """What a run found and did."""
 
     output_file: str
     input_sentences: int
     empty_input_lines: int
-    already_translated: int = 0  # lines the output held when the run started
-    translated: int = 0  # sentences this run sent to the model
-    empty_translations: int = 0  # lines written by this run whose translation came out empty
+    already_translated: int = 0  # sentences translated before this run (in the output, or in finished shards)
+    translated: int = 0  # sentences this run sent to the model (all processes)
+    empty_translations: int = 0  # sentences left out of the output because their translation came out empty
     output_lines: int = 0  # lines the output holds at the end
 
 
@@ -211,116 +245,90 @@ def check_engine_arguments(args: PrepareFraternalArguments) -> None:
         raise SettingsError(f"--compute_type {args.compute_type}: not one of {', '.join(COMPUTE_TYPES)}.")
 
 
-class InputSentences:
-    """The input's non-empty lines as cleaned sentences, read as a stream: a window of them is held at a time.
+def input_sentences(input_file: str) -> Iterator[InputSentence]:
+    """The input's non-empty lines as cleaned sentences, read as a stream."""
+    for line_number, line in _iter_lines(input_file):
+        text = clean_field(line)
+        if text:
+            yield InputSentence(line_number, text)
 
-    Built with one pass that counts the sentences and the empty lines (and finds invalid UTF-8). ``sentences[i]``
-    reads on until sentence ``i``; ``release_before(i)`` forgets those before it. Reading before the window starts
-    the stream over (correct, only slower; the run never does it).
+
+def check_input(input_file: str) -> InputFile:
+    """One pass over the input: its sentences and empty lines counted, invalid UTF-8 named with its line; an input
+    without sentences is refused."""
+    if not os.path.isfile(input_file):
+        raise FileNotFoundError(f"input file not found: {input_file}")
+    lines = sentences = 0
+    for _, line in _iter_lines(input_file):
+        lines += 1
+        sentences += bool(clean_field(line))
+    if not sentences:
+        raise DataFormatError(f"{input_file}: no sentences (the file is empty or has only empty lines)")
+    return InputFile(input_file, sentences, lines - sentences, file_sha256(input_file))
+
+
+def sentences_of(input_file: str, chunks: Sequence[range]) -> Iterator[tuple[range, list[InputSentence]]]:
+    """Each of ``chunks`` (ranges of sentence indices, in input order) with its sentences, read as a stream."""
+    wanted = iter(chunks)
+    chunk = next(wanted, None)
+    sentences: list[InputSentence] = []
+    for index, sentence in enumerate(input_sentences(input_file)):
+        if chunk is None:
+            return
+        if index in chunk:
+            sentences.append(sentence)
+            if index == chunk.stop - 1:
+                yield chunk, sentences
+                chunk, sentences = next(wanted, None), []
+    if chunk is not None:
+        raise DataFormatError(f"{input_file}: fewer sentences than when the run began (was it changed meanwhile?)")
+
+
+def count_finished_lines(output_file: str, input_file: str) -> tuple[int, int, int]:
+    """Check an existing output against the input: its complete lines, their length in bytes, and how many
+    sentences of the input they cover.
+
+    Each line must be ``sentence<TAB>translation`` with a sentence of the input, in input order (a sentence whose
+    translation came out empty is not in the output); anything else means that the output belongs to another input
+    (DataFormatError naming both files and the line). A last line without its line break is not counted: the new
+    output leaves it out.
     """
-
-    def __init__(self, input_file: str) -> None:
-        if not os.path.isfile(input_file):
-            raise FileNotFoundError(f"input file not found: {input_file}")
-        self.input_file = input_file
-        self.count = 0
-        self.empty_lines = 0
-        for _, line in _iter_lines(input_file):
-            if clean_field(line):
-                self.count += 1
-            else:
-                self.empty_lines += 1
-        if not self.count:
-            raise DataFormatError(f"{input_file}: no sentences (the file is empty or has only empty lines)")
-        self._restart()
-
-    def _restart(self) -> None:
-        self._stream = (
-            InputSentence(line_number, text)
-            for line_number, text in ((number, clean_field(line)) for number, line in _iter_lines(self.input_file))
-            if text
-        )
-        self._window: collections.deque[InputSentence] = collections.deque()
-        self._window_start = 0
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, index: int) -> InputSentence:
-        if not 0 <= index < self.count:
-            raise IndexError(index)
-        if index < self._window_start:
-            self._restart()
-        while index >= self._window_start + len(self._window):
-            self._window.append(next(self._stream))
-        return self._window[index - self._window_start]
-
-    def release_before(self, index: int) -> None:
-        """Forget the sentences before ``index``: they are written."""
-        while self._window and self._window_start < index:
-            self._window.popleft()
-            self._window_start += 1
-
-
-def read_input_sentences(input_file: str) -> tuple[InputSentences, int]:
-    """The input's sentences (``InputSentences``) and the number of empty or whitespace-only lines."""
-    sentences = InputSentences(input_file)
-    return sentences, sentences.empty_lines
-
-
-def count_finished_lines(output_file: str, sentences: Sequence[InputSentence], input_file: str) -> tuple[int, int]:
-    """Check an existing output against the input: how many sentences it already holds, and their length in bytes.
-
-    Line k of the output must be ``sentence<TAB>translation`` with sentence k of the input; anything else means the
-    output belongs to another input (DataFormatError naming both files and the line). A last line without its
-    line break was cut by an interruption: it is not counted, and the file is left as it is (see
-    ``remove_unfinished_line``).
-    """
-    if not os.path.exists(output_file):
-        return 0, 0
-    finished = 0
-    finished_bytes = 0
+    sentences = enumerate(input_sentences(input_file))
+    lines = size = covered = 0
     with open(output_file, "rb") as handle:
         for raw_line in handle:
             if not raw_line.endswith(b"\n"):
-                break  # the partial last line
-            line_number = finished + 1
-            where = f"{output_file}: line {line_number}"
+                logger.warning(f"{output_file}: the last line is unfinished (no line break); it is left out")
+                break
+            where = f"{output_file}: line {lines + 1}"
             try:
-                line = raw_line[:-1].decode("utf-8")
+                fields = raw_line[:-1].decode("utf-8").split("\t")
             except UnicodeDecodeError as error:
                 raise DataFormatError(f"{where}: not valid UTF-8 ({error.reason})") from error
-            if finished >= len(sentences):
-                raise DataFormatError(
-                    f"{where}: the output has more lines than {input_file} has sentences ({len(sentences)}); "
-                    "it was made from another input. Choose another --output_file or pass --overwrite_output_file."
-                )
-            fields = line.split("\t")
+            way_on = "Choose another --output_file or pass --overwrite_output_file."
             if len(fields) != 2 or not fields[1].strip():
                 raise DataFormatError(
-                    f"{where}: expected 'sentence<TAB>translation' with a non-empty translation; "
-                    "the file was not written by prepare_fraternal.py. Choose another --output_file or pass "
-                    "--overwrite_output_file."
+                    f"{where}: expected 'sentence<TAB>translation' with a non-empty translation; the file was not "
+                    f"written by prepare_fraternal.py. {way_on}"
                 )
-            expected = sentences[finished]
-            if fields[0] != expected.text:
+            first = next(sentences, None)
+            if first is None:
                 raise DataFormatError(
-                    f"{where}: sentence {fields[0]!r} differs from sentence {line_number} of {input_file} "
-                    f"(line {expected.line_number}: {expected.text!r}); the output was made from another input. "
-                    "Choose another --output_file or pass --overwrite_output_file."
+                    f"{where}: the output has more lines than {input_file} has sentences; it was made from another "
+                    f"input. {way_on}"
                 )
-            finished += 1
-            finished_bytes += len(raw_line)
-            if isinstance(sentences, InputSentences):
-                sentences.release_before(finished)
-    return finished, finished_bytes
-
-
-def remove_unfinished_line(output_file: str, finished_bytes: int) -> None:
-    """Cut what follows the ``finished_bytes`` of complete lines: a last line cut by an interruption."""
-    if os.path.exists(output_file) and os.path.getsize(output_file) > finished_bytes:
-        logger.warning(f"{output_file}: removing an unfinished last line (cut by an interruption)")
-        os.truncate(output_file, finished_bytes)
+            index, expected = first
+            while expected.text != fields[0]:  # the sentences in between came out empty, or this is another input
+                index, expected = next(sentences, (None, None))
+                if expected is None:
+                    index, expected = first
+                    raise DataFormatError(
+                        f"{where}: sentence {fields[0]!r} differs from sentence {index + 1} of {input_file} (line "
+                        f"{expected.line_number}: {expected.text!r}) and from every later one; the output was made "
+                        f"from another input. {way_on}"
+                    )
+            lines, size, covered = lines + 1, size + len(raw_line), index + 1
+    return lines, size, covered
 
 
 def language_token_id(tokenizer: Any, code: str) -> int | None:
@@ -337,14 +345,10 @@ def language_token_id(tokenizer: Any, code: str) -> int | None:
     return None
 
 
-def uses_language_codes(tokenizer: Any) -> bool:
-    """Whether the tokenizer marks the source language itself (M2M100, NLLB, mBART: they have ``src_lang``)."""
-    return hasattr(tokenizer, "src_lang")
-
-
 def set_up_languages(tokenizer: Any, args: PrepareFraternalArguments) -> int | None:
-    """For models with language codes: set ``tokenizer.src_lang``, return the target's forced first token id."""
-    if not uses_language_codes(tokenizer):
+    """For models with language codes (their tokenizer has ``src_lang``: M2M100, NLLB, mBART): set
+    ``tokenizer.src_lang``, return the target's forced first token id."""
+    if not hasattr(tokenizer, "src_lang"):
         return None
     if args.source_lang is None or args.target_lang is None:
         raise SettingsError(
@@ -587,10 +591,18 @@ def load_ctranslate2(args: PrepareFraternalArguments, processes: Processes) -> A
         device_index = [0]
     compute_type = args.compute_type or str(dtype).removeprefix("torch.")
     translator = ctranslate2_engine.load_ctranslate2_translator(
-        model_dir, args.model_name_or_path, tokenizer, prefix=prefix, max_length=args.max_length or DEFAULT_MAX_LENGTH,
-        num_beams=args.num_beams, forced_bos_token_id=forced_bos_token_id, device=device.type,
-        device_index=device_index, compute_type=compute_type, cpu_threads=torch.get_num_threads(),
-    )  # fmt: skip
+        model_dir,
+        args.model_name_or_path,
+        tokenizer,
+        prefix=prefix,
+        max_length=args.max_length or DEFAULT_MAX_LENGTH,
+        num_beams=args.num_beams,
+        forced_bos_token_id=forced_bos_token_id,
+        device=device.type,
+        device_index=device_index,
+        compute_type=compute_type,
+        cpu_threads=torch.get_num_threads(),
+    )
     logger.info(
         f"Translating with {args.model_name_or_path} on CTranslate2 ({model_dir}), {device.type} {device_index}, "
         f"compute type {compute_type}; prefix {prefix!r}"
@@ -631,178 +643,46 @@ def check_engine(args: PrepareFraternalArguments) -> None:
                 f"--engine ctranslate2: {args.model_name_or_path} is a {config.model_type} model; this script "
                 f"converts {', '.join(ctranslate2_engine.SUPPORTED_MODEL_TYPES)} (use --engine transformers)."
             )
-        ctranslate2_engine.check_model_dir(ct2_model_dir_of(args), args.model_name_or_path)
-    except ctranslate2_engine.EngineSettingsError as error:
+        ctranslate2_engine.read_conversion_record(ct2_model_dir_of(args), args.model_name_or_path)
+    except EngineSettingsError as error:
         raise SettingsError(str(error)) from None
 
 
-def pending_file_of(output_file: str) -> str:
-    """The side file where translations that are ahead of the output's order wait for their turn."""
-    return output_file + PENDING_SUFFIX
-
-
-def new_file_of(output_file: str) -> str:
-    """Where ``--overwrite_output_file`` writes, until the finished file replaces the output."""
-    return output_file + NEW_SUFFIX
-
-
-def lock_file_of(output_file: str) -> str:
-    """The file a run locks while it works on ``output_file`` (beside the real file, if the output is a link)."""
-    return os.path.realpath(output_file) + LOCK_SUFFIX
-
-
-@contextlib.contextmanager
-def output_lock(output_file: str) -> Iterator[str]:
-    """Hold an exclusive lock on ``output_file`` for the ``with`` block; yield the lock file's path.
-
-    Another run that holds it: SettingsError at once. The lock file is removed at the end, while still locked; a run
-    that opened it just before finds, once it has the lock, that the path no longer leads to the file it locked, and
-    takes the new lock file instead. A lock file left by a killed run holds no lock: it is taken over.
-    """
-    lock_file = lock_file_of(output_file)
-    os.makedirs(os.path.dirname(lock_file), exist_ok=True)
-    while True:
-        descriptor = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BaseException as error:
-            os.close(descriptor)
-            if isinstance(error, BlockingIOError):
-                raise SettingsError(
-                    f"--output_file {output_file}: another prepare_fraternal.py run is writing it (it holds "
-                    f"{lock_file}); wait for it to end, or choose another --output_file."
-                ) from None
-            raise
-        try:
-            locked_the_path = os.path.samestat(os.stat(lock_file), os.fstat(descriptor))
-        except FileNotFoundError:
-            locked_the_path = False  # removed by the run that held it
-        if locked_the_path:
-            break
-        os.close(descriptor)  # a lock file already removed: lock the one now at that path
+def load_translator(args: PrepareFraternalArguments, processes: Processes) -> Any:
+    """``Translator.from_arguments``; a model that cannot be loaded is a SettingsError that names its path."""
     try:
-        yield lock_file
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(lock_file)
-        os.close(descriptor)
-
-
-def read_pending_translations(
-    pending_file: str, sentences: Sequence[InputSentence], first_unwritten: int
-) -> dict[int, str]:
-    """Translations an interrupted run made but had not written yet: {sentence index: translation}.
-
-    Lines read ``index<TAB>sentence<TAB>translation``. Entries already in the output are skipped; entries whose
-    sentence is not the input's sentence at that index, and an unfinished last line, are ignored (translated again).
-    """
-    pending: dict[int, str] = {}
-    if not os.path.exists(pending_file):
-        return pending
-    ignored = 0
-    with open(pending_file, "rb") as handle:
-        for raw_line in handle:
-            if not raw_line.endswith(b"\n"):
-                break
-            fields = raw_line[:-1].decode("utf-8", errors="replace").split("\t")
-            if len(fields) != 3 or not fields[0].isdigit():
-                ignored += 1
-                continue
-            index = int(fields[0])
-            if index < first_unwritten:
-                continue
-            if index >= len(sentences) or sentences[index].text != fields[1]:
-                ignored += 1
-                continue
-            pending[index] = fields[2]
-    if ignored:
-        logger.warning(f"{pending_file}: ignored {ignored} entries that do not match the input")
-    return pending
-
-
-class OrderedOutput:
-    """The output file, written strictly in input order, and its side file of translations that are ahead.
-
-    Batches are sorted by length, so a batch can finish sentences whose predecessors are not translated yet. Their
-    translations wait in ``<output>.pending`` (appended and flushed with every batch) until all sentences before
-    them are done; a restart reads them back instead of translating them again. The side file is emptied whenever
-    nothing waits, and removed when the run ends with nothing waiting.
-    """
-
-    def __init__(
-        self, output_file: str, sentences: Sequence[InputSentence], first_unwritten: int, waiting: dict[int, str]
-    ) -> None:
-        self.output_file = output_file
-        self.pending_file = pending_file_of(output_file)
-        self.sentences = sentences
-        self.next_index = first_unwritten
-        self.waiting = dict(waiting)
-        self.empty_translations = 0
-        self._pending_has_entries = bool(waiting)
-
-    def __enter__(self) -> OrderedOutput:
-        os.makedirs(os.path.dirname(os.path.abspath(self.output_file)), exist_ok=True)
-        self._output = open(self.output_file, "a", encoding="utf-8", newline="\n")
-        self._pending = open(self.pending_file, "a", encoding="utf-8", newline="\n")
-        self._write_ready_lines()
-        return self
-
-    def __exit__(self, *exception: object) -> None:
-        self._output.close()
-        self._pending.close()
-        if not self.waiting:
-            os.remove(self.pending_file)
-
-    def add(self, translations: dict[int, str]) -> None:
-        """Keep a batch's translations (by sentence index), then write every line whose turn has come."""
-        self._pending.write(
-            "".join(f"{index}\t{self.sentences[index].text}\t{text}\n" for index, text in translations.items())
-        )
-        self._pending.flush()
-        self._pending_has_entries = True
-        self.waiting.update(translations)
-        self._write_ready_lines()
-
-    def _write_ready_lines(self) -> None:
-        lines = []
-        while self.next_index in self.waiting:
-            sentence = self.sentences[self.next_index].text
-            translation = self.waiting.pop(self.next_index)
-            if not translation:
-                self.empty_translations += 1
-                translation = sentence
-            lines.append(f"{sentence}\t{translation}\n")
-            self.next_index += 1
-        if lines:
-            self._output.write("".join(lines))
-            self._output.flush()
-        if not self.waiting and self._pending_has_entries:
-            self._pending.truncate(0)  # everything it held is in the output now
-            self._pending_has_entries = False
+        return Translator.from_arguments(args, processes)
+    except SettingsError:
+        raise
+    except EngineSettingsError as error:
+        raise SettingsError(str(error)) from None
+    except (OSError, ValueError) as error:
+        raise SettingsError(
+            f"--model_name_or_path {args.model_name_or_path}: cannot load the model: {error}"
+        ) from error
 
 
 def length_sorted_batches(
-    indices: Sequence[int],
-    sentences: Sequence[InputSentence],
+    texts: Sequence[str],
     batch_size: int,
     max_batch_tokens: int | None = None,
-    token_count: Any = None,
+    token_count: Callable[[Sequence[str]], list[int]] | None = None,
 ) -> list[list[int]]:
-    """``indices`` in batches of ``batch_size``, longest sentences first, so that similar lengths share a batch; with
-    ``max_batch_tokens``, a batch also holds at most that many source tokens, padding included (``token_count``
-    gives a sentence's)."""
-    order = sorted(indices, key=lambda index: len(sentences[index].text), reverse=True)
+    """The positions of ``texts`` in batches of ``batch_size``, longest first, so that similar lengths share a batch;
+    with ``max_batch_tokens``, a batch also holds at most that many source tokens, padding included (``token_count``
+    gives each text's)."""
+    order = sorted(range(len(texts)), key=lambda position: len(texts[position]), reverse=True)
     if max_batch_tokens is None:
         return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-    counts = dict(zip(order, token_count([sentences[index].text for index in order])))
+    counts = dict(zip(order, token_count([texts[position] for position in order])))
     batches: list[list[int]] = []
     longest = 0
-    for index in sorted(order, key=counts.__getitem__, reverse=True):  # a batch's first sentence is its longest
+    for position in sorted(order, key=counts.__getitem__, reverse=True):  # a batch's first text is its longest
         if batches and len(batches[-1]) < batch_size and (len(batches[-1]) + 1) * longest <= max_batch_tokens:
-            batches[-1].append(index)
+            batches[-1].append(position)
         else:
-            batches.append([index])
-            longest = counts[index]
+            batches.append([position])
+            longest = counts[position]
     return batches
 
 
@@ -812,6 +692,238 @@ def source_token_counts(translator: Any, texts: Sequence[str]) -> list[int]:
         [translator.prefix + text for text in texts], truncation=True, max_length=translator.max_length
     )
     return [len(ids) for ids in encoded["input_ids"]]
+
+
+def work_folder_of(output_file: str) -> str:
+    """The folder beside the output (the real file, if the output is a link) where the shards wait."""
+    return os.path.realpath(output_file) + PARTS_SUFFIX
+
+
+def shard_name(chunk: range) -> str:
+    """The file of a finished chunk: its first and past-the-last sentence index (names sort in input order)."""
+    return f"{chunk.start:010d}-{chunk.stop:010d}.txt"
+
+
+def chunks_between(start: int, end: int, chunk_size: int) -> list[range]:
+    """Sentences ``start`` to ``end`` cut at the multiples of ``chunk_size``: the same chunks for any number of
+    processes and any interruption."""
+    if start >= end:
+        return []
+    bounds = [start, *range((start // chunk_size + 1) * chunk_size, end, chunk_size), end]
+    return [range(first, stop) for first, stop in zip(bounds, bounds[1:])]
+
+
+def lock_output(stack: contextlib.ExitStack, output_file: str) -> None:
+    """Hold the output's lock (``OUTPUT.lock``) until ``stack`` closes; SettingsError at once when another run
+    holds it."""
+    lock_file = os.path.realpath(output_file) + LOCK_SUFFIX
+    os.makedirs(os.path.dirname(lock_file), exist_ok=True)
+    try:
+        stack.enter_context(exclusive_lock(lock_file))
+    except BlockingIOError:
+        raise SettingsError(
+            f"--output_file {output_file}: another prepare_fraternal.py run is writing it (it holds {lock_file}); "
+            "wait for it to end, or choose another --output_file."
+        ) from None
+
+
+def finished_shards(work_folder: str, manifest: dict[str, Any], overwrite: bool) -> set[str] | None:
+    """The shard files of ``work_folder`` that this run can join (None: the folder is to be made anew).
+
+    A folder without this project's manifest is refused and never touched. One made with other settings or from
+    another input is started over under ``--overwrite_output_file``, else refused with the way on.
+    """
+    if not os.path.exists(work_folder):
+        return None
+    manifest_file = os.path.join(work_folder, MANIFEST)
+    try:
+        with open(manifest_file, encoding="utf-8") as handle:
+            found = json.load(handle)
+    except (OSError, ValueError):
+        found = None
+    if not isinstance(found, dict) or found.get("made_by") != MADE_BY:
+        raise SettingsError(
+            f"{work_folder}: exists and was not made by prepare_fraternal.py (no readable {MANIFEST}); move it "
+            "away, or choose another --output_file."
+        )
+    different = [key for key in manifest if found.get(key) != manifest[key]]
+    if not different:
+        return set(os.listdir(work_folder))
+    if overwrite:
+        return None
+    key = different[0]
+    raise SettingsError(
+        f"{work_folder}: holds the finished chunks of an interrupted run made with another {key} ({found.get(key)!r} "
+        f"there, {manifest[key]!r} now); run that command again to finish it, or pass --overwrite_output_file to "
+        "start over."
+    )
+
+
+def plan_output(args: PrepareFraternalArguments, source: InputFile, summary: PrepareSummary) -> Plan:
+    """Main process, output locked: check the existing output against the input and the work folder against the
+    settings; what is to be done. Nothing is changed yet."""
+    plan = Plan(work_folder_of(args.output_file), {}, start_over=False, chunks=[], todo=[])
+    start = 0
+    if not args.overwrite_output_file and os.path.exists(args.output_file):
+        plan.kept_lines, plan.kept_bytes, start = count_finished_lines(args.output_file, args.input_file)
+    end = source.sentences if args.max_sentences is None else min(args.max_sentences, source.sentences)
+    plan.chunks = chunks_between(start, end, args.batch_size * args.batches_per_chunk)
+    plan.manifest = {
+        "made_by": MADE_BY,
+        "input_sha256": source.sha256,
+        "first_sentence": start,  # where the new sentences begin: the lines of the output before them are kept
+        **{name: value for name, value in dataclasses.asdict(args).items() if name not in NOT_IN_MANIFEST},
+    }
+    if plan.chunks:
+        finished = finished_shards(plan.work_folder, plan.manifest, args.overwrite_output_file)
+        plan.start_over = finished is None
+        plan.todo = [chunk for chunk in plan.chunks if shard_name(chunk) not in (finished or set())]
+    elif os.path.exists(plan.work_folder):
+        logger.warning(
+            f"{plan.work_folder}: left by an interrupted run that this one does not continue (nothing is left to "
+            "translate here); delete it unless you mean to finish that run"
+        )
+    todo = sum(map(len, plan.todo))
+    resumed = sum(map(len, plan.chunks)) - todo
+    summary.already_translated = start + resumed
+    summary.output_lines = plan.kept_lines
+    logger.info(
+        f"{args.input_file}: {source.sentences} sentences; "
+        + (
+            f"{args.output_file} will be replaced once the new pairs are finished (--overwrite_output_file)"
+            if args.overwrite_output_file
+            else f"{args.output_file} holds {plan.kept_lines}"
+        )
+        + (f" (+{resumed} in {plan.work_folder} from an interrupted run)" if resumed else "")
+        + f"; {todo} to translate"
+    )
+    return plan
+
+
+def start_work_folder(plan: Plan) -> None:
+    """Once the model is loaded: make the work folder with its manifest (one that is started over goes first)."""
+    if not plan.start_over:
+        return  # the folder of an interrupted run, continued
+    if os.path.exists(plan.work_folder):
+        shutil.rmtree(plan.work_folder)  # ours (it has our manifest), and --overwrite_output_file starts it over
+    os.makedirs(plan.work_folder)
+    write_json_atomically(os.path.join(plan.work_folder, MANIFEST), plan.manifest)
+
+
+def translate_chunk(sentences: list[InputSentence], translator: Any, args: PrepareFraternalArguments) -> list[str]:
+    """The translations of one chunk's sentences, in their order, made in length-sorted batches.
+
+    A batch that comes back mostly empty means the model gives no text: RunFailure saying what to check.
+    """
+    texts = [sentence.text for sentence in sentences]
+    token_count = None
+    if args.max_batch_tokens is not None:
+        token_count = lambda batch: source_token_counts(translator, batch)  # noqa: E731
+    batches = length_sorted_batches(texts, args.batch_size, args.max_batch_tokens, token_count)
+    translations = [""] * len(texts)
+    for batch, outputs in zip(batches, translator.translate_batches([[texts[i] for i in batch] for batch in batches])):
+        if len(outputs) != len(batch):
+            raise RuntimeError(f"{len(batch)} sentences gave {len(outputs)} translations")
+        for position, text in zip(batch, outputs):
+            translations[position] = clean_field(text)
+        empty = [sentences[position].line_number for position in batch if not translations[position]]
+        if 2 * len(empty) > len(batch):
+            where = f"; with --engine ctranslate2, delete {ct2_model_dir_of(args)} to convert it again"
+            raise RunFailure(
+                f"the model output is empty: {len(empty)} of the {len(batch)} translations of a batch came out "
+                f"empty (lines {format_line_numbers(empty)} of {args.input_file}). Check --model_name_or_path "
+                f"{args.model_name_or_path}, --source_lang, --target_lang and --prefix"
+                + (where if args.engine == "ctranslate2" else "")
+                + "."
+            )
+    return translations
+
+
+def format_line_numbers(line_numbers: Sequence[int]) -> str:
+    """The first few line numbers, for a log line."""
+    shown = ", ".join(map(str, line_numbers[:SHOWN_EMPTY_LINES]))
+    return shown + (", ..." if len(line_numbers) > SHOWN_EMPTY_LINES else "")
+
+
+def write_shard(work_folder: str, chunk: range, sentences: list[InputSentence], translations: list[str]) -> None:
+    """A finished chunk as its shard file, ``sentence<TAB>translation`` a line (empty translations too), written to
+    a temporary file and renamed: a shard is whole or absent."""
+    path = os.path.join(work_folder, shard_name(chunk))
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8", newline="\n") as handle:
+        handle.writelines(f"{sentence.text}\t{text}\n" for sentence, text in zip(sentences, translations))
+    os.replace(temporary, path)
+
+
+def translate_share(
+    plan: Plan, translator: Any, args: PrepareFraternalArguments, processes: Processes, summary: PrepareSummary
+) -> None:
+    """This process's chunks (the k-th, (k+N)-th, ... of those to do), each translated and written as its shard. The
+    main process shows a progress bar of every process's finished shards, and the time taken."""
+    from tqdm.auto import tqdm
+
+    started = time.perf_counter()
+    sizes = {shard_name(chunk): len(chunk) for chunk in plan.todo}
+    summary.translated = sum(sizes.values())  # by all processes
+    total = sum(map(len, plan.chunks))
+    share = plan.todo[processes.index :: processes.count]
+    progress = tqdm(
+        total=total,
+        initial=total - summary.translated,
+        unit="sentence",
+        desc="Translating",
+        disable=not processes.is_main,
+    )
+    with progress:
+        for chunk, sentences in sentences_of(args.input_file, share):
+            write_shard(plan.work_folder, chunk, sentences, translate_chunk(sentences, translator, args))
+            done = sum(sizes.get(name, 0) for name in os.listdir(plan.work_folder))
+            progress.update(total - summary.translated + done - progress.n)
+    if processes.is_main:
+        logger.info(f"Translated {summary.translated} sentences in {time.perf_counter() - started:.1f} s")
+
+
+def join_shards(args: PrepareFraternalArguments, plan: Plan, summary: PrepareSummary) -> None:
+    """The kept lines of the output and every shard, in input order, into a temporary file that then replaces the
+    output (the real file, if the output is a link); translations that came out empty are left out and named. The
+    work folder goes."""
+    output = os.path.realpath(args.output_file)
+    temporary = f"{output}.tmp-{os.getpid()}"
+    empty: list[int] = []
+    try:
+        if plan.kept_lines:
+            shutil.copyfile(output, temporary)
+            os.truncate(temporary, plan.kept_bytes)
+        with open(temporary, "a", encoding="utf-8", newline="\n") as joined:
+            for chunk, sentences in sentences_of(args.input_file, plan.chunks):
+                shard = os.path.join(plan.work_folder, shard_name(chunk))
+                with open(shard, encoding="utf-8", newline="\n") as handle:
+                    lines = handle.read().splitlines()
+                pairs = [line.split("\t") for line in lines]
+                if len(pairs) != len(sentences) or any(pair[0] != s.text for pair, s in zip(pairs, sentences)):
+                    raise DataFormatError(
+                        f"{shard}: does not hold the translations of sentences {chunk.start + 1} to {chunk.stop} of "
+                        f"{args.input_file}; delete it and run the same command again."
+                    )
+                for (sentence, translation), source in zip(pairs, sentences):
+                    if translation:
+                        joined.write(f"{sentence}\t{translation}\n")
+                    else:
+                        empty.append(source.line_number)
+        os.replace(temporary, output)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+    shutil.rmtree(plan.work_folder)
+    summary.empty_translations = len(empty)
+    summary.output_lines = plan.kept_lines + sum(map(len, plan.chunks)) - len(empty)
+    if empty:
+        logger.warning(
+            f"{len(empty)} translation(s) came out empty and are left out of {args.output_file}: lines "
+            f"{format_line_numbers(empty)} of {args.input_file}"
+        )
+    if args.overwrite_output_file:
+        logger.info(f"{args.output_file}: replaced by the new pairs (--overwrite_output_file)")
 
 
 @dataclass
@@ -858,102 +970,6 @@ class Processes:
         return [self.local_index % max(visible, 1)] if self.count > 1 else list(range(visible))
 
 
-def side_file_of(output_file: str, process_index: int) -> str:
-    """Where process ``process_index`` (not the main one) keeps its translations until the main one writes them."""
-    return f"{pending_file_of(output_file)}.rank{process_index}"
-
-
-def side_files(output_file: str) -> list[str]:
-    """The side files of other processes that a run (with any number of processes) left beside ``output_file``."""
-    pattern = glob.escape(pending_file_of(output_file)) + ".rank*"
-    return sorted(path for path in glob.glob(pattern) if path.rsplit(".rank", 1)[1].isdigit())
-
-
-def append_translations(handle: Any, sentences: Sequence[InputSentence], translations: dict[int, str]) -> None:
-    """Append ``index<TAB>sentence<TAB>translation`` lines (the side files' format) and flush."""
-    handle.write("".join(f"{index}\t{sentences[index].text}\t{text}\n" for index, text in translations.items()))
-    handle.flush()
-
-
-def translate_share(
-    indices: list[int], sentences: Sequence[InputSentence], translator: Any, args: PrepareFraternalArguments, keep: Any
-) -> None:
-    """Translate ``indices`` in length-sorted batches, handing each batch's translations to ``keep``."""
-    token_count = None
-    if args.max_batch_tokens is not None:
-        token_count = lambda texts: source_token_counts(translator, texts)  # noqa: E731
-    batches = length_sorted_batches(indices, sentences, args.batch_size, args.max_batch_tokens, token_count)
-    texts = [[sentences[index].text for index in batch] for batch in batches]
-    for batch, outputs in zip(batches, translator.translate_batches(texts)):
-        if len(outputs) != len(batch):
-            raise RuntimeError(f"{len(batch)} sentences gave {len(outputs)} translations")
-        keep({index: clean_field(text) for index, text in zip(batch, outputs)})
-
-
-def translate_missing(
-    output: OrderedOutput | None,
-    plan: dict[str, Any],
-    sentences: InputSentences | Sequence[InputSentence],
-    translator: Any,
-    args: PrepareFraternalArguments,
-    processes: Processes,
-    progress: Any = None,
-) -> int:
-    """Translate the sentences from ``plan["start"]`` to ``plan["end"]`` that are neither written nor waiting; return
-    how many this process translated.
-
-    They go in chunks of ``batch_size * batches_per_chunk`` consecutive sentences, each translated in length-sorted
-    batches. With several processes, a round gives each process one chunk (process k the k-th); each keeps its
-    translations in its own side file, and at the end of the round the main process writes them all, in input order,
-    into the output (``output``, on the main process only), and empties their side files.
-    """
-    chunk_size = args.batch_size * args.batches_per_chunk
-    waiting, translated = set(plan["waiting"]), 0
-    side_file = (
-        None if processes.is_main else open(side_file_of(plan["target"], processes.index), "a", encoding="utf-8")
-    )
-    try:
-        for round_start in range(plan["start"], plan["end"], chunk_size * processes.count):
-            round_end = min(round_start + chunk_size * processes.count, plan["end"])
-            share_start = round_start + processes.index * chunk_size
-            share = [i for i in range(share_start, min(share_start + chunk_size, round_end)) if i not in waiting]
-            if processes.is_main:
-                keep = output.add
-            else:
-                keep = lambda translations: append_translations(side_file, sentences, translations)  # noqa: E731
-            translate_share(share, sentences, translator, args, keep)
-            translated += len(share)
-            if progress is not None:
-                progress.update(len(share))
-            if processes.count > 1:
-                collect_side_files(output, plan["target"], processes, round_end, progress)
-            if isinstance(sentences, InputSentences):
-                sentences.release_before(round_end)
-    finally:
-        if side_file is not None:
-            side_file.close()
-    return translated
-
-
-def collect_side_files(
-    output: OrderedOutput | None, target: str, processes: Processes, round_end: int, progress: Any
-) -> None:
-    """End of a round: once every process has finished its chunk, the main process moves their translations into
-    the output (through its own side file first, so that nothing is lost to a kill) and empties their side files."""
-    processes.wait_for_everyone()
-    if processes.is_main:
-        for index in range(1, processes.count):
-            path = side_file_of(target, index)
-            translations = read_pending_translations(path, output.sentences, output.next_index)
-            output.add(translations)
-            open(path, "w").close()
-            if progress is not None:
-                progress.update(len(translations))
-        if output.next_index < round_end:
-            raise RuntimeError(f"sentences {output.next_index} to {round_end} were not translated by any process")
-    processes.wait_for_everyone()
-
-
 def parse_arguments(argv: list[str]) -> PrepareFraternalArguments:
     """Command line (or one .json file of arguments) → the argument dataclass."""
     from transformers import HfArgumentParser
@@ -966,183 +982,76 @@ def parse_arguments(argv: list[str]) -> PrepareFraternalArguments:
     return args
 
 
+def prepare(args: PrepareFraternalArguments) -> PrepareSummary:
+    """Check the input and the settings, lock the output and plan (main process), load the model, then translate
+    this process's chunks into shards and (main process) join them into the output."""
+    # 1. Everything that can be wrong with the input and the settings is found before the model is loaded.
+    source = check_input(args.input_file)
+    if source.empty_lines:
+        logger.warning(f"{args.input_file}: skipped {source.empty_lines} empty line(s)")
+    args = check_device_and_max_length(args)
+    check_engine(args)
+    processes = Processes.from_environment(cpu=select_device(args.device).type == "cpu")
+    summary = PrepareSummary(args.output_file, source.sentences, source.empty_lines)
+    with contextlib.ExitStack() as stack:
+        # 2. The main process locks the output and plans; the others learn the plan, or the error that stopped it.
+        plan = None
+        if processes.is_main:
+            try:
+                lock_output(stack, args.output_file)
+                plan = plan_output(args, source, summary)
+            except (ValueError, OSError) as error:
+                processes.from_main(str(error))
+                raise
+        plan = processes.from_main(plan)
+        if isinstance(plan, str):
+            raise SettingsError(plan)
+        # 3. The model is loaded (when there is something to translate); only then are files changed.
+        translator = load_translator(args, processes) if plan.todo else None
+        if processes.is_main and plan.chunks:
+            start_work_folder(plan)
+        processes.wait_for_everyone()
+        # 4. Each process translates its chunks; the main process joins the shards into the output.
+        with failures_of_the_run():
+            if translator is not None:
+                translate_share(plan, translator, args, processes, summary)
+            processes.wait_for_everyone()
+            if processes.is_main and plan.chunks:
+                join_shards(args, plan, summary)
+    if processes.is_main:
+        logger.info(
+            f"{args.output_file}: {summary.output_lines} of {source.sentences} sentences with their translation"
+        )
+    return summary
+
+
+def interrupt_message(args: PrepareFraternalArguments) -> str:
+    """What Ctrl-C prints: how to go on, and that an overwrite run left the old output as it was."""
+    kept = f"the finished chunks are kept in {work_folder_of(args.output_file)}"
+    if args.overwrite_output_file:
+        return f"interrupted; {args.output_file} is unchanged; run the same command again to go on ({kept})."
+    return f"interrupted; run the same command again to continue ({kept})."
+
+
 def run(argv: list[str]) -> PrepareSummary:
-    """Parse ``argv``, check the input, the device, the length and the engine, lock the output and check it,
-    translate what is missing (with several processes under ``accelerate launch``: each its share, the main process
-    locking, checking and writing the output)."""
+    """Parse ``argv``, set up the log, and :func:`prepare`; Ctrl-C becomes :class:`Interrupted` saying how to go on."""
     args = parse_arguments(argv)
-    COMMAND.details.update(output_file=args.output_file, overwrite=args.overwrite_output_file)
     logging.basicConfig(
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
         datefmt="%m/%d/%Y %H:%M:%S",
         handlers=[logging.StreamHandler(sys.stdout)],
     )
     logger.setLevel(logging.INFO)
-
-    # Everything that can be wrong with the files is found before the model is loaded.
-    sentences, empty_lines = read_input_sentences(args.input_file)
-    if empty_lines:
-        logger.warning(f"{args.input_file}: skipped {empty_lines} empty line(s)")
-    args = check_device_and_max_length(args)
-    check_engine(args)
-    processes = Processes.from_environment(cpu=select_device(args.device).type == "cpu")
-    summary = PrepareSummary(args.output_file, len(sentences), empty_lines)
-    if not processes.is_main:
-        return translate_into_output(args, sentences, summary, processes)
     try:
-        with output_lock(args.output_file):
-            return translate_into_output(args, sentences, summary, processes)
-    except (ValueError, OSError) as error:
-        if not COMMAND.running:
-            processes.from_main({"error": str(error)})  # the other processes stop with the same message
-        raise
-
-
-def load_translator(args: PrepareFraternalArguments, processes: Processes | None = None) -> Any:
-    """``Translator.from_arguments``; a model that cannot be loaded is a SettingsError that names its path."""
-    try:
-        return Translator.from_arguments(args, processes) if processes is not None else Translator.from_arguments(args)
-    except SettingsError:
-        raise
-    except (OSError, ValueError) as error:
-        raise SettingsError(
-            f"--model_name_or_path {args.model_name_or_path}: cannot load the model: {error}"
-        ) from error
-
-
-def plan_output(args: PrepareFraternalArguments, sentences: Sequence[InputSentence], summary: PrepareSummary):
-    """Main process, output locked: check the output against the input, read the translations waiting in side files;
-    the plan ({target, start, end, waiting indices, todo}) and the waiting translations, nothing changed yet."""
-    overwrite = args.overwrite_output_file
-    target = new_file_of(args.output_file) if overwrite else args.output_file
-    target_pending = pending_file_of(target)
-    finished_bytes = 0
-    waiting: dict[int, str] = {}
-    if not overwrite and os.path.exists(target):
-        summary.already_translated, finished_bytes = count_finished_lines(target, sentences, args.input_file)
-        for pending_file in [target_pending, *side_files(target)]:
-            waiting.update(read_pending_translations(pending_file, sentences, summary.already_translated))
-    end = len(sentences) if args.max_sentences is None else min(args.max_sentences, len(sentences))
-    waiting = {index: text for index, text in waiting.items() if index < end}
-    todo = end - summary.already_translated - len(waiting) if end > summary.already_translated else 0
-    logger.info(
-        f"{args.input_file}: {len(sentences)} sentences; "
-        + (
-            f"{args.output_file} will be replaced (--overwrite_output_file), the new pairs go to {target}"
-            if overwrite
-            else f"{args.output_file} holds {summary.already_translated}"
-        )
-        + (f" (+{len(waiting)} waiting in {target_pending})" if waiting else "")
-        + f"; {todo} to translate"
-    )
-    plan = {"target": target, "start": summary.already_translated, "end": end, "waiting": sorted(waiting)}
-    return plan | {"todo": todo, "finished_bytes": finished_bytes}, waiting
-
-
-def reset_or_trim(args: PrepareFraternalArguments, plan: dict[str, Any]) -> None:
-    """Once the model is loaded: start OUTPUT.new (or a missing output) over with no side files, or cut the output's
-    unfinished last line."""
-    target = plan["target"]
-    if args.overwrite_output_file or not os.path.exists(target):
-        # OUTPUT.new is started over; a side file without its output belongs to an output that was deleted.
-        for path in (target, pending_file_of(target), *side_files(target)):
-            if os.path.exists(path):
-                os.remove(path)
-    else:
-        remove_unfinished_line(target, plan["finished_bytes"])
-
-
-def translate_into_output(
-    args: PrepareFraternalArguments,
-    sentences: Sequence[InputSentence],
-    summary: PrepareSummary,
-    processes: Processes | None = None,
-) -> PrepareSummary:
-    """The run once the output is locked: check the output, load the model, only then change files and translate.
-
-    Without ``--overwrite_output_file`` the output is continued in place. With it, the run writes ``OUTPUT.new``
-    (a leftover one is started over) and replaces the output with it only at the end of a finished run. With
-    several processes the main one checks and plans, and tells the others.
-    """
-    processes = processes or Processes()
-    plan, waiting = plan_output(args, sentences, summary) if processes.is_main else (None, {})
-    if processes.count > 1:
-        plan = processes.from_main(plan)
-        if "error" in plan:
-            raise SettingsError(plan["error"])
-    translator = load_translator(args, processes if processes.count > 1 else None) if plan["todo"] else None
-    # The model is loaded (or not needed): only now are files changed.
-    if processes.is_main:
-        reset_or_trim(args, plan)
-    ready = processes.from_main(plan)  # every process starts once the files are ready
-    if "error" in ready:
-        raise SettingsError(ready["error"])
-    COMMAND.running = True  # the input, the output and the model are checked: what fails now is the run
-    if not processes.is_main:
-        if translator is not None:
-            translate_missing(None, plan, sentences, translator, args, processes)
-        processes.wait_for_everyone()
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(side_file_of(plan["target"], processes.index))
-        return summary
-    with OrderedOutput(plan["target"], sentences, summary.already_translated, waiting) as output:
-        if translator is not None:
-            from tqdm.auto import tqdm
-
-            started = time.perf_counter()
-            end = plan["end"]
-            with tqdm(total=end, initial=end - plan["todo"], unit="sentence", desc="Translating") as progress:
-                translate_missing(output, plan, sentences, translator, args, processes, progress)
-            summary.translated = plan["todo"]  # by all processes
-            logger.info(f"Translated {summary.translated} sentences in {time.perf_counter() - started:.1f} s")
-        summary.output_lines = output.next_index
-        summary.empty_translations = output.empty_translations
-        leftovers = [] if output.waiting else side_files(plan["target"])
-    processes.wait_for_everyone()
-    for path in leftovers:  # all they held is in the output (those of a killed run with more processes, too)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
-    if args.overwrite_output_file:
-        replace_output(plan["target"], args.output_file)
-    if summary.empty_translations:
-        logger.warning(
-            f"{summary.empty_translations} translation(s) came out empty: the sentence itself was written instead"
-        )
-    logger.info(f"{args.output_file}: {summary.output_lines} of {len(sentences)} sentences with their translation")
-    return summary
-
-
-def replace_output(new_file: str, output_file: str) -> None:
-    """Put the finished ``new_file`` (and its side file, if any waits) in place of ``output_file`` and its own."""
-    new_pending, pending = pending_file_of(new_file), pending_file_of(output_file)
-    if os.path.exists(new_pending):
-        os.replace(new_pending, pending)
-    elif os.path.exists(pending):
-        os.remove(pending)  # the old output's translations must not wait for the new output
-    os.replace(new_file, output_file)
-    logger.info(f"{output_file}: replaced by the new pairs (--overwrite_output_file)")
-
-
-def interrupt_message() -> str:
-    """What Ctrl-C prints: how to go on, and that an overwrite run left the old output as it was."""
-    if COMMAND.details.get("overwrite"):
-        return (
-            f"interrupted; {COMMAND.details['output_file']} is unchanged; run the same command again to start "
-            "the overwrite over, or without --overwrite_output_file to continue the old output."
-        )
-    return "interrupted; run the same command again to continue."
-
-
-COMMAND = Command("prepare_fraternal.py")
+        return prepare(args)
+    except KeyboardInterrupt:
+        raise Interrupted(interrupt_message(args)) from None
 
 
 def main(argv: list[str] | None = None) -> None:
     """Command-line entry: a bad input ends with ``prepare_fraternal.py: error: <message>`` and exit code 2, a
     failure once translation began with exit code 1 (the traceback with ``IFCL_DEBUG=1``); Ctrl-C says how to go on."""
-    COMMAND.main(
-        lambda: run(sys.argv[1:] if argv is None else argv),
-        on_interrupt=interrupt_message,
-    )
+    run_command(SCRIPT, lambda: run(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

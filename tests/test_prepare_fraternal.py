@@ -1,4 +1,4 @@
-"""prepare_fraternal.py end to end on tiny random-weight Marian, T5 and NLLB (M2M100) models built here.
+"""prepare_fraternal.py end to end on the tiny random-weight Marian, T5 and NLLB (M2M100) models of conftest.py.
 
 Greedy decoding of the tiny Marian model gives each sentence the same translation whatever batch it is in (the
 first test checks it), so an interrupted and resumed run must write exactly the file of an uninterrupted one.
@@ -7,7 +7,6 @@ first test checks it), so an interrupted and resumed run must write exactly the 
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import re
@@ -17,169 +16,56 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ENGLISH, GERMAN
+from conftest import ENGLISH, GERMAN, TRANSLATION_SENTENCES
 
+import ifcl.cli
 import ifcl.translation as prepare_fraternal
+from ifcl.cli import RunFailure
 from ifcl.data import DataFormatError, load_train_dataset
 from ifcl.translation import PrepareFraternalArguments, SettingsError, Translator
 
-SENTENCES = ENGLISH + GERMAN  # 24 sentences of different lengths
+SENTENCES = TRANSLATION_SENTENCES
 BATCH_SIZE, BATCHES_PER_CHUNK = 4, 2  # chunks of 8 sentences: 3 chunks, 6 batches
 UNPATCHED_TRANSLATE_BATCH = Translator.translate_batch
 UNPATCHED_COUNT_FINISHED_LINES = prepare_fraternal.count_finished_lines
+
+# The models are tiny: one thread is fastest, and far faster than two on a busy machine (conftest.py).
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 
 class SimulatedCrash(Exception):
     """Raised by a patched translate_batch to interrupt a run."""
 
 
-def build_word_tokenizer(sentences: list[str]):
-    """A word-level fast tokenizer whose vocabulary is the sorted words of ``sentences``.
-
-    Built rather than trained: the `tokenizers` trainers break ties differently from run to run, which would make
-    the random models below translate differently in every session.
-    """
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    normalizer, pre_tokenizer = normalizers.Lowercase(), pre_tokenizers.BertPreTokenizer()
-    words = sorted(
-        {word for s in sentences for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(s))}
-    )
-    special = ["[PAD]", "[UNK]", "[SEP]"]
-    tokenizer = Tokenizer(models.WordLevel({token: i for i, token in enumerate(special + words)}, unk_token="[UNK]"))
-    tokenizer.normalizer, tokenizer.pre_tokenizer = normalizer, pre_tokenizer
-    tokenizer.post_processor = processors.TemplateProcessing(single="$A [SEP]", special_tokens=[("[SEP]", 2)])
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]", eos_token="[SEP]")
-
-
-def build_tiny_marian(folder: Path) -> Path:
-    """A random-weight one-layer MarianMTModel with a word-level tokenizer, saved to ``folder``."""
-    from transformers import MarianConfig, MarianMTModel
-
-    tokenizer = build_word_tokenizer(SENTENCES)
-    torch.manual_seed(1)
-    config = MarianConfig(
-        vocab_size=len(tokenizer),
-        d_model=16,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        max_position_embeddings=64,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.pad_token_id,
-        init_std=1.0,  # larger than usual: a distinct translation for each of the 24 sentences, clear argmax margins
-    )
-    MarianMTModel(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def build_tiny_t5(folder: Path) -> Path:
-    """A random-weight one-layer T5ForConditionalGeneration with a word-level tokenizer, saved to ``folder``."""
-    from transformers import T5Config, T5ForConditionalGeneration
-
-    tokenizer = build_word_tokenizer(SENTENCES + ["translate English to German:"])
-    torch.manual_seed(0)
-    config = T5Config(
-        vocab_size=len(tokenizer),
-        d_model=16,
-        d_kv=8,
-        d_ff=32,
-        num_layers=1,
-        num_heads=2,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.pad_token_id,
-    )
-    T5ForConditionalGeneration(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def build_tiny_nllb(folder: Path) -> Path:
-    """A random-weight one-layer M2M100 model with an NllbTokenizer (BPE trained here) that knows three languages."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import M2M100Config, M2M100ForConditionalGeneration, NllbTokenizer
-
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.pre_tokenizer = pre_tokenizers.Metaspace()
-    trainer = trainers.BpeTrainer(vocab_size=150, special_tokens=["<s>", "<pad>", "</s>", "<unk>"])
-    bpe.train_from_iterator(SENTENCES, trainer)
-    model_json = json.loads(bpe.to_str())["model"]
-    tokenizer = NllbTokenizer(
-        vocab=model_json["vocab"],
-        merges=[tuple(merge) for merge in model_json["merges"]],
-        extra_special_tokens=["eng_Latn", "deu_Latn", "fra_Latn"],
-    )
-    torch.manual_seed(0)
-    config = M2M100Config(
-        vocab_size=len(tokenizer),
-        d_model=16,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        max_position_embeddings=64,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.eos_token_id,
-    )
-    M2M100ForConditionalGeneration(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-# The models are tiny: one thread is fastest, and far faster than two on a busy machine (conftest.py).
-pytestmark = pytest.mark.usefixtures("one_cpu_thread")
-
-
-@pytest.fixture(scope="module")
-def marian_dir(tmp_path_factory) -> Path:
-    return build_tiny_marian(tmp_path_factory.mktemp("tiny_marian"))
-
-
-@pytest.fixture(scope="module")
-def input_file(tmp_path_factory) -> Path:
-    """The 24 sentences, one a line, with an empty and a whitespace-only line among them."""
-    path = tmp_path_factory.mktemp("input") / "sentences.txt"
-    lines = SENTENCES[:5] + [""] + SENTENCES[5:17] + ["  \t "] + SENTENCES[17:]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
 def tool_args(input_path: Path, output_path: Path, model: Path, *extra: str) -> list[str]:
-    return [
-        "--input_file", str(input_path),
-        "--output_file", str(output_path),
-        "--model_name_or_path", str(model),
-        "--batch_size", str(BATCH_SIZE),
-        "--batches_per_chunk", str(BATCHES_PER_CHUNK),
-        "--max_length", "12",
-        "--num_beams", "1",
-        "--device", "cpu",
-        *extra,
-    ]  # fmt: skip
+    options = {"batch_size": BATCH_SIZE, "batches_per_chunk": BATCHES_PER_CHUNK, "max_length": 12, "num_beams": 1}
+    arguments = ["--input_file", str(input_path), "--output_file", str(output_path)]
+    arguments += ["--model_name_or_path", str(model), "--device", "cpu"]
+    for name, value in options.items():
+        arguments += [f"--{name}", str(value)]
+    return [*arguments, *extra]
 
 
 @pytest.fixture(scope="module")
-def reference_output(marian_dir, input_file, tmp_path_factory) -> Path:
+def reference_output(tiny_marian_dir, sentences_file, tmp_path_factory) -> Path:
     """The output of one uninterrupted run."""
     output = tmp_path_factory.mktemp("reference") / "pairs.txt"
-    summary = prepare_fraternal.run(tool_args(input_file, output, marian_dir))
+    summary = prepare_fraternal.run(tool_args(sentences_file, output, tiny_marian_dir))
     assert (summary.input_sentences, summary.empty_input_lines, summary.translated) == (24, 2, 24)
     return output
 
 
 def read_pairs(path: Path) -> list[tuple[str, str]]:
     return [tuple(line.split("\t")) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def work_folder(output: Path) -> Path:
+    return Path(str(output.resolve()) + ".parts")
+
+
+def folder_state(folder: Path) -> dict[str, bytes]:
+    """Every file of ``folder`` (recursively) and its bytes."""
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
 
 
 @pytest.fixture
@@ -209,7 +95,19 @@ def crash_on_batch(monkeypatch, batch_number: int, batches: list[list[str]]) -> 
     monkeypatch.setattr(Translator, "translate_batch", crashing)
 
 
-def test_output_is_a_training_file_in_input_order(reference_output, marian_dir):
+def crash(*args) -> None:
+    raise SimulatedCrash
+
+
+def interrupted_run(monkeypatch, arguments: list[str], batch_number: int = 4) -> None:
+    """A run stopped by a crash at its ``batch_number``-th batch (the 4th: chunk 1 finished, chunk 2 in flight)."""
+    with monkeypatch.context() as patch:
+        crash_on_batch(patch, batch_number, [])
+        with pytest.raises(SimulatedCrash):
+            prepare_fraternal.run(arguments)
+
+
+def test_output_is_a_training_file_in_input_order(reference_output, tiny_marian_dir):
     pairs = read_pairs(reference_output)
     assert [sentence for sentence, _ in pairs] == SENTENCES
     assert all(line.count("\t") == 1 for line in reference_output.read_text(encoding="utf-8").splitlines())
@@ -217,21 +115,19 @@ def test_output_is_a_training_file_in_input_order(reference_output, marian_dir):
     assert all(translation.strip() for translation in translations)
     assert len(set(translations)) == len(SENTENCES), "each sentence has its own translation: order errors show"
     # Each line holds the translation of its own sentence, although batches were sorted by length.
-    translator = Translator.from_arguments(
-        PrepareFraternalArguments(
-            input_file="unused", output_file="unused.txt", model_name_or_path=str(marian_dir), max_length=12,
-            num_beams=1, device="cpu",
-        )
-    )  # fmt: skip
+    arguments = PrepareFraternalArguments(
+        "unused", "unused.txt", str(tiny_marian_dir), max_length=12, num_beams=1, device="cpu"
+    )
+    translator = Translator.from_arguments(arguments)
     alone = [prepare_fraternal.clean_field(translator.translate_batch([s])[0]) for s in SENTENCES]
     assert translations == alone
     dataset = load_train_dataset(reference_output)
     assert dataset["sentence"] == SENTENCES and dataset["fraternal"] == translations
-    assert not Path(str(reference_output) + ".pending").exists()
+    assert sorted(path.name for path in reference_output.parent.iterdir()) == ["pairs.txt"], "no work folder or lock"
 
 
-def test_batches_are_sorted_by_length_within_chunks(marian_dir, input_file, tmp_path, recorded_batches):
-    prepare_fraternal.run(tool_args(input_file, tmp_path / "pairs.txt", marian_dir))
+def test_batches_are_sorted_by_length_within_chunks(tiny_marian_dir, sentences_file, tmp_path, recorded_batches):
+    prepare_fraternal.run(tool_args(sentences_file, tmp_path / "pairs.txt", tiny_marian_dir))
     assert len(recorded_batches) == 6
     for chunk_number in range(3):
         chunk = SENTENCES[8 * chunk_number : 8 * chunk_number + 8]
@@ -240,80 +136,92 @@ def test_batches_are_sorted_by_length_within_chunks(marian_dir, input_file, tmp_
         assert min(map(len, first)) >= max(map(len, second))
 
 
-def test_interrupted_run_resumes_without_translating_twice(
-    marian_dir, input_file, reference_output, tmp_path, monkeypatch
+def test_interrupted_run_resumes_with_its_finished_chunks(
+    tiny_marian_dir, sentences_file, reference_output, tmp_path, monkeypatch
 ):
     output = tmp_path / "pairs.txt"
+    arguments = tool_args(sentences_file, output, tiny_marian_dir)
+    interrupted_run(monkeypatch, arguments)  # batches 1-3 done: chunk 1 and half of chunk 2
+    parts = work_folder(output)
+    assert not output.exists(), "the output is only ever written whole"
+    assert sorted(path.name for path in parts.iterdir()) == ["0000000000-0000000008.txt", "manifest.json"]
+    assert read_pairs(parts / "0000000000-0000000008.txt") == read_pairs(reference_output)[:8]
+    (parts / "0000000008-0000000016.txt.tmp-99999").write_text("cut short by kill -9\tab", encoding="utf-8")
+
     translated: list[list[str]] = []
-    crash_on_batch(monkeypatch, 4, translated)  # batches 1-3 done: chunk 1 and the longer half of chunk 2
-    with pytest.raises(SimulatedCrash):
-        prepare_fraternal.run(tool_args(input_file, output, marian_dir))
-    assert len(translated) == 3
-    written = read_pairs(output)
-    assert [sentence for sentence, _ in written] == SENTENCES[: len(written)]
-    assert len(written) < 12 <= len(written) + 4, "the longer half of chunk 2 waits in the side file"
-    pending = Path(str(output) + ".pending")
-    assert pending.exists()
-    # A kill while writing leaves half a line: it is dropped on restart.
-    with open(output, "a", encoding="utf-8") as handle:
-        handle.write(SENTENCES[len(written)] + "\tcut of")
-
     crash_on_batch(monkeypatch, 0, translated)  # no crash this time
-    summary = prepare_fraternal.run(tool_args(input_file, output, marian_dir))
+    summary = prepare_fraternal.run(arguments)
     sentences_sent = Counter(sentence for batch in translated for sentence in batch)
-    assert sorted(sentences_sent) == sorted(SENTENCES) and max(sentences_sent.values()) == 1
-    assert summary.already_translated == len(written) and summary.translated == 24 - 12
+    assert sorted(sentences_sent) == sorted(SENTENCES[8:]) and max(sentences_sent.values()) == 1
+    assert (summary.already_translated, summary.translated, summary.output_lines) == (8, 16, 24)
     assert output.read_bytes() == reference_output.read_bytes()
-    assert not pending.exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["pairs.txt"], "the work folder is removed"
 
 
-def test_max_sentences_then_continue(marian_dir, input_file, reference_output, tmp_path, recorded_batches):
+def test_max_sentences_then_continue(tiny_marian_dir, sentences_file, reference_output, tmp_path, recorded_batches):
     output = tmp_path / "pairs.txt"
-    summary = prepare_fraternal.run(tool_args(input_file, output, marian_dir, "--max_sentences", "10"))
-    assert summary.output_lines == 10 and len(read_pairs(output)) == 10
-    summary = prepare_fraternal.run(tool_args(input_file, output, marian_dir))
+    summary = prepare_fraternal.run(tool_args(sentences_file, output, tiny_marian_dir, "--max_sentences", "10"))
+    assert summary.output_lines == 10 and read_pairs(output) == read_pairs(reference_output)[:10]
+    summary = prepare_fraternal.run(tool_args(sentences_file, output, tiny_marian_dir))
     assert (summary.already_translated, summary.translated, summary.output_lines) == (10, 14, 24)
     assert sum(len(batch) for batch in recorded_batches) == 24
     assert output.read_bytes() == reference_output.read_bytes()
-    # A finished output: nothing to translate, the model is not even loaded.
-    summary = prepare_fraternal.run(tool_args(input_file, output, marian_dir))
-    assert summary.translated == 0 and len(recorded_batches) == 7
-    assert output.read_bytes() == reference_output.read_bytes()
+    # A finished output: nothing to translate, the model is not even loaded, nothing is written.
+    mtime = output.stat().st_mtime_ns
+    summary = prepare_fraternal.run(tool_args(sentences_file, output, tiny_marian_dir))
+    assert summary.translated == 0 and summary.output_lines == 24 and len(recorded_batches) == 7
+    assert output.read_bytes() == reference_output.read_bytes() and output.stat().st_mtime_ns == mtime
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["pairs.txt"]
 
 
-def test_output_of_another_input_is_refused(marian_dir, input_file, reference_output, tmp_path, monkeypatch, capsys):
+def test_an_output_that_is_a_link_is_continued_through_it(tiny_marian_dir, sentences_file, reference_output, tmp_path):
+    real = tmp_path / "data" / "pairs.txt"
+    real.parent.mkdir()
+    link = tmp_path / "pairs.txt"
+    link.symlink_to(real)
+    prepare_fraternal.run(tool_args(sentences_file, link, tiny_marian_dir, "--max_sentences", "10"))
+    summary = prepare_fraternal.run(tool_args(sentences_file, link, tiny_marian_dir))
+    assert (summary.already_translated, summary.translated) == (10, 14)
+    assert link.is_symlink() and real.read_bytes() == reference_output.read_bytes()
+    assert sorted(path.name for path in tmp_path.rglob("*")) == ["data", "pairs.txt", "pairs.txt"]
+
+
+def test_output_of_another_input_is_refused(
+    tiny_marian_dir, sentences_file, reference_output, tmp_path, monkeypatch, capsys
+):
     output = tmp_path / "pairs.txt"
     reference_lines = reference_output.read_text(encoding="utf-8").splitlines(keepends=True)
-    started = "".join(reference_lines[:3]) + reference_lines[3][:10]  # an interrupted run of the first input
+    started = "".join(reference_lines[:3]) + reference_lines[3][:10]  # a last line cut short
     output.write_text(started, encoding="utf-8")
     other_input = tmp_path / "other.txt"
     other_input.write_text("\n".join(["", *SENTENCES[:2], "Another third sentence.", *SENTENCES[3:]]) + "\n")
-    monkeypatch.setattr(Translator, "from_arguments", lambda args: pytest.fail("model loaded before the check"))
+    monkeypatch.setattr(Translator, "from_arguments", lambda *a: pytest.fail("model loaded before the check"))
     with pytest.raises(DataFormatError) as error:
-        prepare_fraternal.run(tool_args(other_input, output, marian_dir))
+        prepare_fraternal.run(tool_args(other_input, output, tiny_marian_dir))
     message = str(error.value)
     assert f"{output}: line 3:" in message and f"{other_input} (line 4:" in message
     assert "Another third sentence." in message and SENTENCES[2] in message
     assert output.read_text(encoding="utf-8") == started, "the output is left as it was"
     with pytest.raises(SystemExit) as exit_info:
-        prepare_fraternal.main(tool_args(other_input, output, marian_dir))
+        prepare_fraternal.main(tool_args(other_input, output, tiny_marian_dir))
     assert exit_info.value.code == 2
     assert re.search("prepare_fraternal.py: error: .*line 3", capsys.readouterr().err)
     # A shorter input than the output: refused too.
     short_input = tmp_path / "short.txt"
     short_input.write_text(SENTENCES[0] + "\n", encoding="utf-8")
     with pytest.raises(DataFormatError, match="line 2: the output has more lines than"):
-        prepare_fraternal.run(tool_args(short_input, output, marian_dir))
+        prepare_fraternal.run(tool_args(short_input, output, tiny_marian_dir))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["other.txt", "pairs.txt", "short.txt"]
     # --overwrite_output_file starts over.
     monkeypatch.undo()
     prepare_fraternal.run(
-        tool_args(other_input, output, marian_dir, "--overwrite_output_file", "--max_sentences", "3")
+        tool_args(other_input, output, tiny_marian_dir, "--overwrite_output_file", "--max_sentences", "3")
     )
     assert [sentence for sentence, _ in read_pairs(output)] == [*SENTENCES[:2], "Another third sentence."]
 
 
 def started_output(reference_output: Path, path: Path) -> bytes:
-    """Write an output that an interrupted run left: 10 finished lines, the start of the 11th; return its bytes."""
+    """Write an output that holds 10 finished lines and the start of an 11th; return its bytes."""
     reference_lines = reference_output.read_bytes().splitlines(keepends=True)
     path.write_bytes(b"".join(reference_lines[:10]) + reference_lines[10][:12])
     return path.read_bytes()
@@ -323,46 +231,46 @@ def lock_path_of(output: Path) -> Path:
     return Path(str(output.resolve()) + ".lock")
 
 
-def test_bad_model_path_leaves_the_output_as_it_was(marian_dir, input_file, reference_output, tmp_path, capsys):
+def test_bad_model_path_leaves_every_file_as_it_was(
+    tiny_marian_dir, sentences_file, reference_output, tmp_path, monkeypatch, capsys
+):
     output = tmp_path / "pairs.txt"
-    before = started_output(reference_output, output)
-    pending = Path(str(output) + ".pending")
-    sentence, translation = read_pairs(reference_output)[12]
-    pending.write_text(f"12\t{sentence}\t{translation}\n", encoding="utf-8")  # translated ahead of its turn
-    pending_before = pending.read_bytes()
+    started_output(reference_output, output)
+    interrupted_run(monkeypatch, tool_args(sentences_file, output, tiny_marian_dir), batch_number=3)
+    before = folder_state(tmp_path)
+    capsys.readouterr()
+    assert sorted(before) == [
+        "pairs.txt",
+        "pairs.txt.parts/0000000010-0000000016.txt",
+        "pairs.txt.parts/manifest.json",
+    ]
     for bad_model in (str(tmp_path / "opus-mt-en-dee"), "Helsinki-NLP/opus-mt-en-dee"):
         for extra in ([], ["--overwrite_output_file"]):
             with pytest.raises(SystemExit) as exit_info:
-                prepare_fraternal.main(tool_args(input_file, output, Path(bad_model), *extra))
-            assert output.read_bytes() == before, "not even the unfinished last line is cut"
-            assert pending.read_bytes() == pending_before
-            assert sorted(path.name for path in tmp_path.iterdir()) == ["pairs.txt", "pairs.txt.pending"]
+                prepare_fraternal.main(tool_args(sentences_file, output, Path(bad_model), *extra))
             assert exit_info.value.code == 2
-            assert f"prepare_fraternal.py: error: --model_name_or_path {bad_model}: " in capsys.readouterr().err
-    # With the right model, the run continues the output as if nothing had happened.
-    summary = prepare_fraternal.run(tool_args(input_file, output, marian_dir))
-    assert (summary.already_translated, summary.translated) == (10, 13)
+            message = capsys.readouterr().err  # the model's error, or the work folder's other model_name_or_path
+            assert message.startswith("prepare_fraternal.py: error: ") and bad_model in message
+            assert folder_state(tmp_path) == before, "not even the unfinished last line is cut"
+    # With the right model, the run continues as if nothing had happened; the unfinished line is left out.
+    summary = prepare_fraternal.run(tool_args(sentences_file, output, tiny_marian_dir))
+    assert (summary.already_translated, summary.translated) == (16, 8)
     assert output.read_bytes() == reference_output.read_bytes()
 
 
 def test_overwrite_replaces_the_output_only_when_the_run_finished(
-    marian_dir, input_file, reference_output, tmp_path, monkeypatch, capsys
+    tiny_marian_dir, sentences_file, reference_output, tmp_path, monkeypatch, capsys
 ):
     output = tmp_path / "pairs.txt"
     output.write_text("Old sentence.\tAlter Satz.\nCut off\tAb", encoding="utf-8")
     old = output.read_bytes()
-    pending = Path(str(output) + ".pending")
-    pending.write_text("5\tOld fifth.\tAlter fünfter.\n", encoding="utf-8")
-    old_pending = pending.read_bytes()
-    new, new_pending = Path(str(output) + ".new"), Path(str(output) + ".new.pending")
-    overwrite = tool_args(input_file, output, marian_dir, "--overwrite_output_file")
-
-    translated: list[list[str]] = []
-    crash_on_batch(monkeypatch, 4, translated)
-    with pytest.raises(SimulatedCrash):
-        prepare_fraternal.run(overwrite)
-    assert output.read_bytes() == old and pending.read_bytes() == old_pending
-    assert 0 < len(read_pairs(new)) < 12 and new_pending.exists(), "the interrupted run wrote beside the output"
+    overwrite = tool_args(sentences_file, output, tiny_marian_dir, "--overwrite_output_file")
+    interrupted_run(monkeypatch, overwrite)
+    assert output.read_bytes() == old
+    assert sorted(path.name for path in work_folder(output).iterdir()) == [
+        "0000000000-0000000008.txt",
+        "manifest.json",
+    ]
 
     def interrupted(self, sentences):
         raise KeyboardInterrupt
@@ -371,21 +279,79 @@ def test_overwrite_replaces_the_output_only_when_the_run_finished(
     with pytest.raises(SystemExit) as exit_info:
         prepare_fraternal.main(overwrite)
     assert exit_info.value.code == 130
-    assert f"{output} is unchanged" in capsys.readouterr().err
-    assert output.read_bytes() == old and pending.read_bytes() == old_pending
+    message = capsys.readouterr().err
+    assert f"{output} is unchanged; run the same command again" in message and "Traceback" not in message
+    assert output.read_bytes() == old
 
-    translated.clear()
+    translated: list[list[str]] = []
     crash_on_batch(monkeypatch, 0, translated)
-    new.write_bytes(b"".join(reference_output.read_bytes().splitlines(keepends=True)[:5]))  # left over
     summary = prepare_fraternal.run(overwrite)
-    assert (summary.already_translated, summary.translated, summary.output_lines) == (0, 24, 24), "started over"
-    assert sorted(sentence for batch in translated for sentence in batch) == sorted(SENTENCES)
+    assert (summary.already_translated, summary.translated, summary.output_lines) == (8, 16, 24), "continued"
+    assert sorted(sentence for batch in translated for sentence in batch) == sorted(SENTENCES[8:])
     assert output.read_bytes() == reference_output.read_bytes()
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["pairs.txt"], "no .new, .pending or .lock left"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["pairs.txt"], "no work folder, temporary or lock left"
+
+
+def test_work_folder_of_other_settings_or_not_ours(
+    tiny_marian_dir, sentences_file, reference_output, tmp_path, monkeypatch, capsys
+):
+    output = tmp_path / "pairs.txt"
+    interrupted_run(monkeypatch, tool_args(sentences_file, output, tiny_marian_dir))
+    parts = work_folder(output)
+    before = folder_state(parts)
+    other_input = tmp_path / "other.txt"
+    other_input.write_text("\n".join(reversed(SENTENCES)) + "\n", encoding="utf-8")
+    monkeypatch.setattr(Translator, "from_arguments", lambda *a: pytest.fail("model loaded"))
+    for input_path, extra, named in (
+        (sentences_file, ["--max_batch_tokens", "40"], "another max_batch_tokens (None there, 40 now)"),
+        (other_input, [], "another input_sha256"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            prepare_fraternal.main(tool_args(input_path, output, tiny_marian_dir, *extra))
+        assert exit_info.value.code == 2
+        message = capsys.readouterr().err
+        assert f"prepare_fraternal.py: error: {parts}: holds the finished chunks of an interrupted run" in message
+        assert named in message and "or pass --overwrite_output_file to start over." in message
+        assert folder_state(parts) == before and not output.exists()
+    # --overwrite_output_file starts the folder over (it is ours), once the model has loaded.
+    monkeypatch.undo()
+    rerun = tool_args(sentences_file, output, tiny_marian_dir, "--max_batch_tokens", "40", "--overwrite_output_file")
+    summary = prepare_fraternal.run(rerun)
+    assert (summary.already_translated, summary.translated) == (0, 24)
+    assert output.read_bytes() == reference_output.read_bytes()
+    # A folder this project did not make is never touched.
+    output.unlink()
+    parts.mkdir()
+    (parts / "notes.txt").write_text("someone else's", encoding="utf-8")
+    with pytest.raises(SettingsError, match=re.escape(f"{parts}: exists and was not made by prepare_fraternal.py")):
+        prepare_fraternal.run(tool_args(sentences_file, output, tiny_marian_dir, "--overwrite_output_file"))
+    assert folder_state(parts) == {"notes.txt": b"someone else's"}
+
+
+def test_a_damaged_shard_is_named(tiny_marian_dir, sentences_file, tmp_path, monkeypatch, capsys):
+    output = tmp_path / "pairs.txt"
+    with monkeypatch.context() as patch:  # killed after the last shard was written, before they were joined
+        patch.setattr(prepare_fraternal, "join_shards", crash)
+        with pytest.raises(SimulatedCrash):
+            prepare_fraternal.run(tool_args(sentences_file, output, tiny_marian_dir, "--max_sentences", "16"))
+    shard = work_folder(output) / "0000000008-0000000016.txt"
+    assert not output.exists() and shard.exists()
+    shard.write_text(shard.read_text(encoding="utf-8").replace(SENTENCES[9], "Edited."), encoding="utf-8")
+    monkeypatch.setattr(Translator, "from_arguments", lambda *a: pytest.fail("every chunk is done: no model needed"))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        prepare_fraternal.main(tool_args(sentences_file, output, tiny_marian_dir, "--max_sentences", "16"))
+    assert exit_info.value.code == 1
+    error = capsys.readouterr().err.splitlines()
+    assert error[0] == (
+        f"prepare_fraternal.py: error: {shard}: does not hold the translations of sentences 9 to 16 of "
+        f"{sentences_file}; delete it and run the same command again."
+    )
+    assert not output.exists()
 
 
 def test_second_run_on_the_same_output_is_refused(
-    marian_dir, input_file, reference_output, tmp_path, monkeypatch, capsys
+    tiny_marian_dir, sentences_file, reference_output, tmp_path, monkeypatch, capsys
 ):
     output = tmp_path / "pairs.txt"
     before = started_output(reference_output, output)
@@ -394,11 +360,11 @@ def test_second_run_on_the_same_output_is_refused(
     with open(lock_path_of(output), "w") as holder:
         fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with monkeypatch.context() as patch:
-            patch.setattr(Translator, "from_arguments", lambda args: pytest.fail("model loaded"))
+            patch.setattr(Translator, "from_arguments", lambda *a: pytest.fail("model loaded"))
             patch.setattr(prepare_fraternal, "count_finished_lines", lambda *a: pytest.fail("output read"))
             for extra in ([], ["--overwrite_output_file"]):
                 with pytest.raises(SystemExit) as exit_info:
-                    prepare_fraternal.main(tool_args(input_file, output, marian_dir, *extra))
+                    prepare_fraternal.main(tool_args(sentences_file, output, tiny_marian_dir, *extra))
                 assert exit_info.value.code == 2
                 assert f"prepare_fraternal.py: error: {refused}" in capsys.readouterr().err
                 assert output.read_bytes() == before
@@ -411,12 +377,12 @@ def test_second_run_on_the_same_output_is_refused(
     def start_a_second_run(self, sentences):
         if not second_run_errors:
             with pytest.raises(SettingsError, match=re.escape(refused)) as error:
-                prepare_fraternal.run(tool_args(input_file, output, marian_dir))
+                prepare_fraternal.run(tool_args(sentences_file, output, tiny_marian_dir))
             second_run_errors.append(error.value)
         return UNPATCHED_TRANSLATE_BATCH(self, sentences)
 
     monkeypatch.setattr(Translator, "translate_batch", start_a_second_run)
-    summary = prepare_fraternal.run(tool_args(input_file, output, marian_dir))
+    summary = prepare_fraternal.run(tool_args(sentences_file, output, tiny_marian_dir))
     assert len(second_run_errors) == 1 and summary.translated == 14
     assert output.read_bytes() == reference_output.read_bytes(), "every pair once"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["pairs.txt"], "the lock file is removed at the end"
@@ -424,7 +390,7 @@ def test_second_run_on_the_same_output_is_refused(
 
 @pytest.mark.parametrize("holder_ends", ["removed", "replaced"])
 def test_lock_file_removed_by_its_holder_is_not_trusted(
-    reference_output, input_file, tmp_path, monkeypatch, holder_ends
+    reference_output, sentences_file, tmp_path, monkeypatch, holder_ends
 ):
     """A run that opens the lock file just before its holder removes it must lock the file now at that path."""
     output = tmp_path / "pairs.txt"
@@ -446,69 +412,108 @@ def test_lock_file_removed_by_its_holder_is_not_trusted(
         return UNPATCHED_COUNT_FINISHED_LINES(*args)
 
     monkeypatch.setattr(
-        prepare_fraternal,
+        ifcl.cli,
         "fcntl",
         SimpleNamespace(flock=flock_after_the_holder_left, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB),
     )
     monkeypatch.setattr(prepare_fraternal, "count_finished_lines", check_the_lock)
-    summary = prepare_fraternal.run(tool_args(input_file, output, Path("not/loaded")))
+    summary = prepare_fraternal.run(tool_args(sentences_file, output, Path("not/loaded")))
     assert summary.translated == 0 and len(flock_calls) == 2, "the first lock was let go, the second kept"
     if holder_ends == "replaced":
         assert flock_calls[0] != flock_calls[1]
     assert output.read_bytes() == reference_output.read_bytes() and not lock_path.exists()
 
 
-def test_bad_input_files(marian_dir, tmp_path, capsys):
+def test_bad_input_files(tiny_marian_dir, tmp_path, capsys):
     missing = tmp_path / "missing.txt"
     with pytest.raises(SystemExit) as exit_info:
-        prepare_fraternal.main(tool_args(missing, tmp_path / "out.txt", marian_dir))
+        prepare_fraternal.main(tool_args(missing, tmp_path / "out.txt", tiny_marian_dir))
     assert exit_info.value.code == 2
     assert f"prepare_fraternal.py: error: input file not found: {missing}" in capsys.readouterr().err
     blank = tmp_path / "blank.txt"
     blank.write_text("\n   \n\t\n", encoding="utf-8")
     with pytest.raises(DataFormatError, match=re.escape(f"{blank}: no sentences")):
-        prepare_fraternal.run(tool_args(blank, tmp_path / "out.txt", marian_dir))
+        prepare_fraternal.run(tool_args(blank, tmp_path / "out.txt", tiny_marian_dir))
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes(b"First line.\nZweite Zeile f\xfcr dich.\n")
+    with pytest.raises(DataFormatError, match=re.escape(f"{latin1}: line 2: not valid UTF-8")):
+        prepare_fraternal.run(tool_args(latin1, tmp_path / "out.txt", tiny_marian_dir))
     with pytest.raises(SystemExit) as exit_info:
-        prepare_fraternal.main(tool_args(blank, tmp_path / "out.tsv", marian_dir))
+        prepare_fraternal.main(tool_args(blank, tmp_path / "out.tsv", tiny_marian_dir))
     assert exit_info.value.code == 2 and "must end in .txt" in capsys.readouterr().err
     not_ours = tmp_path / "not_ours.txt"
     not_ours.write_text(SENTENCES[0] + "\n", encoding="utf-8")
     source = tmp_path / "source.txt"
     source.write_text(SENTENCES[0] + "\n", encoding="utf-8")
     with pytest.raises(DataFormatError, match=re.escape(f"{not_ours}: line 1: expected 'sentence<TAB>translation'")):
-        prepare_fraternal.run(tool_args(source, not_ours, marian_dir))
+        prepare_fraternal.run(tool_args(source, not_ours, tiny_marian_dir))
     with pytest.raises(SettingsError, match="--batch_size must be"):
-        prepare_fraternal.run(tool_args(source, tmp_path / "out.txt", marian_dir, "--batch_size", "0"))
+        prepare_fraternal.run(tool_args(source, tmp_path / "out.txt", tiny_marian_dir, "--batch_size", "0"))
+    assert not (tmp_path / "out.txt").exists()
 
 
-def test_tabs_line_breaks_and_empty_translations(marian_dir, tmp_path, monkeypatch):
+def test_tabs_line_breaks_and_empty_translations(tiny_marian_dir, tmp_path, monkeypatch, caplog):
     source = tmp_path / "source.txt"
-    source.write_bytes(b"A sentence\twith a tab.\nSecond sentence.\nThird\x0bone.\nFourth.\n")
+    source.write_bytes(b"A sentence\twith a tab.\nSecond sentence.\n\nThird\x0bone.\nFourth.\n")
     answers = {
         "A sentence with a tab.": "Ein Satz\tmit\nTab.",
         "Second sentence.": " \n ",
         "Third one.": "Dritter\u2028Satz.\r",
         "Fourth.": "Vierter.",
     }
-    monkeypatch.setattr(Translator, "translate_batch", lambda self, batch: [answers[s] for s in batch])
+    sent = []
+    monkeypatch.setattr(
+        Translator, "translate_batch", lambda self, batch: sent.extend(batch) or [answers[s] for s in batch]
+    )
+    expected = ["A sentence with a tab.\tEin Satz mit Tab.", "Third one.\tDritter Satz.", "Fourth.\tVierter.", ""]
     output = tmp_path / "pairs.txt"
-    summary = prepare_fraternal.run(tool_args(source, output, marian_dir))
-    assert summary.empty_translations == 1
-    assert output.read_text(encoding="utf-8").split("\n") == [
-        "A sentence with a tab.\tEin Satz mit Tab.",
-        "Second sentence.\tSecond sentence.",
-        "Third one.\tDritter Satz.",
-        "Fourth.\tVierter.",
-        "",
-    ]
-    assert len(load_train_dataset(output)) == 4
-    assert prepare_fraternal.run(tool_args(source, output, marian_dir)).already_translated == 4
+    with caplog.at_level(logging.WARNING, logger="ifcl.translation"):
+        summary = prepare_fraternal.run(tool_args(source, output, tiny_marian_dir))
+    assert (summary.empty_translations, summary.output_lines) == (1, 3)
+    assert f"1 translation(s) came out empty and are left out of {output}: lines 2 of {source}" in caplog.text
+    assert output.read_text(encoding="utf-8").split("\n") == expected, "never 'sentence<TAB>sentence'"
+    assert len(load_train_dataset(output)) == 3
+    summary = prepare_fraternal.run(tool_args(source, output, tiny_marian_dir))
+    assert (summary.already_translated, summary.translated) == (4, 0)
+    # Continuing an output past a sentence left out: it is not translated again.
+    output.unlink()
+    sent.clear()
+    assert prepare_fraternal.run(tool_args(source, output, tiny_marian_dir, "--max_sentences", "3")).output_lines == 2
+    summary = prepare_fraternal.run(tool_args(source, output, tiny_marian_dir))
+    assert (summary.already_translated, summary.translated) == (3, 1) and sent.count("Second sentence.") == 1
+    assert output.read_text(encoding="utf-8").split("\n") == expected
 
 
-def test_t5_gets_its_task_prefix(tmp_path, monkeypatch):
+def test_a_mostly_empty_batch_stops_the_run(tiny_marian_dir, sentences_file, tmp_path, monkeypatch, capsys):
+    def mostly_empty(self, batch):
+        return ["" if position else "Etwas." for position in range(len(batch))]
+
+    monkeypatch.setattr(Translator, "translate_batch", mostly_empty)
+    output = tmp_path / "pairs.txt"
+    with pytest.raises(SystemExit) as exit_info:
+        prepare_fraternal.main(tool_args(sentences_file, output, tiny_marian_dir))
+    assert exit_info.value.code == 1
+    error = capsys.readouterr().err
+    lines = [line for line in error.splitlines() if line.startswith("prepare_fraternal.py")]
+    assert len(lines) == 2 and lines[1] == "prepare_fraternal.py: the run failed; IFCL_DEBUG=1 shows the traceback."
+    assert lines[0].startswith("prepare_fraternal.py: error: the model output is empty: 3 of the 4 translations of a ")
+    assert f"Check --model_name_or_path {tiny_marian_dir}, --source_lang" in error and "Traceback" not in error
+    assert not output.exists()
+    # Half of a batch empty is not most of it: those sentences are left out, the run goes on.
+    half_empty = SimpleNamespace(translate_batches=lambda batches: ([[""] * (len(b) - 1) + ["Ein."] for b in batches]))
+    arguments = PrepareFraternalArguments("in.txt", "out.txt", "model", batch_size=4)
+    sentences = [prepare_fraternal.InputSentence(number, text) for number, text in ((1, "A."), (2, "Bb."), (3, "C."))]
+    assert prepare_fraternal.translate_chunk(sentences[:2], half_empty, arguments) == ["Ein.", ""]
+    with pytest.raises(
+        RunFailure, match=re.escape("2 of the 3 translations of a batch came out empty (lines 2, 1 of")
+    ):
+        prepare_fraternal.translate_chunk(sentences, half_empty, arguments)
+
+
+def test_t5_gets_its_task_prefix(tiny_t5_dir, tmp_path, monkeypatch):
     from transformers import AutoTokenizer, T5ForConditionalGeneration
 
-    model_dir = build_tiny_t5(tmp_path / "t5")
+    model_dir = tiny_t5_dir
     source = tmp_path / "source.txt"
     source.write_text("\n".join(ENGLISH[:3]) + "\n", encoding="utf-8")
     generate_inputs = []
@@ -544,10 +549,10 @@ def test_t5_gets_its_task_prefix(tmp_path, monkeypatch):
     assert prefix(SimpleNamespace(model_type="bart"), source_lang="English", target_lang="German") == ""
 
 
-def test_marian_multilingual_target_token(marian_dir):
+def test_marian_multilingual_target_token(tiny_marian_dir):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(marian_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_marian_dir)
     tokenizer.add_tokens([">>deu<<", ">>fra<<"], special_tokens=True)
     marian = SimpleNamespace(model_type="marian")
     args = PrepareFraternalArguments("in.txt", "out.txt", "model", target_lang="fra")
@@ -556,10 +561,10 @@ def test_marian_multilingual_target_token(marian_dir):
     assert prepare_fraternal.resolve_prefix(marian, tokenizer, args) == ""
 
 
-def test_nllb_source_language_and_forced_target_token(tmp_path, monkeypatch):
+def test_nllb_source_language_and_forced_target_token(tiny_nllb_dir, tmp_path, monkeypatch):
     from transformers import AutoTokenizer, M2M100ForConditionalGeneration
 
-    model_dir = build_tiny_nllb(tmp_path / "nllb")
+    model_dir = tiny_nllb_dir
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     german, french = tokenizer.convert_tokens_to_ids(["deu_Latn", "fra_Latn"])
     source = tmp_path / "source.txt"
@@ -611,9 +616,9 @@ def test_m2m100_language_ids_and_dtype():
     assert prepare_fraternal.resolve_device_and_dtype("cpu", "bfloat16")[1] == torch.bfloat16
 
 
-def test_bfloat16_weights(marian_dir):
+def test_bfloat16_weights(tiny_marian_dir):
     args = PrepareFraternalArguments(
-        "in.txt", "out.txt", str(marian_dir), max_length=6, num_beams=1, device="cpu", dtype="bfloat16"
+        "in.txt", "out.txt", str(tiny_marian_dir), max_length=6, num_beams=1, device="cpu", dtype="bfloat16"
     )
     translator = Translator.from_arguments(args)
     assert translator.model.dtype == torch.bfloat16
@@ -627,7 +632,7 @@ def without_max_length(arguments: list[str]) -> list[str]:
 
 
 def test_max_length_beyond_the_model_positions_is_refused(
-    marian_dir, input_file, reference_output, tmp_path, monkeypatch, capsys
+    tiny_marian_dir, sentences_file, reference_output, tmp_path, monkeypatch, capsys
 ):
     """The tiny Marian model has 64 positions (max_position_embeddings=64) on both sides: 64 tokens in and out
     work, one more on either side is an IndexError; --max_length 65 is refused before anything loads."""
@@ -643,7 +648,7 @@ def test_max_length_beyond_the_model_positions_is_refused(
 
     monkeypatch.setattr(MarianMTModel, "generate", recording_generate)
     translator = Translator.from_arguments(
-        PrepareFraternalArguments("in.txt", "out.txt", str(marian_dir), max_length=64, num_beams=1, device="cpu")
+        PrepareFraternalArguments("in.txt", "out.txt", str(tiny_marian_dir), max_length=64, num_beams=1, device="cpu")
     )
     long_sentence = " ".join(SENTENCES)  # 181 tokens: truncated to --max_length
     assert len(translator.translate_batch([long_sentence, SENTENCES[0]])) == 2
@@ -652,23 +657,26 @@ def test_max_length_beyond_the_model_positions_is_refused(
     with pytest.raises(IndexError):
         one_more.translate_batch([long_sentence])
     with pytest.raises(IndexError):
-        one_more.translate_batch([SENTENCES[0]])  # a short input: the 65th generated token is too many
+        one_more.generation_kwargs["min_new_tokens"] = 65  # a short input whose translation does not end sooner:
+        one_more.translate_batch([SENTENCES[0]])  # the 65th generated token is too many
     monkeypatch.undo()
 
     output = tmp_path / "pairs.txt"
     before = started_output(reference_output, output)
-    monkeypatch.setattr(Translator, "from_arguments", lambda args: pytest.fail("model loaded"))
-    monkeypatch.setattr(prepare_fraternal, "output_lock", lambda output_file: pytest.fail("output locked"))
+    monkeypatch.setattr(Translator, "from_arguments", lambda *a: pytest.fail("model loaded"))
+    monkeypatch.setattr(prepare_fraternal, "lock_output", lambda *a: pytest.fail("output locked"))
     with pytest.raises(SystemExit) as exit_info:
-        prepare_fraternal.main(tool_args(input_file, output, marian_dir, "--max_length", "65"))
+        prepare_fraternal.main(tool_args(sentences_file, output, tiny_marian_dir, "--max_length", "65"))
     assert exit_info.value.code == 2
     message = capsys.readouterr().err
-    assert f"prepare_fraternal.py: error: --max_length 65: more than the 64 positions of {marian_dir}" in message
+    assert f"prepare_fraternal.py: error: --max_length 65: more than the 64 positions of {tiny_marian_dir}" in message
     assert "pass --max_length 64 or less, or leave it out (64)." in message and "Traceback" not in message
     assert output.read_bytes() == before and sorted(path.name for path in tmp_path.iterdir()) == ["pairs.txt"]
 
 
-def test_default_max_length_is_lowered_to_the_model_positions(marian_dir, input_file, tmp_path, monkeypatch, caplog):
+def test_default_max_length_is_lowered_to_the_model_positions(
+    tiny_marian_dir, sentences_file, tmp_path, monkeypatch, caplog
+):
     lengths = []
 
     def recording(self, sentences):
@@ -677,11 +685,11 @@ def test_default_max_length_is_lowered_to_the_model_positions(marian_dir, input_
 
     monkeypatch.setattr(Translator, "translate_batch", recording)
     output = tmp_path / "pairs.txt"
-    arguments = without_max_length(tool_args(input_file, output, marian_dir, "--max_sentences", "4"))
+    arguments = without_max_length(tool_args(sentences_file, output, tiny_marian_dir, "--max_sentences", "4"))
     with caplog.at_level(logging.INFO, logger="prepare_fraternal"):
         summary = prepare_fraternal.run(arguments)
     assert summary.translated == 4 and lengths == [(64, 64)]
-    assert f"--max_length 64: {marian_dir} has 64 positions, fewer than the default 128" in caplog.text
+    assert f"--max_length 64: {tiny_marian_dir} has 64 positions, fewer than the default 128" in caplog.text
 
 
 def test_max_length_against_the_positions_of_each_model_family():
@@ -730,7 +738,7 @@ def no_gpu(monkeypatch):
 
 
 def test_unavailable_device_is_refused_before_anything_loads(
-    marian_dir, input_file, reference_output, tmp_path, monkeypatch, capsys, no_gpu
+    tiny_marian_dir, sentences_file, reference_output, tmp_path, monkeypatch, capsys, no_gpu
 ):
     select = prepare_fraternal.select_device
     assert select(None) == torch.device("cpu") and select("cpu") == torch.device("cpu")
@@ -753,11 +761,11 @@ def test_unavailable_device_is_refused_before_anything_loads(
 
     output = tmp_path / "pairs.txt"
     before = started_output(reference_output, output)
-    monkeypatch.setattr(Translator, "from_arguments", lambda args: pytest.fail("model loaded"))
-    monkeypatch.setattr(prepare_fraternal, "output_lock", lambda output_file: pytest.fail("output locked"))
+    monkeypatch.setattr(Translator, "from_arguments", lambda *a: pytest.fail("model loaded"))
+    monkeypatch.setattr(prepare_fraternal, "lock_output", lambda *a: pytest.fail("output locked"))
     for device in ("cuda", "cuda:1", "gpu"):
         with pytest.raises(SystemExit) as exit_info:
-            prepare_fraternal.main(tool_args(input_file, output, marian_dir, "--device", device))
+            prepare_fraternal.main(tool_args(sentences_file, output, tiny_marian_dir, "--device", device))
         assert exit_info.value.code == 2
         message = capsys.readouterr().err
         assert message.startswith(f"prepare_fraternal.py: error: --device {device}: ") and "Traceback" not in message
