@@ -122,6 +122,42 @@ def build_tiny_bert(
     return folder
 
 
+SMALL = {"num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64}
+# The encoder families users bring: (config class name, its settings beyond SMALL, whether its tokenizer gives token
+# type ids).
+FAMILIES = {
+    "bert": ("BertConfig", {"hidden_size": 32}, True),
+    "roberta": ("RobertaConfig", {"hidden_size": 32, "type_vocab_size": 1}, False),
+    "mpnet": ("MPNetConfig", {"hidden_size": 32}, False),
+    "distilbert": ("DistilBertConfig", {"dim": 32, "hidden_dim": 64}, False),
+    "xlm-roberta": ("XLMRobertaConfig", {"hidden_size": 32, "type_vocab_size": 1}, False),
+    "deberta-v2": ("DebertaV2Config", {"hidden_size": 32, "type_vocab_size": 0}, False),
+    "modernbert": ("ModernBertConfig", {"hidden_size": 32, "global_attn_every_n_layers": 2}, False),
+    "electra": ("ElectraConfig", {"hidden_size": 32, "embedding_size": 16}, True),
+    "albert": ("AlbertConfig", {"hidden_size": 32, "embedding_size": 16}, True),
+}
+
+
+def build_tiny_encoder(family: str, folder: Path) -> Path:
+    """A random tiny encoder of ``family`` (hidden size 32) and a WordPiece tokenizer whose special ids its config
+    uses, saved to ``folder``."""
+    import torch
+    import transformers
+    from transformers import AutoModel
+
+    config_class, settings, token_types = FAMILIES[family]
+    tokenizer = build_tokenizer(ENGLISH + GERMAN)
+    if not token_types:
+        tokenizer.model_input_names = ["input_ids", "attention_mask"]
+    special = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.cls_token_id}
+    special["eos_token_id"] = tokenizer.sep_token_id
+    config = getattr(transformers, config_class)(vocab_size=len(tokenizer), **SMALL, **settings, **special)
+    torch.manual_seed(0)
+    AutoModel.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="session", autouse=True)
 def ifcl_data_cache(tmp_path_factory) -> Path:
     """Training files the tests parse are cached in the session's folder (scripts run by the tests inherit it),
@@ -171,6 +207,28 @@ def english_sts_data(tmp_path_factory) -> Path:
     (folder / "train.txt").write_text("\n".join(ENGLISH * 3) + "\n", encoding="utf-8")
     write_sts_file(folder / "sts.tsv")
     return folder
+
+
+@pytest.fixture(scope="session")
+def pairs_data(tmp_path_factory) -> Path:
+    """``train.txt`` (English<TAB>German, 36 lines) and ``sts.tsv``: the data of a tiny IFCL run with twins."""
+    folder = tmp_path_factory.mktemp("pairs")
+    lines = [f"{english}\t{german}\n" for english, german in zip(ENGLISH, GERMAN)] * 3
+    (folder / "train.txt").write_text("".join(lines), encoding="utf-8")
+    write_sts_file(folder / "sts.tsv")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def finished_run(tiny_encoder_dir, pairs_data, tmp_path_factory) -> tuple[Path, dict[str, float]]:
+    """One finished 4-step IFCL run of ``run_ifcl.py`` (fraternal twins, a queue of k = 2 mini-batches of N = 4), for
+    the tests that only read it: its folder and its results."""
+    import run_ifcl
+
+    folder = tmp_path_factory.mktemp("runs") / "finished"
+    extra = ("--queue_size", "2", "--forgetting_rate", "0.2")
+    _, metrics = run_ifcl.main(objective_run_args(tiny_encoder_dir, pairs_data, folder, "ifcl", *extra))
+    return folder, metrics
 
 
 def write_sts_file(path: Path) -> None:
@@ -277,6 +335,25 @@ def build_word_tokenizer(sentences: list[str]):
     )
 
 
+def one_layer_seq2seq(config_class, tokenizer, d_model: int = 16, ffn_dim: int = 32, **settings):
+    """A config of ``config_class`` (Marian, M2M100, mBART) for ``tokenizer``: one encoder and one decoder layer of
+    two heads, 64 positions, the tokenizer's pad and end tokens."""
+    return config_class(
+        vocab_size=len(tokenizer),
+        d_model=d_model,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=ffn_dim,
+        decoder_ffn_dim=ffn_dim,
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **settings,
+    )
+
+
 def build_tiny_marian(folder: Path) -> Path:
     """A random-weight one-layer MarianMTModel with a word-level tokenizer, its generation config as opus-mt's (pad
     never generated, the end forced at the length limit). Greedy decoding gives each of the 24 sentences its own
@@ -286,18 +363,11 @@ def build_tiny_marian(folder: Path) -> Path:
 
     tokenizer = build_word_tokenizer(TRANSLATION_SENTENCES)
     torch.manual_seed(3)
-    config = MarianConfig(
-        vocab_size=len(tokenizer),
+    config = one_layer_seq2seq(
+        MarianConfig,
+        tokenizer,
         d_model=32,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        ffn_dim=64,
         forced_eos_token_id=tokenizer.eos_token_id,
         decoder_start_token_id=tokenizer.pad_token_id,
         init_std=1.0,  # larger than usual: clear argmax margins
@@ -352,19 +422,10 @@ def build_tiny_nllb(folder: Path) -> Path:
         extra_special_tokens=["eng_Latn", "deu_Latn", "fra_Latn"],
     )
     torch.manual_seed(0)
-    config = M2M100Config(
-        vocab_size=len(tokenizer),
-        d_model=16,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        max_position_embeddings=64,
-        pad_token_id=tokenizer.pad_token_id,
+    config = one_layer_seq2seq(
+        M2M100Config,
+        tokenizer,
         bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
         decoder_start_token_id=tokenizer.eos_token_id,
     )
     M2M100ForConditionalGeneration(config).save_pretrained(folder)
@@ -392,19 +453,10 @@ def build_tiny_mbart50(folder: Path) -> Path:
     vocab = [tuple(entry) for entry in json.loads(unigram.to_str())["model"]["vocab"]]
     tokenizer = MBart50Tokenizer(vocab=vocab, src_lang="en_XX", tgt_lang="de_DE")
     torch.manual_seed(0)
-    config = MBartConfig(
-        vocab_size=len(tokenizer),
-        d_model=16,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        max_position_embeddings=64,
-        pad_token_id=tokenizer.pad_token_id,
+    config = one_layer_seq2seq(
+        MBartConfig,
+        tokenizer,
         bos_token_id=tokenizer.convert_tokens_to_ids("<s>"),
-        eos_token_id=tokenizer.eos_token_id,
         forced_eos_token_id=tokenizer.eos_token_id,
         decoder_start_token_id=tokenizer.eos_token_id,
         tokenizer_class="MBart50Tokenizer",

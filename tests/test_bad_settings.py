@@ -22,6 +22,13 @@ def files(tmp_path_factory, tiny_encoder_dir):
     (folder / "sentences.txt").write_text("".join(f"{e}\n" for e in ENGLISH), encoding="utf-8")
     (folder / "args.json").write_text('{"learning_rate": 1e-5,', encoding="utf-8")
     (folder / "good_args.json").write_text(json.dumps({"objective": "simcse", "queue_size": 2}), encoding="utf-8")
+    # A saved IFCL model whose weights file was cut short (a full disk, an interrupted copy).
+    from ifcl.publishing import save_published
+    from modeling_ifcl import IFCLModel
+
+    save_published(IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0), str(folder / "cut_model"))
+    weights = folder / "cut_model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     return folder
 
 
@@ -52,6 +59,8 @@ CASES = [
     ("run_ifcl.py", ["--dataset_name", "owner/sentences"], "give one source of training text"),
     ("run_ifcl.py", ["--report_to", "clearml"], "--report_to clearml: its package is not installed"),
     ("run_ifcl.py", ["--report_to", "no_such_logger"], "not a logger the Trainer knows"),
+    ("run_ifcl.py", ["--dataloader_num_workers", "-1"], "--dataloader_num_workers must be ≥ 0"),
+    ("run_ifcl.py", ["--model_name_or_path", "{files}/cut_model"], "cut_model/model.safetensors cannot be read"),
     ("evaluate_sts.py", ["--batch_size", "0"], "--batch_size"),
     ("evaluate_sts.py", ["--model_name_or_path", "./no/such/model"], "./no/such/model"),
     ("evaluate_sts.py", ["--tasks", "{files}/constant.tsv"], "constant.tsv"),

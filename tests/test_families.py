@@ -4,44 +4,11 @@ through AutoModel (remote code) and sentence-transformers, a word table narrower
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-from conftest import ENGLISH, GERMAN, build_tokenizer
+from conftest import ENGLISH, FAMILIES, GERMAN, build_tiny_encoder
 from datasets import Dataset
 from transformers import AutoModel, TrainingArguments
-
-SMALL = {"num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64}
-# family: (config class name, its settings beyond SMALL, whether its tokenizer gives token type ids)
-FAMILIES = {
-    "bert": ("BertConfig", {"hidden_size": 32}, True),
-    "roberta": ("RobertaConfig", {"hidden_size": 32, "type_vocab_size": 1}, False),
-    "mpnet": ("MPNetConfig", {"hidden_size": 32}, False),
-    "distilbert": ("DistilBertConfig", {"dim": 32, "hidden_dim": 64}, False),
-    "xlm-roberta": ("XLMRobertaConfig", {"hidden_size": 32, "type_vocab_size": 1}, False),
-    "deberta-v2": ("DebertaV2Config", {"hidden_size": 32, "type_vocab_size": 0}, False),
-    "modernbert": ("ModernBertConfig", {"hidden_size": 32, "global_attn_every_n_layers": 2}, False),
-    "electra": ("ElectraConfig", {"hidden_size": 32, "embedding_size": 16}, True),
-    "albert": ("AlbertConfig", {"hidden_size": 32, "embedding_size": 16}, True),
-}
-
-
-def build_encoder(family: str, folder: Path) -> Path:
-    """A random tiny encoder of ``family`` and a WordPiece tokenizer whose special ids its config uses."""
-    import transformers
-
-    config_class, settings, token_types = FAMILIES[family]
-    tokenizer = build_tokenizer(ENGLISH + GERMAN)
-    if not token_types:
-        tokenizer.model_input_names = ["input_ids", "attention_mask"]
-    special = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.cls_token_id}
-    special["eos_token_id"] = tokenizer.sep_token_id
-    config = getattr(transformers, config_class)(vocab_size=len(tokenizer), **SMALL, **settings, **special)
-    torch.manual_seed(0)
-    AutoModel.from_config(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -50,7 +17,7 @@ def test_each_family_trains_saves_and_reloads_alike(family, tmp_path):
     from modeling_ifcl import IFCLModel
     from trainer_ifcl import IFCLTrainer
 
-    encoder = build_encoder(family, tmp_path / family)
+    encoder = build_tiny_encoder(family, tmp_path / family)
     model = IFCLModel.from_encoder(str(encoder), queue_size=2, max_seq_length=16)
     assert model.hidden_size == 32  # the sentence embeddings' width, whatever the word table's
     data = Dataset.from_dict({"sentence": ENGLISH[:8], "fraternal": GERMAN[:8]})

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import ENGLISH, GERMAN, build_tokenizer
+from conftest import ENGLISH, GERMAN, build_tiny_encoder
 
 from ifcl import queue as ring
 from ifcl.objectives.ifcl import fit_model, fraternal_tokenizer, freeze_word_tables
@@ -203,22 +203,7 @@ def test_encode_restores_the_training_mode(model, training):
 def test_a_narrow_word_table_electra_style(tiny_fraternal_dir, tmp_path):
     """ELECTRA and ALBERT embed words narrower than their hidden states: the sentence embeddings have the encoder's
     width, and BEL_F (or its projection) the word table's."""
-    from transformers import ElectraConfig, ElectraModel
-
-    tokenizer = build_tokenizer(ENGLISH + GERMAN)
-    config = ElectraConfig(
-        vocab_size=len(tokenizer),
-        embedding_size=16,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    ElectraModel(config).save_pretrained(tmp_path / "electra")
-    tokenizer.save_pretrained(tmp_path / "electra")
-    folder = str(tmp_path / "electra")
+    folder = str(build_tiny_encoder("electra", tmp_path / "electra"))
 
     for settings, fraternal_width in (
         ({}, None),  # BEL_F is BEL_S itself

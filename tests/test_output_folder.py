@@ -331,6 +331,9 @@ def test_a_run_stopped_after_training_finishes_its_results_without_a_step(
     assert metrics["test_stsb_spearman"] == pytest.approx(whole_metrics["test_stsb_spearman"], abs=1e-9)
     assert metrics["eval_stsb_spearman"] == pytest.approx(whole_metrics["eval_stsb_spearman"], abs=1e-9)
     assert record(folder).finished and (folder / "README.md").exists()
+    for name in ("train_results.json", "all_results.json"):  # the training's own figures are kept
+        written = json.loads((folder / name).read_text())
+        assert written["train_loss"] == pytest.approx(whole_metrics["train_loss"], abs=1e-9), name
 
 
 # ---------------------------------------------------------------- failures once the run has begun

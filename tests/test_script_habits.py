@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ENGLISH, GERMAN, ROOT, objective_run_args, write_sts_file
+from conftest import ROOT, objective_run_args
 
 import ifcl.hub
 import run_ifcl
@@ -25,24 +25,6 @@ from ifcl.cli import run_command
 from ifcl.output_folder import RUN_IN_PROGRESS_FILE
 
 IFCL_EXTRA = ("--queue_size", "2", "--forgetting_rate", "0.2")
-
-
-@pytest.fixture(scope="module")
-def pairs_data(tmp_path_factory) -> Path:
-    """``train.txt`` (English<TAB>German, 36 lines) and ``sts.tsv``: the data of a tiny IFCL run with twins."""
-    folder = tmp_path_factory.mktemp("pairs")
-    lines = [f"{english}\t{german}\n" for english, german in zip(ENGLISH, GERMAN)] * 3
-    (folder / "train.txt").write_text("".join(lines), encoding="utf-8")
-    write_sts_file(folder / "sts.tsv")
-    return folder
-
-
-@pytest.fixture(scope="module")
-def ifcl_folder(tiny_encoder_dir, pairs_data, tmp_path_factory) -> tuple[Path, dict[str, float]]:
-    """A finished 4-step IFCL run (fraternal table, queue of k = 2 mini-batches of N = 4): folder A and its results."""
-    folder = tmp_path_factory.mktemp("runs") / "a"
-    _, metrics = run_ifcl.main(objective_run_args(tiny_encoder_dir, pairs_data, folder, "ifcl", *IFCL_EXTRA))
-    return folder, metrics
 
 
 def main_exit_code(argv: list[str], monkeypatch) -> int:
@@ -267,8 +249,8 @@ def test_evaluation_and_saving_that_cannot_fit_name_the_flag(args, message, tmp_
 # ---------------------------------------------------------------- B6. continuing from an IFCL model
 
 
-def test_training_continues_from_an_ifcl_folder(ifcl_folder, pairs_data, tmp_path):
-    folder_a, metrics_a = ifcl_folder
+def test_training_continues_from_an_finished_run(finished_run, pairs_data, tmp_path):
+    folder_a, metrics_a = finished_run
     assert json.loads((folder_a / "config.json").read_text())["ifcl"]["objective"] == "ifcl"
     folder_b = tmp_path / "b"
     _, metrics_b = run_ifcl.main(objective_run_args(folder_a, pairs_data, folder_b, "ifcl", *IFCL_EXTRA))
@@ -283,7 +265,7 @@ def test_training_continues_from_an_ifcl_folder(ifcl_folder, pairs_data, tmp_pat
     assert (folder_b / "tokenizer.json").is_file()
 
 
-def test_a_continued_model_holds_the_saved_weights_and_starts_an_empty_queue(ifcl_folder, tmp_path):
+def test_a_continued_model_holds_the_saved_weights_and_starts_an_empty_queue(finished_run, tmp_path):
     from safetensors.torch import load_file
 
     from configuration_ifcl import ifcl_config_dict
@@ -291,7 +273,7 @@ def test_a_continued_model_holds_the_saved_weights_and_starts_an_empty_queue(ifc
     from ifcl.checks import read_config
     from ifcl.objectives import build_objective
 
-    folder_a, _ = ifcl_folder
+    folder_a, _ = finished_run
     saved = ifcl_config_dict(read_config(str(folder_a)))
     assert saved is not None and saved["queue_size"] == 2 and saved["queue_batch_size"] == 4
     weights = load_file(str(folder_a / "model.safetensors"))
@@ -330,9 +312,9 @@ def test_plain_encoders_are_not_taken_for_ifcl_models(tiny_encoder_dir, tmp_path
     ],
 )
 def test_what_an_ifcl_model_cannot_continue_with_is_refused_before_it_loads(
-    ifcl_folder, pairs_data, tmp_path, objective, extra, message
+    finished_run, pairs_data, tmp_path, objective, extra, message
 ):
-    folder_a, _ = ifcl_folder
+    folder_a, _ = finished_run
     extra = (*IFCL_EXTRA, *extra) if objective == "ifcl" else extra
     with pytest.raises(ValueError, match=message):
         run_ifcl.main(objective_run_args(folder_a, pairs_data, tmp_path / "c", objective, *extra))
@@ -349,9 +331,9 @@ def fake_hub_cache(folder: Path, cache: Path, repo_id: str) -> None:
 
 
 @pytest.mark.slow
-def test_a_hub_id_of_an_ifcl_model_loads_offline_without_remote_code(ifcl_folder, pairs_data, tmp_path):
+def test_a_hub_id_of_an_ifcl_model_loads_offline_without_remote_code(finished_run, pairs_data, tmp_path):
     """The script as a user runs it, offline, the model in the Hub cache, no terminal to answer a prompt."""
-    folder_a, metrics_a = ifcl_folder
+    folder_a, metrics_a = finished_run
     fake_hub_cache(folder_a, tmp_path / "cache", "you/ifcl-tiny")
     output = tmp_path / "out"
     args = objective_run_args(Path("you/ifcl-tiny"), pairs_data, output, "ifcl", *IFCL_EXTRA)
@@ -370,3 +352,30 @@ def test_a_hub_id_of_an_ifcl_model_loads_offline_without_remote_code(ifcl_folder
     written = results(output)
     assert written["eval_stsb_spearman"] == pytest.approx(metrics_a["eval_stsb_spearman"], abs=1e-9)
     assert written["test_stsb_spearman"] == pytest.approx(metrics_a["test_stsb_spearman"], abs=1e-9)
+
+
+@pytest.mark.slow
+def test_the_readme_launcher_prints_one_error_line(tmp_path):
+    """README command 1's launcher, after the set-up wrote accelerate's default config: a bad setting prints one
+    line, with no traceback and no block of accelerate's warnings, and exits non-zero."""
+    import re
+
+    setup = (ROOT / "scripts" / "setup.sh").read_text(encoding="utf-8")
+    blocks = re.findall(r"<<'PY'\n(.*?)\nPY\n", setup, flags=re.DOTALL)
+    writer = next(block for block in blocks if "write_basic_config" in block)  # its accelerate-config step
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    env.pop("OMP_NUM_THREADS", None)
+    subprocess.run([sys.executable, "-c", writer], env=env, check=True, capture_output=True)
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "-q",
+        str(ROOT / "run_ifcl.py"),
+        "--fusion_rate",
+        "2",
+    ]
+    result = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert lines == ["run_ifcl.py: error: fusion_rate must lie in [0, 1] (Eq. 3 mixes ε·y + (1−ε)·y⁻), got 2.0."]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from conftest import ENGLISH, GERMAN
@@ -218,3 +220,54 @@ def test_sentence_transformers_trainer_writes_the_ifcl_settings_and_citation_int
         assert f'"{name}": {value}' in card, name
     assert f'"fraternal_model": "{tiny_fraternal_dir.name}"' in card
     assert str(tiny_fraternal_dir) not in card and "xiao2023ifcl" in card
+
+
+BAD_DATA = [
+    # (training columns, what the one error must name)
+    ({"sentence": list(range(4)), "fraternal": GERMAN[:4]}, "column 'sentence' holds"),
+    ({"sentence": ENGLISH[:3] + [None], "fraternal": GERMAN[:4]}, "column 'sentence' has None in row 3"),
+    ({"sentence": [], "fraternal": []}, "The training set is empty"),
+    ({"sentence": ENGLISH[:4], "fraternal": GERMAN[:3] + [""]}, "column 'fraternal' has '' in row 3"),
+]
+
+
+@pytest.mark.parametrize("columns, named", BAD_DATA, ids=[named for _, named in BAD_DATA])
+def test_under_sentence_transformers_trainer_bad_data_is_named_in_one_error(
+    tiny_encoder_dir, tmp_path, columns, named
+):
+    """As IFCLTrainer checks its text: with the collator given the training set, before the trainer starts; without
+    it, at the first batch (an empty set gives no batch, and sentence-transformers' own card statistics stop at a
+    None when the trainer is made: only the first way can name those)."""
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    model = sentence_transformer_of(tiny_encoder_dir)
+    loss = IFCLLoss(model, queue_size=0)
+    data = Dataset.from_dict(columns)
+    with pytest.raises(ValueError, match=re.escape(named)):
+        loss.data_collator(data)
+    if len(data) and None not in columns["sentence"]:
+        args = SentenceTransformerTrainingArguments(
+            str(tmp_path / "st"), per_device_train_batch_size=4, max_steps=1, use_cpu=True, report_to=[]
+        )
+        trainer = SentenceTransformerTrainer(
+            model=model, args=args, train_dataset=data, loss=loss, data_collator=loss.data_collator()
+        )
+        with pytest.raises(ValueError, match=r"column '\w+' (holds|has)"):
+            trainer.train()
+
+
+def test_a_queue_larger_than_the_data_is_warned_of(tiny_encoder_dir, tmp_path, caplog):
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    model = sentence_transformer_of(tiny_encoder_dir)
+    loss = IFCLLoss(model, queue_size=9, forgetting_rate=0.1)
+    data = Dataset.from_dict({"sentence": ENGLISH[:4], "fraternal": GERMAN[:4]})
+    args = SentenceTransformerTrainingArguments(
+        str(tmp_path / "st"), per_device_train_batch_size=2, max_steps=1, use_cpu=True, report_to=[]
+    )
+    trainer = SentenceTransformerTrainer(
+        model=model, args=args, train_dataset=data, loss=loss, data_collator=loss.data_collator(data)
+    )
+    with caplog.at_level("WARNING"):
+        trainer.train()
+    assert "fewer than the hippocampus queue holds (k·N = 9 × 2)" in caplog.text
