@@ -44,6 +44,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from runs import write_record  # noqa: E402
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -337,11 +340,8 @@ def main() -> None:
                 f"text cache of {size:,} pairs: " + json.dumps(results["text_cache"]["pairs"][str(size)]), flush=True
             )
     print_table(results)
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w", encoding="utf-8") as handle:
-        json.dump(results, handle, indent=2)
-        handle.write("\n")
-    print(f"\nWritten {RESULTS} (work folder {work_dir})")
+    write_record(RESULTS, results)
+    print(f"(work folder {work_dir})")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ Prints a table and writes ``benchmarks/results/encode_speed.json``.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -29,6 +28,9 @@ from dataclasses import asdict, dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from runs import write_record  # noqa: E402
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -301,10 +303,7 @@ def main(argv: list[str] | None = None) -> dict:
         "chunk_seconds": chunk_seconds,
         "stsb_agreement": agreement,
     }
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=2)
-    print(f"\nWritten to {args.output}")
+    write_record(args.output, result)
     return result
 
 

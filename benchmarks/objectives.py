@@ -363,10 +363,7 @@ def main() -> None:
 
     if not args.equal_time and "equal_time" in previous:
         output["equal_time"] = previous["equal_time"]  # kept as recorded: this call did not look at it
-    path = recorded
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(output, f, indent=2)
-    print(f"\nwritten: {relative(path)}")
+    benchmark_runs.write_record(recorded, output)
     if args.readme:
         benchmark_runs.put_into_readme(caption + "\n\n" + text, README_START, README_END)
         main_readme = os.path.join(os.path.dirname(RESULTS), os.pardir, "README.md")

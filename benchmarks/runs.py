@@ -41,6 +41,15 @@ class Run:
         return os.path.isfile(os.path.join(self.output_dir, "all_results.json"))
 
 
+def write_record(path: str, content: dict) -> None:
+    """A benchmark's record: ``content`` as JSON at ``path`` (its folder made), and a line saying where it went."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(content, handle, indent=2)
+        handle.write("\n")
+    print(f"\nwritten: {relative(path)}")
+
+
 def relative(path: str) -> str:
     """``path`` relative to the repository, as the JSON files record it."""
     return os.path.relpath(path, ROOT)

@@ -32,6 +32,8 @@ import transformers
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from runs import write_record  # noqa: E402
+
 from ifcl import queue as ring  # noqa: E402
 from ifcl.data import parse_trans_de_en  # noqa: E402
 from ifcl.losses import IFCLTerms, forgetting_coefficients  # noqa: E402
@@ -427,10 +429,7 @@ def main() -> None:
             f"\nBERT-base bf16 batch 64 on {gpu['device']}: {gpu['samples_per_second']:.0f} samples/s, "
             f"MFU {gpu['model_flops_utilisation']}, one epoch of 10^6 sentences ≈ {gpu['projected_epoch_hours_1e6_sentences']:.2f} h"
         )
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
-    print(f"\nwrote {os.path.relpath(args.output, ROOT)}")
+    write_record(args.output, results)
 
 
 if __name__ == "__main__":

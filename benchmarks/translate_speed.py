@@ -16,7 +16,6 @@ Writes ``benchmarks/results/translate_speed.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
@@ -28,6 +27,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from runs import write_record  # noqa: E402
 
 OPUS_MT_EN_DE = {"d_model": 512, "layers": 6, "heads": 8, "ffn": 2048, "vocab_size": 58101, "positions": 512}
 WORDS = (
@@ -227,11 +228,7 @@ def main() -> None:
                 f"{device} {name:28s} {figure['sentences_per_second']:8.2f} sentences/s "
                 f"{figure['target_tokens_per_second']:9.1f} target tokens/s  x{figure['speedup_vs_transformers']}"
             )
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w", encoding="utf-8") as handle:
-        json.dump(report, handle, indent=2)
-        handle.write("\n")
-    print(f"written: {args.output}")
+    write_record(args.output, report)
 
 
 if __name__ == "__main__":
