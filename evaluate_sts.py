@@ -1,6 +1,5 @@
 #!/usr/bin/env python
-"""Evaluate a sentence encoder on STS sets (Spearman × 100): the command-line entry of ``ifcl.evaluate_sts``
-(installed as ``ifcl-evaluate-sts``); ``python evaluate_sts.py --help`` lists its arguments."""
+"""Evaluate a sentence encoder on STS sets: the command line of ``ifcl.evaluate_sts`` (``ifcl-evaluate-sts``)."""
 
 from ifcl.evaluate_sts import cli
 

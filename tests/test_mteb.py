@@ -50,5 +50,7 @@ def test_the_offline_mteb_snippet_gives_the_projects_stsb_figure(tiny_encoder_di
 
     model = IFCLModel.from_pretrained(tmp_path / FOLDER)
     ours = STSEvaluator.from_dataset(load_stsb("test"))(model, show_progress_bar=False)
-    assert mteb_figure == pytest.approx(ours["spearman"] / 100, abs=1e-6)
+    # The same scoring; float32 sums in another batching order and thread count move near-tied ranks of this
+    # random model by ~1e-6 (another pooler or similarity would move the figure by far more).
+    assert mteb_figure == pytest.approx(ours["spearman"] / 100, abs=1e-5)
     assert not [path for path in tmp_path.glob(".cache/mteb/**/*") if path.is_file()]  # cache=None: no results kept

@@ -1,25 +1,21 @@
-"""STS Spearman: the STS protocol's correlations of predicted similarities with gold scores, as an ``evaluate`` metric.
-
-It ships inside the ``ifcl`` package and loads offline: ``evaluate.load(ifcl.STS_METRIC_PATH)``.
-
-The maths is not copied here: it is ``ifcl.evaluation.sts_correlations``, which ``STSEvaluator`` (the Trainer's
-evaluation and ``evaluate_sts.py``) also calls.
+"""STS Spearman: the STS protocol's correlations of predicted similarities with gold scores, as an ``evaluate`` metric
+that loads offline from the package (``evaluate.load(ifcl.STS_METRIC_PATH)``). The maths is
+``ifcl.evaluation.sts_correlations``, which ``STSEvaluator`` calls too.
 """
 
 import datasets
 import evaluate
 
 from ifcl.evaluation import sts_correlations
+from ifcl.objectives import objective_class
 
 _DESCRIPTION = """\
 The STS (semantic textual similarity) protocol of SimCSE, IFCL, ConIsI, PCL and miCSE: one Spearman rank correlation
 (and one Pearson correlation) over all sentence pairs of an STS set, between the similarity a model predicts for each
 pair (the cosine of the two sentence embeddings) and the pair's gold score, both × 100. No regressor is trained.
 
-The metric takes the similarities, not the embeddings: compute them however you like (for an IFCL model and its STS
-sets, `ifcl.STSEvaluator` encodes each distinct sentence once and gives the same figures). The figures are
-those of `ifcl.STSEvaluator` and of the Trainer's `eval_<set>_spearman` / `eval_<set>_pearson`: both call
-the same function, `ifcl.evaluation.sts_correlations`.
+The metric takes the similarities, not the embeddings; its figures are those of `ifcl.STSEvaluator` and of the
+Trainer's `eval_<set>_spearman` / `eval_<set>_pearson` (the same function computes them).
 """
 
 _KWARGS_DESCRIPTION = """
@@ -43,22 +39,8 @@ Examples:
     {'spearman': 80.0, 'pearson': 94.55854949526447}
 """
 
-_CITATION = """\
-@inproceedings{gao2021simcse,
-  title     = {{SimCSE}: Simple Contrastive Learning of Sentence Embeddings},
-  author    = {Gao, Tianyu and Yao, Xingcheng and Chen, Danqi},
-  booktitle = {Proceedings of EMNLP},
-  year      = {2021}
-}
-@inproceedings{xiao2023ifcl,
-  title     = {Identical and Fraternal Twins: Fine-Grained Semantic Contrastive Learning of Sentence Representations},
-  author    = {Xiao, Qingfa and Li, Shuangyin and Chen, Lei},
-  booktitle = {Proceedings of the 26th European Conference on Artificial Intelligence (ECAI)},
-  year      = {2023},
-  eprint    = {2307.10932},
-  archivePrefix = {arXiv}
-}
-"""
+# SimCSE's protocol and the IFCL paper, as the objective registry cites them.
+_CITATION = "\n".join(objective_class(name).paper.citation for name in ("simcse", "ifcl")) + "\n"
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
