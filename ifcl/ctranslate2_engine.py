@@ -1,25 +1,14 @@
 """``prepare_fraternal.py --engine ctranslate2``: the translation model converted once into a CTranslate2 folder,
 then translated there with the same tokenizer, prefix, language tokens and length limits as the transformers engine.
 
-The folder (``--ct2_model_dir``, default ``<output folder>/<model name>-ct2``) is written by
-``ctranslate2.converters.TransformersConverter`` in this process (no download, no subprocess), into a temporary
-folder that is renamed into place once complete, with ``ifcl_conversion.json`` beside the weights: the model it was
-converted from (its path and a fingerprint of its files), the converter's version, and the size and SHA-256 of each
-file the converter wrote. A later run reuses the folder only if the record matches the model; a folder without the
-record, or converted from another model, is refused and never deleted. Before the model loads, its files are
-checked against the record: a damaged one (bytes changed, cut short, a file missing) is converted again in its
-place, which is safe because this project made it.
-
-Greedy output equals transformers' ``generate``: the same source tokens (the tokenizer's ids as tokens), the same
-first target tokens (NLLB/M2M100/mBART-50's target language as a target prefix), and the same end at
-``--max_length``: where the generation config forces the end-of-sentence token on the last position
-(``forced_eos_token_id``, Marian and NLLB), a hypothesis that reached the limit loses its last token, as
-``generate``'s would.
+The folder is converted in this process (``TransformersConverter``) under a temporary name, renamed when complete,
+with ``ifcl_conversion.json``: the model it came from, the converter's version, and the size and SHA-256 of each file.
+A folder without that record, or converted from another model, is refused and never deleted; a damaged one is
+converted again in its place (this project made it).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -32,7 +21,7 @@ from ifcl.data import file_sha256
 logger = logging.getLogger(__name__)
 
 CONVERSION_RECORD = "ifcl_conversion.json"
-CONVERTED_BY = "ifcl prepare_fraternal.py"
+MADE_BY = "ifcl prepare_fraternal.py"  # in a conversion record and in prepare_fraternal.py's work folder manifest
 # The types CTranslate2 computes in (ctranslate2.Translator's compute_type).
 COMPUTE_TYPES = (
     "default",
@@ -48,7 +37,6 @@ COMPUTE_TYPES = (
 )
 # The model families whose conversion and language handling the tests check.
 SUPPORTED_MODEL_TYPES = ("marian", "t5", "mt5", "m2m_100", "mbart")
-INSTALL_HINT = "pip install 'ifcl[ctranslate2]' (or pip install ctranslate2)"
 
 
 class EngineSettingsError(ValueError):
@@ -60,48 +48,33 @@ def import_ctranslate2() -> Any:
     try:
         import ctranslate2
     except ImportError:
-        raise EngineSettingsError(f"--engine ctranslate2 needs the ctranslate2 package: {INSTALL_HINT}.") from None
+        raise EngineSettingsError(
+            "--engine ctranslate2 needs the ctranslate2 package: pip install 'ifcl[ctranslate2]'."
+        ) from None
     return ctranslate2
 
 
-def default_model_dir(output_file: str, model_name_or_path: str) -> str:
-    """Where the converted model goes when ``--ct2_model_dir`` is not given: beside the output, named after the
-    model (``data/pairs.txt`` and ``Helsinki-NLP/opus-mt-en-de`` give ``data/opus-mt-en-de-ct2``)."""
-    name = os.path.basename(os.path.normpath(model_name_or_path)) or "model"
-    return os.path.join(os.path.dirname(os.path.abspath(output_file)), f"{name}-ct2")
-
-
-def model_fingerprint(model_name_or_path: str) -> dict[str, Any]:
-    """What identifies the model's files: the folder they are in (a Hub model's cached snapshot, whose name is its
-    commit), the SHA-256 of its config.json, and the names and sizes of its weight files."""
+def expected_record(model_name_or_path: str) -> dict[str, Any]:
+    """The conversion record of a folder this project converted from this model: the converter's version and what
+    identifies the model's files: the folder they are in (a Hub model's cached snapshot, whose name is its commit),
+    the SHA-256 of its config.json, and the names and sizes of its weight files."""
     from transformers.utils import cached_file
 
     config_file = cached_file(model_name_or_path, "config.json")
     folder = os.path.dirname(os.path.realpath(config_file)) if os.path.isdir(model_name_or_path) else None
     snapshot = os.path.dirname(config_file)
-    with open(config_file, "rb") as handle:
-        config_sha256 = hashlib.sha256(handle.read()).hexdigest()
     weights = {
         name: os.path.getsize(os.path.join(snapshot, name))
         for name in sorted(os.listdir(snapshot))
         if name.endswith((".safetensors", ".bin", ".pt"))
     }
     return {
+        "converted_by": MADE_BY,
+        "ctranslate2_version": import_ctranslate2().__version__,
         "model_name_or_path": folder or model_name_or_path,
         "snapshot": None if folder else os.path.basename(snapshot),
-        "config_sha256": config_sha256,
+        "config_sha256": file_sha256(config_file),
         "weight_files": weights,
-    }
-
-
-def expected_record(model_name_or_path: str) -> dict[str, Any]:
-    """The conversion record a folder converted from this model by this project holds."""
-    ctranslate2 = import_ctranslate2()
-    return {
-        "converted_by": CONVERTED_BY,
-        "ctranslate2_version": ctranslate2.__version__,
-        "quantization": None,  # the weights' own type; --compute_type converts when the model loads
-        **model_fingerprint(model_name_or_path),
     }
 
 
@@ -156,8 +129,7 @@ def find_damage(model_dir: str, record: dict[str, Any]) -> str | None:
             return f"{name} is missing"
         if os.path.getsize(path) != expected.get("size"):
             return f"{name} has {os.path.getsize(path)} bytes, {expected.get('size')} when converted"
-    for name, expected in recorded.items():
-        if file_sha256(os.path.join(model_dir, name)) != expected.get("sha256"):
+        if file_sha256(path) != expected.get("sha256"):
             return f"{name} differs from the file converted (SHA-256)"
     return None
 
@@ -165,8 +137,8 @@ def find_damage(model_dir: str, record: dict[str, Any]) -> str | None:
 def make_converter(model_name_or_path: str) -> Any:
     """ctranslate2's ``TransformersConverter`` for the model, mended for transformers 5: its mBART loader reads
     ``config.normalize_before``, which mBART's configs no longer define unless their config.json does (mBART's
-    layers normalise before, always); and a tokenizer without a bos token (the converted model's config needs one)
-    gets the model's ``bos_token_id``'s token (or its cls token, ``<s>``)."""
+    layers normalise before, always); and a tokenizer without a bos token (mBART-50's; the converted model's config
+    needs one) gets the token of the config's ``bos_token_id``."""
     from ctranslate2.converters import TransformersConverter
 
     class Converter(TransformersConverter):
@@ -184,8 +156,6 @@ def make_converter(model_name_or_path: str) -> Any:
                 bos_token_id = getattr(AutoConfig.from_pretrained(path), "bos_token_id", None)
                 if bos_token_id is not None:
                     tokenizer.bos_token = tokenizer.convert_ids_to_tokens(bos_token_id)
-                elif tokenizer.cls_token is not None:  # mBART-50's tokenizer: <s> is its cls token
-                    tokenizer.bos_token = tokenizer.cls_token
             return tokenizer
 
     return Converter(model_name_or_path)
@@ -239,28 +209,68 @@ def check_compute_type(compute_type: str, device: str) -> None:
 
 
 class CTranslate2Translator:
-    """A converted model and the Hugging Face tokenizer, set up like ``Translator`` for one translation direction."""
+    """A converted model and the Hugging Face tokenizer, set up like ``Translator`` for one translation direction.
+
+    Greedy output equals ``generate``'s: the tokenizer's ids as source tokens, the target language of NLLB, M2M100
+    and mBART-50 as a target prefix, and where the generation config forces the end token on the last position
+    (``forced_eos_token_id``: Marian, NLLB) a hypothesis that reaches ``max_length`` loses its last token.
+    """
 
     def __init__(
         self,
-        translator: Any,
+        model_dir: str,
+        config: Any,
         tokenizer: Any,
         prefix: str,
         max_length: int,
-        beam_size: int,
-        target_prefix: Sequence[str] = (),
-        end_is_forced: bool = False,
-        uncounted_prefix: int = 0,
+        num_beams: int | None,
+        forced_bos_token_id: int | None,
+        device: Any,
+        compute_type: str,
     ) -> None:
-        self.translator = translator
+        import torch
+        from transformers import GenerationConfig
+
+        ctranslate2 = import_ctranslate2()
+        if device.index is not None:
+            device_index = [device.index]
+        else:  # every visible GPU: CTranslate2 gives each a replica
+            device_index = list(range(torch.cuda.device_count())) if device.type == "cuda" else [0]
+        threads = {"intra_threads": torch.get_num_threads()} if device.type == "cpu" else {"inter_threads": 1}
+        try:
+            self.translator = ctranslate2.Translator(
+                model_dir, device=device.type, device_index=device_index, compute_type=compute_type, **threads
+            )
+        except (RuntimeError, ValueError) as error:
+            raise EngineSettingsError(
+                f"--ct2_model_dir {model_dir}: CTranslate2 cannot load it on {device.type} ({error}); delete the "
+                "folder to convert the model again."
+            ) from None
+        try:
+            generation = GenerationConfig.from_pretrained(config.name_or_path)
+        except OSError:
+            generation = GenerationConfig.from_model_config(config)
+        eos = generation.eos_token_id if generation.eos_token_id is not None else config.eos_token_id
+        forced_eos = generation.forced_eos_token_id
+        self.end_is_forced = forced_eos is not None and forced_eos in (eos if isinstance(eos, list) else [eos])
         self.tokenizer = tokenizer
         self.prefix = prefix
         self.max_length = max_length
-        self.beam_size = beam_size
-        self.target_prefix = list(target_prefix)
-        self.end_is_forced = end_is_forced
-        # generate counts the forced first token among its max_new_tokens, not the decoder's start token
-        self.generated_prefix = len(self.target_prefix) - uncounted_prefix
+        self.beam_size = num_beams if num_beams is not None else (generation.num_beams or 1)
+        # The target prefix follows CTranslate2's own decoder start token; a converted model without one (mBART-25)
+        # is given the Hugging Face model's first. generate counts the forced token among its max_new_tokens.
+        with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as handle:
+            has_start_token = json.load(handle).get("decoder_start_token") is not None
+        start_id = getattr(config, "decoder_start_token_id", None)
+        start = [] if has_start_token or start_id is None else [start_id]
+        forced = [] if forced_bos_token_id is None else [forced_bos_token_id]
+        self.target_prefix = tokenizer.convert_ids_to_tokens(start + forced)
+        self.generated_prefix = len(forced)
+        logger.info(
+            f"Translating with {config.name_or_path} on CTranslate2 ({model_dir}), {device.type} {device_index}, "
+            f"compute type {compute_type}; prefix {prefix!r}"
+            + (f", target prefix {self.target_prefix}" if self.target_prefix else "")
+        )
 
     def source_tokens(self, sentences: Sequence[str]) -> list[list[str]]:
         """The tokens transformers' engine would feed the encoder (prefix, truncation, special tokens)."""
@@ -269,17 +279,18 @@ class CTranslate2Translator:
         )
         return [self.tokenizer.convert_ids_to_tokens(ids) for ids in encoded["input_ids"]]
 
-    def submit(self, sentences: Sequence[str], **options: Any) -> list[Any]:
+    def submit(self, sentences: Sequence[str]) -> list[Any]:
         """Start translating ``sentences`` (asynchronously: the model's replicas take batches in parallel)."""
         tokens = self.source_tokens(sentences)
         target_prefix = [list(self.target_prefix) for _ in tokens] if self.target_prefix else None
-        options = {
-            "beam_size": self.beam_size,
-            "max_input_length": 0,
-            "max_decoding_length": self.max_length + len(self.target_prefix) - self.generated_prefix,
-            **options,
-        }
-        return self.translator.translate_batch(tokens, target_prefix, asynchronous=True, **options)
+        return self.translator.translate_batch(
+            tokens,
+            target_prefix,
+            asynchronous=True,
+            beam_size=self.beam_size,
+            max_input_length=0,
+            max_decoding_length=self.max_length + len(self.target_prefix) - self.generated_prefix,
+        )
 
     def decode(self, hypothesis: Sequence[str]) -> str:
         """A hypothesis's tokens (target prefix dropped, the forced end applied) as text, as ``batch_decode``."""
@@ -288,77 +299,9 @@ class CTranslate2Translator:
             tokens = tokens[: self.max_length - self.generated_prefix - 1]  # generate's last token is the end
         return self.tokenizer.decode(self.tokenizer.convert_tokens_to_ids(tokens), skip_special_tokens=True)
 
-    def translate_batch(self, sentences: list[str]) -> list[str]:
-        """Translations of ``sentences``, in their order."""
-        return next(self.translate_batches([sentences]))
-
     def translate_batches(self, batches: Sequence[list[str]]) -> Iterator[list[str]]:
-        """Translations of each batch in turn; all batches are submitted at once, so that several replicas (GPUs in
-        ``device_index``) work in parallel."""
+        """Translations of each batch in turn; all batches are submitted at once, so that several replicas (GPUs)
+        work in parallel."""
         submitted = [self.submit(batch) for batch in batches]
         for results in submitted:
             yield [self.decode(result.result().hypotheses[0]) for result in results]
-
-
-def target_prefix_tokens(
-    model_dir: str, tokenizer: Any, decoder_start_token_id: int | None, forced: int | None
-) -> tuple[list[str], int]:
-    """The tokens the decoder must start with after CTranslate2's own start token: the target language (forced
-    first token of NLLB, M2M100, mBART-50); where the converted model has no start token of its own (mBART-25),
-    the Hugging Face model's decoder start token first. Also how many of them are that start token (0 or 1)."""
-    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as handle:
-        converted = json.load(handle)
-    prefix = []
-    if converted.get("decoder_start_token") is None and decoder_start_token_id is not None:
-        prefix.append(tokenizer.convert_ids_to_tokens(decoder_start_token_id))
-    uncounted = len(prefix)
-    if forced is not None:
-        prefix.append(tokenizer.convert_ids_to_tokens(forced))
-    return prefix, uncounted
-
-
-def load_ctranslate2_translator(
-    model_dir: str,
-    model_name_or_path: str,
-    tokenizer: Any,
-    *,
-    prefix: str,
-    max_length: int,
-    num_beams: int | None,
-    forced_bos_token_id: int | None,
-    device: str,
-    device_index: list[int],
-    compute_type: str,
-    cpu_threads: int,
-) -> CTranslate2Translator:
-    """Load the converted model in ``model_dir`` (see ``prepare_model_dir``) on ``device``/``device_index``."""
-    from transformers import AutoConfig, GenerationConfig
-
-    ctranslate2 = import_ctranslate2()
-    config = AutoConfig.from_pretrained(model_name_or_path)
-    try:
-        generation = GenerationConfig.from_pretrained(model_name_or_path)
-    except OSError:
-        generation = GenerationConfig.from_model_config(config)
-    options: dict[str, Any] = {"device_index": device_index, "compute_type": compute_type}
-    if device == "cpu":
-        options["intra_threads"] = cpu_threads
-    else:
-        options["inter_threads"] = 1
-    try:
-        translator = ctranslate2.Translator(model_dir, device=device, **options)
-    except (RuntimeError, ValueError) as error:
-        raise EngineSettingsError(
-            f"--ct2_model_dir {model_dir}: CTranslate2 cannot load it on {device} ({error}); delete the folder to "
-            "convert the model again."
-        ) from None
-    eos = generation.eos_token_id if generation.eos_token_id is not None else config.eos_token_id
-    eos_ids = set(eos) if isinstance(eos, list) else {eos}
-    end_is_forced = generation.forced_eos_token_id is not None and generation.forced_eos_token_id in eos_ids
-    target_prefix, uncounted = target_prefix_tokens(
-        model_dir, tokenizer, getattr(config, "decoder_start_token_id", None), forced_bos_token_id
-    )
-    beam_size = num_beams if num_beams is not None else (generation.num_beams or 1)
-    return CTranslate2Translator(
-        translator, tokenizer, prefix, max_length, beam_size, target_prefix, end_is_forced, uncounted
-    )

@@ -1,30 +1,18 @@
-"""Translate a file of sentences into IFCL training pairs (``sentence<TAB>translation``, one per line).
-
-    python prepare_fraternal.py --input_file wiki1m_for_simcse.txt --output_file wiki1m_en_de.txt \\
-        --model_name_or_path Helsinki-NLP/opus-mt-en-de
-
-Any Hugging Face sequence-to-sequence translation model works: T5 gets its task prefix, M2M100/NLLB/mBART the
-source language on the tokenizer and the target language as the forced first token, multilingual Marian models
-their ">>deu<< " token. Two engines: transformers' ``generate`` (the default) and CTranslate2 (``--engine
-ctranslate2``, see ``ifcl.ctranslate2_engine``); greedy output is the same on both.
+"""Translate a file of sentences into IFCL training pairs (``sentence<TAB>translation``, one per line): the code of
+``prepare_fraternal.py``, whose guarantees docs/translation.md gives.
 
 The input is cut into chunks of ``batch_size × batches_per_chunk`` sentences, the same whatever the number of
-processes; each is translated in length-sorted batches and, once finished, written as one shard file (a temporary
-file renamed) of the work folder ``OUTPUT.parts/``, whose ``manifest.json`` records the input's SHA-256 and the
-settings. Under ``accelerate launch --num_processes N`` process k translates the k-th, (k+N)-th, ... of the chunks
-still to do. At the end the main process joins the shards, in input order, into a temporary file that then
-replaces the output, and removes the work folder. The same command continues an interrupted run with any number of
-processes: only the chunks in flight are translated again, and the output is byte for byte an uninterrupted run's.
-
-The model is loaded before any file is changed; the output is only ever replaced whole, by a finished one (so
-``--overwrite_output_file`` leaves the old one as it was until then); a run holds an exclusive lock on
-``OUTPUT.lock`` from before it reads the output to its end, so that a second run on the same output stops at once.
+processes. Each finished chunk is written as a shard of the work folder ``OUTPUT.parts/``, whose ``manifest.json``
+records the input's SHA-256 and the settings; under ``accelerate launch`` process k of N translates the k-th,
+(k+N)-th, ... of the chunks still to do. At the end the main process joins the shards into the output.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import itertools
 import json
 import logging
 import os
@@ -37,16 +25,14 @@ from typing import Any, Literal
 
 from ifcl.checks import check_model_path
 from ifcl.cli import Interrupted, RunFailure, exclusive_lock, failures_of_the_run, run_command, write_json_atomically
-from ifcl.ctranslate2_engine import COMPUTE_TYPES, EngineSettingsError
+from ifcl.ctranslate2_engine import COMPUTE_TYPES, MADE_BY, EngineSettingsError
 from ifcl.data import DataFormatError, _iter_lines, file_sha256
 
 logger = logging.getLogger(__name__)
 
-SCRIPT = "prepare_fraternal.py"
 PARTS_SUFFIX = ".parts"  # the work folder beside the output: one shard per finished chunk, and the manifest
 MANIFEST = "manifest.json"
 LOCK_SUFFIX = ".lock"
-MADE_BY = "ifcl prepare_fraternal.py"
 # The arguments that say where and how much, not how to translate: every other one is in the manifest, and shards
 # made with other values are not joined with this run's.
 NOT_IN_MANIFEST = ("input_file", "output_file", "ct2_model_dir", "device", "max_sentences", "overwrite_output_file")
@@ -69,111 +55,75 @@ class SettingsError(ValueError):
 
 @dataclass
 class PrepareFraternalArguments:
-    """Which sentences to translate, with which model, into which file."""
+    """Which sentences to translate, with which model, into which file (docs/translation.md has the details)."""
 
-    input_file: str = field(
-        metadata={"help": "UTF-8 text, one sentence per line (e.g. wiki1m_for_simcse.txt); empty lines are skipped."}
-    )
+    input_file: str = field(metadata={"help": "UTF-8 text, one sentence a line; empty lines are skipped."})
     output_file: str = field(
-        metadata={"help": "The .txt training file to write (or to continue): one 'sentence<TAB>translation' a line."}
+        metadata={"help": "The .txt file of 'sentence<TAB>translation' lines to write or continue."}
     )
-    model_name_or_path: str = field(
-        metadata={"help": "Translation model (Hub id or folder), e.g. Helsinki-NLP/opus-mt-en-de."}
-    )
+    model_name_or_path: str = field(metadata={"help": "Translation model (Hub id or folder)."})
     source_lang: str | None = field(
-        default=None,
-        metadata={"help": "Source language: English for T5, eng_Latn for NLLB, en for M2M100, en_XX for mBART-50."},
+        default=None, metadata={"help": "Source language: English (T5), eng_Latn (NLLB), en (M2M100), en_XX (mBART)."}
     )
     target_lang: str | None = field(
-        default=None,
-        metadata={
-            "help": "Target language: German for T5, deu_Latn for NLLB, de for M2M100, de_DE for mBART, deu for a "
-            "multilingual Marian model."
-        },
+        default=None, metadata={"help": "Target language, as --source_lang; deu for a multilingual Marian model."}
     )
     prefix: str | None = field(
         default=None,
-        metadata={
-            "help": "Text put before every sentence. Default: 'translate <source> to <target>: ' for T5, "
-            "'>><target><< ' for multilingual Marian models, else none. --prefix '' for none."
-        },
+        metadata={"help": "Text put before each sentence ('' for none). Default: what the model expects."},
     )
     engine: Literal["transformers", "ctranslate2"] = field(
         default="transformers",
-        metadata={
-            "help": "transformers: the model's generate. ctranslate2: the model converted once for CTranslate2 "
-            "(pip install 'ifcl[ctranslate2]'), several times faster, same greedy output."
-        },
+        metadata={"help": "transformers (generate), or ctranslate2: faster, pip install 'ifcl[ctranslate2]'."},
     )
     ct2_model_dir: str | None = field(
         default=None,
-        metadata={
-            "help": "--engine ctranslate2: the converted model's folder. Default: <output folder>/<model name>-ct2."
-        },
+        metadata={"help": "ctranslate2: the converted model's folder. Default: <output folder>/<model>-ct2."},
     )
     compute_type: str | None = field(
-        default=None,
-        metadata={
-            "help": "--engine ctranslate2: the type it computes in: int8, int8_float32, int8_float16, "
-            "int8_bfloat16, int16, float16, bfloat16, float32, default, auto. Default: --dtype's type."
-        },
+        default=None, metadata={"help": f"ctranslate2: {', '.join(COMPUTE_TYPES)}. Default: --dtype's type."}
     )
-    batch_size: int = field(default=32, metadata={"help": "Sentences per generate call."})
+    batch_size: int = field(default=32, metadata={"help": "Sentences per batch."})
     max_batch_tokens: int | None = field(
-        default=None,
-        metadata={
-            "help": "Also cap each batch at this many source tokens, padding included (batch size × longest "
-            "sentence): long sentences go in smaller batches. Default: no cap."
-        },
+        default=None, metadata={"help": "Also cap a batch at this many source tokens, padding included."}
     )
     batches_per_chunk: int = field(
-        default=16,
-        metadata={
-            "help": "Sentences are sorted by length within chunks of this many batches (less padding); a finished "
-            "chunk is kept when the run is interrupted. The output stays in input order."
-        },
+        default=16, metadata={"help": "Batches per chunk: sorted by length within it, kept once finished."}
     )
     max_length: int | None = field(
         default=None,
         metadata={
-            "help": f"Longer sentences are truncated to this many tokens; translations stop there. Default: "
-            f"{DEFAULT_MAX_LENGTH}, or the model's positions where they are fewer (more is refused)."
+            "help": f"Most tokens per sentence and translation. Default: {DEFAULT_MAX_LENGTH}, or the model's positions "
+            "if fewer."
         },
     )
-    num_beams: int | None = field(
-        default=None, metadata={"help": "Beam width. Default: the model's generation config."}
-    )
+    num_beams: int | None = field(default=None, metadata={"help": "Beam width. Default: the model's."})
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
-        default="auto",
-        metadata={"help": "Type of the model's weights. auto: bfloat16 on a GPU that supports it, else float32."},
+        default="auto", metadata={"help": "Weights' type. auto: bfloat16 on a GPU that supports it, else float32."}
     )
     device: str | None = field(default=None, metadata={"help": "cuda, cuda:1, mps, cpu... Default: a GPU if present."})
     max_sentences: int | None = field(
-        default=None,
-        metadata={"help": "Stop after the first N sentences of the input (counting those already in the output)."},
+        default=None, metadata={"help": "Translate only the first N sentences of the input (output's included)."}
     )
     overwrite_output_file: bool = field(
-        default=False,
-        metadata={
-            "help": "Start the output over instead of continuing it; the old output stays as it was until the new "
-            "one is finished, which then replaces it."
-        },
+        default=False, metadata={"help": "Start the output over; the old one stays until the new one is finished."}
     )
 
     def __post_init__(self) -> None:
-        for name in (
-            "batch_size",
-            "max_batch_tokens",
-            "batches_per_chunk",
-            "max_length",
-            "num_beams",
-            "max_sentences",
-        ):
+        counts = ("batch_size", "max_batch_tokens", "batches_per_chunk", "max_length", "num_beams", "max_sentences")
+        for name in counts:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise SettingsError(f"--{name} must be ≥ 1, got {value}.")
         check_model_path("--model_name_or_path", self.model_name_or_path)
-        check_engine_arguments(self)
+        if self.engine != "ctranslate2":
+            for name in ("ct2_model_dir", "compute_type"):
+                if getattr(self, name) is not None:
+                    raise SettingsError(
+                        f"--{name}: only for --engine ctranslate2 (the transformers engine takes --dtype)."
+                    )
+        elif self.compute_type is not None and self.compute_type not in COMPUTE_TYPES:
+            raise SettingsError(f"--compute_type {self.compute_type}: not one of {', '.join(COMPUTE_TYPES)}.")
         if os.path.splitext(self.output_file)[1].lower() != ".txt":
             raise SettingsError(
                 f"--output_file {self.output_file}: must end in .txt, the extension run_ifcl.py reads as "
@@ -189,16 +139,6 @@ class InputSentence:
 
     line_number: int
     text: str
-
-
-@dataclass
-class InputFile:
-    """What one pass over the input found: its sentences (non-empty lines), its empty lines, its SHA-256."""
-
-    path: str
-    sentences: int
-    empty_lines: int
-    sha256: str
 
 
 @dataclass
@@ -218,7 +158,6 @@ class Plan:
 class PrepareSummary:
     """What a run found and did."""
 
-    output_file: str
     input_sentences: int
     empty_input_lines: int
     already_translated: int = 0  # sentences translated before this run (in the output, or in finished shards)
@@ -232,19 +171,6 @@ def clean_field(text: str) -> str:
     return text.translate(_FIELD_CLEANUP).strip()
 
 
-def check_engine_arguments(args: PrepareFraternalArguments) -> None:
-    """The engine's own flags: ``--ct2_model_dir`` and ``--compute_type`` only with ``--engine ctranslate2``, and a
-    compute type CTranslate2 knows."""
-    if args.engine != "ctranslate2":
-        for name in ("ct2_model_dir", "compute_type"):
-            if getattr(args, name) is not None:
-                raise SettingsError(
-                    f"--{name}: only for --engine ctranslate2 (the transformers engine takes --dtype)."
-                )
-    elif args.compute_type is not None and args.compute_type not in COMPUTE_TYPES:
-        raise SettingsError(f"--compute_type {args.compute_type}: not one of {', '.join(COMPUTE_TYPES)}.")
-
-
 def input_sentences(input_file: str) -> Iterator[InputSentence]:
     """The input's non-empty lines as cleaned sentences, read as a stream."""
     for line_number, line in _iter_lines(input_file):
@@ -253,9 +179,9 @@ def input_sentences(input_file: str) -> Iterator[InputSentence]:
             yield InputSentence(line_number, text)
 
 
-def check_input(input_file: str) -> InputFile:
-    """One pass over the input: its sentences and empty lines counted, invalid UTF-8 named with its line; an input
-    without sentences is refused."""
+def check_input(input_file: str) -> tuple[int, int]:
+    """One pass over the input: its sentences and its empty lines, counted; invalid UTF-8 named with its line, an
+    input without sentences refused."""
     if not os.path.isfile(input_file):
         raise FileNotFoundError(f"input file not found: {input_file}")
     lines = sentences = 0
@@ -264,7 +190,7 @@ def check_input(input_file: str) -> InputFile:
         sentences += bool(clean_field(line))
     if not sentences:
         raise DataFormatError(f"{input_file}: no sentences (the file is empty or has only empty lines)")
-    return InputFile(input_file, sentences, lines - sentences, file_sha256(input_file))
+    return sentences, lines - sentences
 
 
 def sentences_of(input_file: str, chunks: Sequence[range]) -> Iterator[tuple[range, list[InputSentence]]]:
@@ -286,15 +212,11 @@ def sentences_of(input_file: str, chunks: Sequence[range]) -> Iterator[tuple[ran
 
 def count_finished_lines(output_file: str, input_file: str) -> tuple[int, int, int]:
     """Check an existing output against the input: its complete lines, their length in bytes, and how many
-    sentences of the input they cover.
-
-    Each line must be ``sentence<TAB>translation`` with a sentence of the input, in input order (a sentence whose
-    translation came out empty is not in the output); anything else means that the output belongs to another input
-    (DataFormatError naming both files and the line). A last line without its line break is not counted: the new
-    output leaves it out.
-    """
+    sentences of the input they cover. Each line must hold a sentence of the input, in input order (those between
+    came out empty), else DataFormatError names both files and lines. An unfinished last line is not counted."""
     sentences = enumerate(input_sentences(input_file))
     lines = size = covered = 0
+    way_on = "Choose another --output_file or pass --overwrite_output_file."
     with open(output_file, "rb") as handle:
         for raw_line in handle:
             if not raw_line.endswith(b"\n"):
@@ -302,14 +224,13 @@ def count_finished_lines(output_file: str, input_file: str) -> tuple[int, int, i
                 break
             where = f"{output_file}: line {lines + 1}"
             try:
-                fields = raw_line[:-1].decode("utf-8").split("\t")
-            except UnicodeDecodeError as error:
-                raise DataFormatError(f"{where}: not valid UTF-8 ({error.reason})") from error
-            way_on = "Choose another --output_file or pass --overwrite_output_file."
-            if len(fields) != 2 or not fields[1].strip():
+                sentence, translation = raw_line[:-1].decode("utf-8").split("\t")
+            except ValueError:  # not UTF-8, or not exactly one tab
+                sentence = translation = ""
+            if not translation.strip():
                 raise DataFormatError(
-                    f"{where}: expected 'sentence<TAB>translation' with a non-empty translation; the file was not "
-                    f"written by prepare_fraternal.py. {way_on}"
+                    f"{where}: expected 'sentence<TAB>translation' in UTF-8 with a non-empty translation; the file "
+                    f"was not written by prepare_fraternal.py. {way_on}"
                 )
             first = next(sentences, None)
             if first is None:
@@ -317,17 +238,14 @@ def count_finished_lines(output_file: str, input_file: str) -> tuple[int, int, i
                     f"{where}: the output has more lines than {input_file} has sentences; it was made from another "
                     f"input. {way_on}"
                 )
-            index, expected = first
-            while expected.text != fields[0]:  # the sentences in between came out empty, or this is another input
-                index, expected = next(sentences, (None, None))
-                if expected is None:
-                    index, expected = first
-                    raise DataFormatError(
-                        f"{where}: sentence {fields[0]!r} differs from sentence {index + 1} of {input_file} (line "
-                        f"{expected.line_number}: {expected.text!r}) and from every later one; the output was made "
-                        f"from another input. {way_on}"
-                    )
-            lines, size, covered = lines + 1, size + len(raw_line), index + 1
+            found = next((i for i, expected in itertools.chain([first], sentences) if expected.text == sentence), None)
+            if found is None:
+                raise DataFormatError(
+                    f"{where}: sentence {sentence!r} differs from sentence {first[0] + 1} of {input_file} (line "
+                    f"{first[1].line_number}: {first[1].text!r}) and from every later one; the output was made "
+                    f"from another input. {way_on}"
+                )
+            lines, size, covered = lines + 1, size + len(raw_line), found + 1
     return lines, size, covered
 
 
@@ -338,11 +256,7 @@ def language_token_id(tokenizer: Any, code: str) -> int | None:
             return tokenizer.get_lang_id(code)
         except KeyError:
             return None
-    vocabulary = tokenizer.get_vocab()
-    for token in (code, f"__{code}__"):
-        if token in vocabulary:
-            return vocabulary[token]
-    return None
+    return tokenizer.get_vocab().get(code)
 
 
 def set_up_languages(tokenizer: Any, args: PrepareFraternalArguments) -> int | None:
@@ -350,17 +264,15 @@ def set_up_languages(tokenizer: Any, args: PrepareFraternalArguments) -> int | N
     ``tokenizer.src_lang``, return the target's forced first token id."""
     if not hasattr(tokenizer, "src_lang"):
         return None
+    examples = "(NLLB: eng_Latn, deu_Latn; M2M100: en, de; mBART-50: en_XX, de_DE)"
     if args.source_lang is None or args.target_lang is None:
         raise SettingsError(
             f"{args.model_name_or_path} translates between language codes: pass --source_lang and --target_lang "
-            "(NLLB: eng_Latn, deu_Latn; M2M100: en, de; mBART-50: en_XX, de_DE)."
+            f"{examples}."
         )
     for option, code in (("--source_lang", args.source_lang), ("--target_lang", args.target_lang)):
         if language_token_id(tokenizer, code) is None:
-            raise SettingsError(
-                f"{option} {code}: not a language code of the tokenizer of {args.model_name_or_path} "
-                "(NLLB: eng_Latn, deu_Latn; M2M100: en, de; mBART-50: en_XX, de_DE)."
-            )
+            raise SettingsError(f"{option} {code}: not a language code of {args.model_name_or_path} {examples}.")
     tokenizer.src_lang = args.source_lang
     return language_token_id(tokenizer, args.target_lang)
 
@@ -385,31 +297,18 @@ def resolve_prefix(config: Any, tokenizer: Any, args: PrepareFraternalArguments)
     return ""
 
 
-def available_devices() -> list[str]:
-    """The devices this machine can translate on: the CPU, each CUDA GPU (``cuda:0``, ...), Apple's MPS."""
-    import torch
-
-    devices = ["cpu"]
-    if torch.cuda.is_available():
-        devices += [f"cuda:{index}" for index in range(torch.cuda.device_count())]
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        devices.append("mps")
-    return devices
-
-
 def select_device(device_name: str | None) -> Any:
-    """The torch device to translate on: ``--device`` if this machine has it, else a GPU when present.
-
-    A name torch does not understand, or a device this machine lacks (CUDA on a CPU-only torch, a GPU index beyond
-    those present, MPS off a Mac, any other kind of device): SettingsError naming ``--device`` and what there is.
-    """
+    """The torch device to translate on: ``--device`` if this machine has it (else SettingsError naming the devices
+    there are), or a GPU when present."""
     import torch
 
-    available = available_devices()
+    available = ["cpu"]
+    if torch.cuda.is_available():
+        available += [f"cuda:{index}" for index in range(torch.cuda.device_count())]
+    if torch.backends.mps.is_available():
+        available.append("mps")
     if device_name is None:
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        return torch.device("mps" if "mps" in available else "cpu")
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if "mps" in available else "cpu")
     try:
         device = torch.device(device_name)
     except RuntimeError:  # "Expected one of cpu, cuda, ... device type at start of device string: gpu"
@@ -434,20 +333,15 @@ def resolve_device_and_dtype(device_name: str | None, dtype_name: str) -> tuple[
     import torch
 
     device = select_device(device_name)
-    if dtype_name != "auto":
-        return device, getattr(torch, dtype_name)
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return device, torch.bfloat16
-    return device, torch.float32
+    if dtype_name == "auto":
+        dtype_name = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    return device, getattr(torch, dtype_name)
 
 
 def position_limit(config: Any) -> int | None:
-    """The most tokens the model reads and writes: the fewer of its encoder's and its decoder's absolute positions
-    (an EncoderDecoderModel's from their own configs); None where the config gives none (T5's relative positions).
-
-    Sentences are truncated to ``--max_length`` tokens and translations stop after as many new ones, which the
-    decoder reads (its start token and all but the last generated one): both sides must hold ``--max_length``.
-    """
+    """The most tokens the model reads and writes (sentences are truncated to ``--max_length`` tokens, and the
+    decoder reads as many): the fewer of its encoder's and decoder's absolute positions (an EncoderDecoderModel's
+    from their own configs); None where the config gives none (T5's relative positions)."""
 
     def first_set(part: str, names: Sequence[str]) -> int | None:
         part_config = getattr(config, part, None)
@@ -482,19 +376,23 @@ def resolve_max_length(max_length: int | None, config: Any, model_name_or_path: 
     return max_length
 
 
-def check_device_and_max_length(args: PrepareFraternalArguments) -> PrepareFraternalArguments:
-    """``--device`` against this machine and ``--max_length`` against the model's config (neither tokenizer nor
-    weights are loaded); the arguments with ``max_length`` resolved. Done before the output is locked, so that a bad
-    setting stops the run with nothing written. A config that cannot be read is no error here: a finished output
-    needs no model, and ``load_translator`` names the model when one is needed."""
+def check_settings(args: PrepareFraternalArguments) -> PrepareFraternalArguments:
+    """``--device``, ``--max_length`` against the model's config and the engine's settings, before the output is
+    locked and with neither tokenizer nor weights loaded; the arguments with ``max_length`` resolved. A config that
+    cannot be read is reported by ``load_translator``, only if there is something to translate."""
     from transformers import AutoConfig
 
     select_device(args.device)
     try:
         config = AutoConfig.from_pretrained(args.model_name_or_path)
     except (OSError, ValueError):
-        return args
-    return dataclasses.replace(args, max_length=resolve_max_length(args.max_length, config, args.model_name_or_path))
+        config = None
+    else:
+        args = dataclasses.replace(
+            args, max_length=resolve_max_length(args.max_length, config, args.model_name_or_path)
+        )
+    check_engine(args, config)
+    return args
 
 
 class Translator:
@@ -520,17 +418,16 @@ class Translator:
             self.generation_kwargs["forced_bos_token_id"] = forced_bos_token_id
 
     @classmethod
-    def from_arguments(cls, args: PrepareFraternalArguments, processes: Processes | None = None) -> Any:
-        """Check device and length against the config, load the tokenizer and check the language settings, then load
-        the model and put it on its device (``--engine ctranslate2``: a ``CTranslate2Translator``)."""
-        import torch
+    def from_arguments(cls, args: PrepareFraternalArguments, state: Any = None) -> Any:
+        """Load the tokenizer and check the language settings, then load the model on its device (under ``accelerate
+        launch``, ``cuda`` is each process's own GPU); ``--engine ctranslate2`` gives a ``CTranslate2Translator``."""
+        from accelerate import PartialState
         from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
-        if args.engine == "ctranslate2":
-            return load_ctranslate2(args, processes or Processes())
+        state = state or PartialState()
         device, dtype = resolve_device_and_dtype(args.device, args.dtype)
-        if processes is not None and processes.count > 1 and device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", processes.local_index)  # one GPU per process under accelerate launch
+        if device.type == "cuda" and device.index is None and state.num_processes > 1:
+            device = state.device
         config = AutoConfig.from_pretrained(args.model_name_or_path)
         max_length = resolve_max_length(args.max_length, config, args.model_name_or_path)
         tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
@@ -538,6 +435,25 @@ class Translator:
         prefix = resolve_prefix(config, tokenizer, args)
         if forced_bos_token_id is None and not prefix and (args.source_lang or args.target_lang):
             logger.info(f"{args.model_name_or_path} translates one direction: --source_lang/--target_lang unused")
+        if args.engine == "ctranslate2":
+            from ifcl.ctranslate2_engine import CTranslate2Translator, prepare_model_dir
+
+            model_dir = ct2_model_dir_of(args)
+            with state.main_process_first():  # the main process converts the model (once), the others wait
+                if state.is_main_process:
+                    prepare_model_dir(model_dir, args.model_name_or_path)
+            compute_type = args.compute_type or str(dtype).removeprefix("torch.")
+            return CTranslate2Translator(
+                model_dir,
+                config,
+                tokenizer,
+                prefix,
+                max_length,
+                args.num_beams,
+                forced_bos_token_id,
+                device,
+                compute_type,
+            )
         model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, config=config, dtype=dtype)
         model.to(device).eval()
         logger.info(
@@ -568,75 +484,30 @@ class Translator:
             yield self.translate_batch(batch)
 
 
-def load_ctranslate2(args: PrepareFraternalArguments, processes: Processes) -> Any:
-    """The CTranslate2 engine: the tokenizer and languages as for transformers, the model converted once into
-    ``--ct2_model_dir`` (by the main process; the others wait), loaded on this process's device(s)."""
-    import torch
-    from transformers import AutoConfig, AutoTokenizer
-
-    from ifcl import ctranslate2_engine
-
-    device, dtype = resolve_device_and_dtype(args.device, args.dtype)
-    config = AutoConfig.from_pretrained(args.model_name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
-    forced_bos_token_id = set_up_languages(tokenizer, args)
-    prefix = resolve_prefix(config, tokenizer, args)
-    model_dir = ct2_model_dir_of(args)
-    with processes.main_first():
-        if processes.is_main:
-            ctranslate2_engine.prepare_model_dir(model_dir, args.model_name_or_path)
-    if device.type == "cuda":
-        device_index = [device.index] if device.index is not None else processes.gpus(torch.cuda.device_count())
-    else:
-        device_index = [0]
-    compute_type = args.compute_type or str(dtype).removeprefix("torch.")
-    translator = ctranslate2_engine.load_ctranslate2_translator(
-        model_dir,
-        args.model_name_or_path,
-        tokenizer,
-        prefix=prefix,
-        max_length=args.max_length or DEFAULT_MAX_LENGTH,
-        num_beams=args.num_beams,
-        forced_bos_token_id=forced_bos_token_id,
-        device=device.type,
-        device_index=device_index,
-        compute_type=compute_type,
-        cpu_threads=torch.get_num_threads(),
-    )
-    logger.info(
-        f"Translating with {args.model_name_or_path} on CTranslate2 ({model_dir}), {device.type} {device_index}, "
-        f"compute type {compute_type}; prefix {prefix!r}"
-        + (f", target prefix {translator.target_prefix}" if translator.target_prefix else "")
-    )
-    return translator
-
-
 def ct2_model_dir_of(args: PrepareFraternalArguments) -> str:
-    """``--ct2_model_dir``, or its default beside the output."""
-    from ifcl.ctranslate2_engine import default_model_dir
+    """``--ct2_model_dir``, or by default a folder beside the output named after the model (``data/pairs.txt`` and
+    ``Helsinki-NLP/opus-mt-en-de`` give ``data/opus-mt-en-de-ct2``)."""
+    if args.ct2_model_dir is not None:
+        return args.ct2_model_dir
+    name = os.path.basename(os.path.normpath(args.model_name_or_path)) or "model"
+    return os.path.join(os.path.dirname(os.path.abspath(args.output_file)), f"{name}-ct2")
 
-    return args.ct2_model_dir or default_model_dir(args.output_file, args.model_name_or_path)
 
-
-def check_engine(args: PrepareFraternalArguments) -> None:
-    """``--engine ctranslate2``: installed, a CPU or CUDA device, a compute type it has there, a model family it
-    converts, and a ``--ct2_model_dir`` that is free or holds this model converted by this project. Checked before
-    the output is locked."""
+def check_engine(args: PrepareFraternalArguments, config: Any = None) -> None:
+    """``--engine ctranslate2``: installed, a CPU or CUDA device, a compute type it has there, and (when the model's
+    ``config`` could be read) a model family it converts and a ``--ct2_model_dir`` that is free or holds this model
+    converted by this project."""
     if args.engine != "ctranslate2":
         return
-    from transformers import AutoConfig
-
     from ifcl import ctranslate2_engine
 
     try:
         ctranslate2_engine.import_ctranslate2()
-        device, _ = resolve_device_and_dtype(args.device, args.dtype)
+        device = select_device(args.device)
         if device.type not in ("cpu", "cuda"):
             raise SettingsError(f"--device {args.device}: CTranslate2 runs on cpu or cuda, not {device.type}.")
         ctranslate2_engine.check_compute_type(args.compute_type or "default", device.type)
-        try:
-            config = AutoConfig.from_pretrained(args.model_name_or_path)
-        except (OSError, ValueError):
+        if config is None:
             return  # reported when the model loads, if there is something to translate
         if config.model_type not in ctranslate2_engine.SUPPORTED_MODEL_TYPES:
             raise SettingsError(
@@ -648,10 +519,10 @@ def check_engine(args: PrepareFraternalArguments) -> None:
         raise SettingsError(str(error)) from None
 
 
-def load_translator(args: PrepareFraternalArguments, processes: Processes) -> Any:
+def load_translator(args: PrepareFraternalArguments, state: Any) -> Any:
     """``Translator.from_arguments``; a model that cannot be loaded is a SettingsError that names its path."""
     try:
-        return Translator.from_arguments(args, processes)
+        return Translator.from_arguments(args, state)
     except SettingsError:
         raise
     except EngineSettingsError as error:
@@ -728,16 +599,13 @@ def lock_output(stack: contextlib.ExitStack, output_file: str) -> None:
 
 
 def finished_shards(work_folder: str, manifest: dict[str, Any], overwrite: bool) -> set[str] | None:
-    """The shard files of ``work_folder`` that this run can join (None: the folder is to be made anew).
-
-    A folder without this project's manifest is refused and never touched. One made with other settings or from
-    another input is started over under ``--overwrite_output_file``, else refused with the way on.
-    """
+    """The shard files of ``work_folder`` that this run can join (None: the folder is to be made anew). A folder
+    without this project's manifest is refused and never touched; one of other settings or another input is started
+    over under ``--overwrite_output_file``, else refused."""
     if not os.path.exists(work_folder):
         return None
-    manifest_file = os.path.join(work_folder, MANIFEST)
     try:
-        with open(manifest_file, encoding="utf-8") as handle:
+        with open(os.path.join(work_folder, MANIFEST), encoding="utf-8") as handle:
             found = json.load(handle)
     except (OSError, ValueError):
         found = None
@@ -759,22 +627,22 @@ def finished_shards(work_folder: str, manifest: dict[str, Any], overwrite: bool)
     )
 
 
-def plan_output(args: PrepareFraternalArguments, source: InputFile, summary: PrepareSummary) -> Plan:
+def plan_output(args: PrepareFraternalArguments, summary: PrepareSummary) -> Plan:
     """Main process, output locked: check the existing output against the input and the work folder against the
     settings; what is to be done. Nothing is changed yet."""
     plan = Plan(work_folder_of(args.output_file), {}, start_over=False, chunks=[], todo=[])
     start = 0
     if not args.overwrite_output_file and os.path.exists(args.output_file):
         plan.kept_lines, plan.kept_bytes, start = count_finished_lines(args.output_file, args.input_file)
-    end = source.sentences if args.max_sentences is None else min(args.max_sentences, source.sentences)
+    end = min(args.max_sentences or summary.input_sentences, summary.input_sentences)
     plan.chunks = chunks_between(start, end, args.batch_size * args.batches_per_chunk)
-    plan.manifest = {
-        "made_by": MADE_BY,
-        "input_sha256": source.sha256,
-        "first_sentence": start,  # where the new sentences begin: the lines of the output before them are kept
-        **{name: value for name, value in dataclasses.asdict(args).items() if name not in NOT_IN_MANIFEST},
-    }
     if plan.chunks:
+        plan.manifest = {
+            "made_by": MADE_BY,
+            "input_sha256": file_sha256(args.input_file),
+            "first_sentence": start,  # where the new sentences begin: the lines of the output before them are kept
+            **{name: value for name, value in dataclasses.asdict(args).items() if name not in NOT_IN_MANIFEST},
+        }
         finished = finished_shards(plan.work_folder, plan.manifest, args.overwrite_output_file)
         plan.start_over = finished is None
         plan.todo = [chunk for chunk in plan.chunks if shard_name(chunk) not in (finished or set())]
@@ -788,7 +656,7 @@ def plan_output(args: PrepareFraternalArguments, source: InputFile, summary: Pre
     summary.already_translated = start + resumed
     summary.output_lines = plan.kept_lines
     logger.info(
-        f"{args.input_file}: {source.sentences} sentences; "
+        f"{args.input_file}: {summary.input_sentences} sentences; "
         + (
             f"{args.output_file} will be replaced once the new pairs are finished (--overwrite_output_file)"
             if args.overwrite_output_file
@@ -811,20 +679,14 @@ def start_work_folder(plan: Plan) -> None:
 
 
 def translate_chunk(sentences: list[InputSentence], translator: Any, args: PrepareFraternalArguments) -> list[str]:
-    """The translations of one chunk's sentences, in their order, made in length-sorted batches.
-
-    A batch that comes back mostly empty means the model gives no text: RunFailure saying what to check.
-    """
+    """The translations of one chunk's sentences, in their order, made in length-sorted batches; a batch that comes
+    back mostly empty means the model gives no text: RunFailure saying what to check."""
     texts = [sentence.text for sentence in sentences]
-    token_count = None
-    if args.max_batch_tokens is not None:
-        token_count = lambda batch: source_token_counts(translator, batch)  # noqa: E731
+    token_count = functools.partial(source_token_counts, translator)
     batches = length_sorted_batches(texts, args.batch_size, args.max_batch_tokens, token_count)
     translations = [""] * len(texts)
     for batch, outputs in zip(batches, translator.translate_batches([[texts[i] for i in batch] for batch in batches])):
-        if len(outputs) != len(batch):
-            raise RuntimeError(f"{len(batch)} sentences gave {len(outputs)} translations")
-        for position, text in zip(batch, outputs):
+        for position, text in zip(batch, outputs, strict=True):
             translations[position] = clean_field(text)
         empty = [sentences[position].line_number for position in batch if not translations[position]]
         if 2 * len(empty) > len(batch):
@@ -856,7 +718,7 @@ def write_shard(work_folder: str, chunk: range, sentences: list[InputSentence], 
 
 
 def translate_share(
-    plan: Plan, translator: Any, args: PrepareFraternalArguments, processes: Processes, summary: PrepareSummary
+    plan: Plan, translator: Any, args: PrepareFraternalArguments, state: Any, summary: PrepareSummary
 ) -> None:
     """This process's chunks (the k-th, (k+N)-th, ... of those to do), each translated and written as its shard. The
     main process shows a progress bar of every process's finished shards, and the time taken."""
@@ -866,20 +728,20 @@ def translate_share(
     sizes = {shard_name(chunk): len(chunk) for chunk in plan.todo}
     summary.translated = sum(sizes.values())  # by all processes
     total = sum(map(len, plan.chunks))
-    share = plan.todo[processes.index :: processes.count]
+    share = plan.todo[state.process_index :: state.num_processes]
     progress = tqdm(
         total=total,
         initial=total - summary.translated,
         unit="sentence",
         desc="Translating",
-        disable=not processes.is_main,
+        disable=not state.is_main_process,
     )
     with progress:
         for chunk, sentences in sentences_of(args.input_file, share):
             write_shard(plan.work_folder, chunk, sentences, translate_chunk(sentences, translator, args))
             done = sum(sizes.get(name, 0) for name in os.listdir(plan.work_folder))
             progress.update(total - summary.translated + done - progress.n)
-    if processes.is_main:
+    if state.is_main_process:
         logger.info(f"Translated {summary.translated} sentences in {time.perf_counter() - started:.1f} s")
 
 
@@ -898,8 +760,7 @@ def join_shards(args: PrepareFraternalArguments, plan: Plan, summary: PrepareSum
             for chunk, sentences in sentences_of(args.input_file, plan.chunks):
                 shard = os.path.join(plan.work_folder, shard_name(chunk))
                 with open(shard, encoding="utf-8", newline="\n") as handle:
-                    lines = handle.read().splitlines()
-                pairs = [line.split("\t") for line in lines]
+                    pairs = [line.split("\t") for line in handle.read().splitlines()]
                 if len(pairs) != len(sentences) or any(pair[0] != s.text for pair, s in zip(pairs, sentences)):
                     raise DataFormatError(
                         f"{shard}: does not hold the translations of sentences {chunk.start + 1} to {chunk.stop} of "
@@ -926,50 +787,6 @@ def join_shards(args: PrepareFraternalArguments, plan: Plan, summary: PrepareSum
         logger.info(f"{args.output_file}: replaced by the new pairs (--overwrite_output_file)")
 
 
-@dataclass
-class Processes:
-    """This process among those ``accelerate launch`` started (one process: index 0 of 1, nothing to share)."""
-
-    index: int = 0
-    count: int = 1
-    local_index: int = 0
-    state: Any = None  # accelerate's PartialState when there are several
-
-    @classmethod
-    def from_environment(cls, cpu: bool) -> Processes:
-        """accelerate's PartialState when launched as several processes (WORLD_SIZE > 1), else one process."""
-        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-            return cls()
-        from accelerate import PartialState
-
-        state = PartialState(cpu=cpu)
-        return cls(state.process_index, state.num_processes, state.local_process_index, state)
-
-    @property
-    def is_main(self) -> bool:
-        return self.index == 0
-
-    def wait_for_everyone(self) -> None:
-        if self.state is not None:
-            self.state.wait_for_everyone()
-
-    def main_first(self) -> contextlib.AbstractContextManager:
-        """The main process runs the block first, the others after it."""
-        return self.state.main_process_first() if self.state is not None else contextlib.nullcontext()
-
-    def from_main(self, value: Any) -> Any:
-        """The main process's ``value``, on every process."""
-        if self.state is None:
-            return value
-        from accelerate.utils import broadcast_object_list
-
-        return broadcast_object_list([value], from_process=0)[0]
-
-    def gpus(self, visible: int) -> list[int]:
-        """The GPUs a CTranslate2 model of this process uses: its own under accelerate launch, else all visible."""
-        return [self.local_index % max(visible, 1)] if self.count > 1 else list(range(visible))
-
-
 def parse_arguments(argv: list[str]) -> PrepareFraternalArguments:
     """Command line (or one .json file of arguments) → the argument dataclass."""
     from transformers import HfArgumentParser
@@ -986,41 +803,42 @@ def prepare(args: PrepareFraternalArguments) -> PrepareSummary:
     """Check the input and the settings, lock the output and plan (main process), load the model, then translate
     this process's chunks into shards and (main process) join them into the output."""
     # 1. Everything that can be wrong with the input and the settings is found before the model is loaded.
-    source = check_input(args.input_file)
-    if source.empty_lines:
-        logger.warning(f"{args.input_file}: skipped {source.empty_lines} empty line(s)")
-    args = check_device_and_max_length(args)
-    check_engine(args)
-    processes = Processes.from_environment(cpu=select_device(args.device).type == "cpu")
-    summary = PrepareSummary(args.output_file, source.sentences, source.empty_lines)
+    summary = PrepareSummary(*check_input(args.input_file))
+    if summary.empty_input_lines:
+        logger.warning(f"{args.input_file}: skipped {summary.empty_input_lines} empty line(s)")
+    args = check_settings(args)
+    from accelerate import PartialState
+    from accelerate.utils import broadcast_object_list
+
+    state = PartialState(cpu=select_device(args.device).type == "cpu")  # this process among those launched
     with contextlib.ExitStack() as stack:
         # 2. The main process locks the output and plans; the others learn the plan, or the error that stopped it.
-        plan = None
-        if processes.is_main:
+        plan: Plan | str | None = None
+        if state.is_main_process:
             try:
                 lock_output(stack, args.output_file)
-                plan = plan_output(args, source, summary)
+                plan = plan_output(args, summary)
             except (ValueError, OSError) as error:
-                processes.from_main(str(error))
+                broadcast_object_list([str(error)])
                 raise
-        plan = processes.from_main(plan)
+        (plan,) = broadcast_object_list([plan])
         if isinstance(plan, str):
             raise SettingsError(plan)
         # 3. The model is loaded (when there is something to translate); only then are files changed.
-        translator = load_translator(args, processes) if plan.todo else None
-        if processes.is_main and plan.chunks:
+        translator = load_translator(args, state) if plan.todo else None
+        if state.is_main_process and plan.chunks:
             start_work_folder(plan)
-        processes.wait_for_everyone()
+        state.wait_for_everyone()
         # 4. Each process translates its chunks; the main process joins the shards into the output.
         with failures_of_the_run():
             if translator is not None:
-                translate_share(plan, translator, args, processes, summary)
-            processes.wait_for_everyone()
-            if processes.is_main and plan.chunks:
+                translate_share(plan, translator, args, state, summary)
+            state.wait_for_everyone()
+            if state.is_main_process and plan.chunks:
                 join_shards(args, plan, summary)
-    if processes.is_main:
+    if state.is_main_process:
         logger.info(
-            f"{args.output_file}: {summary.output_lines} of {source.sentences} sentences with their translation"
+            f"{args.output_file}: {summary.output_lines} of {summary.input_sentences} sentences with their translation"
         )
     return summary
 
@@ -1051,8 +869,4 @@ def run(argv: list[str]) -> PrepareSummary:
 def main(argv: list[str] | None = None) -> None:
     """Command-line entry: a bad input ends with ``prepare_fraternal.py: error: <message>`` and exit code 2, a
     failure once translation began with exit code 1 (the traceback with ``IFCL_DEBUG=1``); Ctrl-C says how to go on."""
-    run_command(SCRIPT, lambda: run(sys.argv[1:] if argv is None else argv))
-
-
-if __name__ == "__main__":
-    main()
+    run_command("prepare_fraternal.py", lambda: run(sys.argv[1:] if argv is None else argv))
