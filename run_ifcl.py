@@ -30,10 +30,10 @@ from ifcl import checks
 from ifcl.arguments import (
     ScriptArgumentParser,
     chosen_steps,
+    command_line,
     describe_this_script,
     fit_best_model_selection,
     given_setting_names,
-    json_file_as_command_line,
     refuse_other_objectives_settings,
     strategy_name,
 )
@@ -192,9 +192,7 @@ def parse_arguments(argv: list[str]) -> Arguments:
     )
     describe_this_script(parser)
     parser.set_defaults(**TRAINING_DEFAULTS)
-    source = ""
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        source, argv = f"{argv[0]}: ", json_file_as_command_line(argv[0], parser)
+    argv, source = command_line(argv, parser)
     try:
         namespace, remaining = parser.parse_known_args(args=argv)
     except ValueError as error:

@@ -66,6 +66,14 @@ def json_file_as_command_line(path: str, parser: HfArgumentParser) -> list[str]:
     return words
 
 
+def command_line(argv: list[str], parser: HfArgumentParser) -> tuple[list[str], str]:
+    """``argv`` as given, or the command line that its one ``.json`` file of arguments stands for; with the prefix
+    (the file's name) that errors about those arguments take. Every script of the project reads its arguments so."""
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        return json_file_as_command_line(argv[0], parser), f"{argv[0]}: "
+    return argv, ""
+
+
 def given_setting_names(argv: list[str]) -> set[str]:
     """The settings a command line names (``--name value``, ``--name=value``, ``--no_name``, dashes or not)."""
     names = set()

@@ -161,12 +161,12 @@ def parse_arguments(argv: list[str]) -> tuple[ModelArguments, EvaluationArgument
     """Command line (or one .json file of arguments) → the three argument dataclasses."""
     from transformers import HfArgumentParser
 
+    from ifcl.arguments import command_line
+
     parser = HfArgumentParser(
         (ModelArguments, EvaluationArguments, MutualInformationArguments), description=__doc__.split("\n")[0]
     )
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        return parser.parse_json_file(argv[0])
-    return parser.parse_args_into_dataclasses(args=argv)
+    return parser.parse_args_into_dataclasses(args=command_line(argv, parser)[0])
 
 
 # ---------------------------------------------------------------------------------------------------- output

@@ -791,11 +791,10 @@ def parse_arguments(argv: list[str]) -> PrepareFraternalArguments:
     """Command line (or one .json file of arguments) → the argument dataclass."""
     from transformers import HfArgumentParser
 
+    from ifcl.arguments import command_line
+
     parser = HfArgumentParser(PrepareFraternalArguments)
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        (args,) = parser.parse_json_file(argv[0])
-    else:
-        (args,) = parser.parse_args_into_dataclasses(args=argv)
+    (args,) = parser.parse_args_into_dataclasses(args=command_line(argv, parser)[0])
     return args
 
 

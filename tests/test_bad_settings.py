@@ -172,11 +172,16 @@ def test_the_commands_end_with_one_line_and_exit_code_2(files, tiny_encoder_dir,
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.slow
-def test_invalid_json_arguments_file_is_named(files, tmp_path):
-    result = run_script([str(files / "args.json")], tmp_path)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "args.json: not valid JSON" in result.stderr
+@pytest.mark.parametrize("script", ["run_ifcl.py", "evaluate_sts.py", "prepare_fraternal.py"])
+def test_invalid_json_arguments_file_is_named(files, script, capsys):
+    """The three scripts read a .json file of arguments the same way, and name it when it is not JSON."""
+    from ifcl.cli import run_command
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_command(script, lambda: script_main(script)([str(files / "args.json")]))
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in error
+    assert "args.json: not valid JSON" in error
 
 
 JSON_CASES = [
