@@ -49,7 +49,6 @@ from ifcl.cli import (
 )
 from ifcl.data import (
     EMBEDDED_MODEL_ID,
-    check_training_data_size,
     embedded_model_path,
     load_sts_sets,
     load_training_text,
@@ -275,8 +274,7 @@ def main(argv: list[str] | None = None):
                 if data_args.max_train_samples is not None:
                     train_text = train_text.select(range(min(data_args.max_train_samples, len(train_text))))
                 logger.info(f"{len(train_text)} training sentences")
-                queue_size = planned.queue_size if run_args.objective == "ifcl" else 0
-                check_training_data_size(len(train_text), planned.queue_batch_size, queue_size)
+                objective_class(run_args.objective).check_data_size(planned, len(train_text), planned.queue_batch_size)
 
             # 5. The model, checked from its config and tokenizer before it loads, once the output folder is taken:
             # an IFCL model continued (this project's class: no remote code runs), or one built from a plain encoder.

@@ -170,7 +170,8 @@ class IFCLTrainer(Trainer):
         self.objective.prepare(unwrap_model(self.model), global_batch_size(self.args))
         if self.train_dataset is not None and hasattr(self.train_dataset, "__len__"):
             try:
-                self.objective.check_data_size(len(self.train_dataset), global_batch_size(self.args))
+                config = unwrap_model(self.model).config
+                self.objective.check_data_size(config, len(self.train_dataset), global_batch_size(self.args))
             except ValueError as problem:  # run_ifcl.py refuses such data; the Python API warns
                 logger.warning(str(problem))
         # compute_loss returns a per-micro-batch mean: the Trainer divides it by the accumulation steps.

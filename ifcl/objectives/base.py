@@ -130,8 +130,10 @@ class Objective(nn.Module):
         """Data-collator hook: features → a batch of tensors. Augmentations made per batch go here."""
         return pad_features(features, {"": tokenizer.pad_token_id or 0})
 
-    def check_data_size(self, num_rows: int, global_batch: int) -> None:
-        """``ValueError`` when ``num_rows`` training rows are too few for this objective (one global batch)."""
+    @classmethod
+    def check_data_size(cls, config, num_rows: int, global_batch: int) -> None:
+        """``ValueError`` when ``num_rows`` training rows are too few for this objective with the model ``config``
+        (here: one global batch). A classmethod, so that ``run_ifcl.py`` checks the data before the model loads."""
         from ifcl.data import check_training_data_size
 
         check_training_data_size(num_rows, global_batch, queue_size=0)

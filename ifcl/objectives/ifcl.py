@@ -143,10 +143,11 @@ class IFCLObjective(Objective):
     def collate(self, features: list[dict[str, Any]], tokenizer) -> dict[str, torch.Tensor]:
         return pad_features(features, {"": tokenizer.pad_token_id or 0, "fraternal_": self.fraternal_pad_token_id})
 
-    def check_data_size(self, num_rows: int, global_batch: int) -> None:
+    @classmethod
+    def check_data_size(cls, config, num_rows: int, global_batch: int) -> None:
         from ifcl.data import check_training_data_size
 
-        check_training_data_size(num_rows, global_batch, self.settings.queue_size)
+        check_training_data_size(num_rows, global_batch, config.queue_size)
 
     def prepare(self, model: nn.Module, global_batch: int) -> None:
         """Freeze the word tables as the settings say; the hippocampus queue takes one slot of N rows per optimizer
