@@ -1,24 +1,17 @@
 """ConIsI (Sun & Huang, "ConIsI: A Contrastive Framework with Inter-sentence Interaction for Self-supervised Sentence
 Representation", CCL 2022), Section 3, as an objective of the IFCL trainer.
 
-Three inputs per sentence x_i, encoded in one model call (padded to a common length; padding is masked):
+Three inputs per sentence x_i, encoded in one model call (padded to a common length; padding is masked): x_i alone;
+the positive pair Y_i = [x_i ; x_i] (Section 3.1.1), each half holding the tokens of x_i's own truncation; the
+composed pair Z_i = [x_i ; c_i] with c_i a sentence of another meaning (Section 3.2), by ``--conisi_strategy``.
 
-- x_i alone (truncated to ``--max_seq_length``);
-- the positive pair Y_i = [x_i ; x_i], the sentence repeated as a sentence pair (Section 3.1.1), each half holding
-  the tokens of x_i's own truncation, so that the pair is about twice as long (Section 3.1.3);
-- the composed pair Z_i = [x_i ; c_i] with c_i a sentence of another meaning (Section 3.1.2, 3.2), by
-  ``--conisi_strategy``: ``o1`` subword replacement, ``o2`` WordNet antonyms, ``s`` another sentence of the batch.
+h_[CLS] of the paper is the training pooler's output; the paper's setup (Section 4.2) is ``--pooler_type
+cls_before_pooler --eval_pooler_type cls_before_pooler``. Decision: the heads g and f sit on whatever the training
+pooler gives; they are this objective's own modules, left out of the published model, which embeds with its
+evaluation pooler alone (the paper evaluates the encoder's [CLS], not g's output).
 
-h_[CLS] of the paper is the model's training pooler output (``sentence_embedding`` with ``training_pooler=True``).
-The paper's own setup is the last layer's [CLS] state in training and in evaluation (Section 4.2):
-``--pooler_type cls_before_pooler --eval_pooler_type cls_before_pooler``. Decision: the heads g and f sit on top of
-whatever the training pooler gives (with ``--pooler_type cls`` that is SimCSE's MLP output, with ``avg`` the token
-mean); they are this objective's own modules, trained with the encoder and left out of the published model, which
-embeds with its evaluation pooler alone (the paper evaluates the encoder's [CLS], not g's output).
-
-Loss (Eq. 10): (1 − λ)·L_Contrastive + λ·L_Interactive, see :class:`ConIsILoss`. With several processes the
-contrastive negatives are the pairs of all of them (``gather``); strategy s draws c_i from the process's own batch
-(the data collator sees only that), and the heads' BatchNorm takes each process's batch statistics.
+With several processes the contrastive negatives are the pairs of all of them; strategy s draws c_i from the
+process's own batch, and the heads' BatchNorm takes each process's batch statistics.
 """
 
 from __future__ import annotations
@@ -75,24 +68,15 @@ class ConIsISettings:
     )
     conisi_subword_share: float = field(
         default=0.15,
-        metadata={
-            "help": "o1: share of c_i's subword tokens chosen for replacement (at least one). The paper says 'a "
-            "certain proportion'; 0.15 is BERT's masking rate, whose 80/20 scheme o1 follows."
-        },
+        metadata={"help": "o1: share of c_i's subword tokens chosen for replacement (at least one)."},
     )
     conisi_random_token_rate: float = field(
         default=0.8,
-        metadata={
-            "help": "o1: a chosen token becomes a random token this often and stays unchanged otherwise "
-            "(paper: 80 per cent random, 20 per cent unchanged)."
-        },
+        metadata={"help": "o1: how often a chosen token becomes a random one; it stays unchanged otherwise."},
     )
     conisi_antonym_share: float = field(
         default=0.15,
-        metadata={
-            "help": "o2: share of c_i's words replaced by their WordNet antonym (at least one; at most the words "
-            "that have one). The paper says 'some full words'."
-        },
+        metadata={"help": "o2: share of c_i's words replaced by their WordNet antonym (at least one)."},
     )
     conisi_antonym_fallback: str = field(
         default="subword",
@@ -139,9 +123,6 @@ class ConIsISettings:
             )
 
 
-# ---------------------------------------------------------------------------------------------------- heads, losses
-
-
 class ConIsIHead(nn.Module):
     """The CL head g (Eq. 2) and the interaction classifier f (Eq. 6–7), sharing W_1 = W_2, b_1 = b_2, BN_1 = BN_2.
 
@@ -149,18 +130,13 @@ class ConIsIHead(nn.Module):
     Decision: r is one score per pair (W_3 ∈ R^{1×d}). The paper writes r ∈ R^d but then uses it as a scalar logit in
     Eq. 8, a softmax over the two pairs' scores, which needs one number per pair.
 
-    Decision: the shared BN normalizes with the statistics of all the inputs of the batch together (``joint``,
-    default: x, Y and Z go through g/f in one pass, and Y and Z keep their difference in mean, which f learns from),
-    or of each input on its own (``per_view``; a single row is normalized with the joint statistics, as BatchNorm
-    needs two rows).
+    Decision: the shared BN takes the statistics of x, Y and Z together (``joint``, default: Y and Z keep their
+    difference in mean, which f learns from), or of each on its own (``per_view``; a batch of one row takes the joint
+    statistics, as BatchNorm needs two rows).
     """
 
     def __init__(self, hidden_size: int, batchnorm: str = "joint") -> None:
         super().__init__()
-        if batchnorm not in BATCHNORM_STATISTICS:
-            raise ValueError(
-                f"--conisi_batchnorm must be one of {', '.join(BATCHNORM_STATISTICS)}, got {batchnorm!r}."
-            )
         self.batchnorm_statistics = batchnorm
         self.dense = nn.Linear(hidden_size, hidden_size)  # W_1, b_1 (= W_2, b_2)
         self.batchnorm = nn.BatchNorm1d(hidden_size)  # BN_1 (= BN_2)
@@ -182,44 +158,22 @@ class ConIsIHead(nn.Module):
         return self.classifier(hidden).squeeze(-1)
 
 
-class PairContrastiveLoss(nn.Module):
-    """L_Contrastive, Eq. 3–4: the single sentence's h_i^x is the anchor, its pair h_i^Y the positive, the other
-    pairs h_j^Y (j ≠ i) the negatives:  ℓ^I_i = −log e^{sim(h_i^x,h_i^Y)/τ} / Σ_j e^{sim(h_i^x,h_j^Y)/τ}.
-
-    With several processes the candidates are the pairs of all of them; ``label_offset`` points at this process's.
-    """
-
-    def __init__(self, temperature: float = 0.05) -> None:
-        super().__init__()
-        self.temperature = temperature
-
-    def forward(self, single: torch.Tensor, pair_candidates: torch.Tensor, label_offset: int = 0) -> torch.Tensor:
-        return info_nce(single, pair_candidates, self.temperature, label_offset=label_offset)
-
-
-class InteractiveLoss(nn.Module):
-    """L_Interactive, Eq. 8–9: ℓ^II_i = −log e^{r_i^Y} / (e^{r_i^Y} + e^{r_i^Z}), the positive pair Y_i = [x_i ; x_i]
-    (same category) scored above the composed pair Z_i = [x_i ; c_i] (different category); mean over the batch."""
-
-    def forward(self, same_scores: torch.Tensor, different_scores: torch.Tensor) -> torch.Tensor:
-        with float32_region(same_scores):
-            # −log σ(r^Y − r^Z) = softplus(r^Z − r^Y): the same quantity, stable for large scores.
-            return F.softplus(different_scores.float() - same_scores.float()).mean()
-
-
 class ConIsILoss(nn.Module):
-    """Eq. 10: L = (1 − λ)·L_Contrastive (Eq. 3–4) + λ·L_Interactive (Eq. 8–9), on the heads' outputs.
+    """Eq. 10: L = (1 − λ)·L_Contrastive + λ·L_Interactive, on the heads' outputs.
+
+    - L_Contrastive, Eq. 3–4: the single sentence's h_i^x is the anchor, its pair h_i^Y the positive, the other pairs
+      (of all processes; ``label_offset`` points at this process's) the negatives:
+      ℓ^I_i = −log e^{sim(h_i^x,h_i^Y)/τ} / Σ_j e^{sim(h_i^x,h_j^Y)/τ}.
+    - L_Interactive, Eq. 8–9: ℓ^II_i = −log e^{r_i^Y} / (e^{r_i^Y} + e^{r_i^Z}), the positive pair Y_i scored above
+      the composed pair Z_i; computed as softplus(r^Z − r^Y), the same quantity, stable for large scores.
 
     Returns the total and its terms (``loss_contrastive``, ``loss_interactive``, unweighted, for the logs).
     """
 
     def __init__(self, temperature: float = 0.05, interactive_weight: float = 0.8) -> None:
         super().__init__()
-        if not 0.0 <= interactive_weight <= 1.0:
-            raise ValueError(f"--conisi_lambda (λ, Eq. 10) must be in [0, 1], got {interactive_weight}.")
+        self.temperature = temperature
         self.interactive_weight = interactive_weight
-        self.contrastive = PairContrastiveLoss(temperature)
-        self.interactive = InteractiveLoss()
 
     def forward(
         self,
@@ -229,13 +183,11 @@ class ConIsILoss(nn.Module):
         different_scores: torch.Tensor,
         label_offset: int = 0,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        contrastive = self.contrastive(single, pair_candidates, label_offset)
-        interactive = self.interactive(same_scores, different_scores)
+        contrastive = info_nce(single, pair_candidates, self.temperature, label_offset=label_offset)
+        with float32_region(same_scores):
+            interactive = F.softplus(different_scores.float() - same_scores.float()).mean()
         loss = (1.0 - self.interactive_weight) * contrastive + self.interactive_weight * interactive
         return loss, {"loss_contrastive": contrastive.detach(), "loss_interactive": interactive.detach()}
-
-
-# ---------------------------------------------------------------------------------------------------- making c_i
 
 
 def second_segment_span(second_segment: list[int]) -> tuple[int, int]:
@@ -369,9 +321,6 @@ def match_case(word: str, replacement: str) -> str:
     return replacement
 
 
-# ---------------------------------------------------------------------------------------------------- the objective
-
-
 class ConIsIObjective(Objective):
     """ConIsI: contrast of x_i with its pair [x_i ; x_i], and the interactive classification of [x_i ; x_i] against
     [x_i ; c_i] (Eq. 10). Owns the heads g/f (:class:`ConIsIHead`); τ is the model config's
@@ -399,14 +348,11 @@ class ConIsIObjective(Objective):
         unwrapped = unwrap_model(model)
         settings = self.settings
         self.strategy = settings.conisi_strategy
-        self.temperature = unwrapped.config.contrastive_temperature
         self.head = ConIsIHead(unwrapped.hidden_size, settings.conisi_batchnorm)
-        self.loss = ConIsILoss(self.temperature, settings.conisi_lambda)
+        self.loss = ConIsILoss(unwrapped.config.contrastive_temperature, settings.conisi_lambda)
         if self.strategy == "o2":
             # Before any data is read: a missing WordNet stops the run at once, naming the package.
             check_wordnet_folder(settings.conisi_wordnet_path)
-
-    # ------------------------------------------------------------------ data
 
     def tokenize(self, batch, tokenizer, max_length: int) -> dict[str, list]:
         """x_i (``max_length``), Y_i = [x_i ; x_i] (x_i's truncated tokens twice, group ``pair_``) with the second segment's
@@ -453,10 +399,8 @@ class ConIsIObjective(Objective):
         pad_token_id = tokenizer.pad_token_id or 0
         return pad_to_common_length(pad_features(rows, {"": pad_token_id}), (SINGLE, POSITIVE, NEGATIVE), pad_token_id)
 
-    def compose_negatives(
-        self, rows: list[dict[str, Any]], tokenizer, generator: torch.Generator | None = None
-    ) -> list[dict[str, list[int]]]:
-        """The composed pair Z_i of every row, by the strategy (Section 3.2)."""
+    def compose_negatives(self, rows: list[dict[str, Any]], tokenizer) -> list[dict[str, list[int]]]:
+        """The composed pair Z_i of every row, by the strategy (Section 3.2), drawn from torch's global generator."""
         positives = [group_of(row, POSITIVE) for row in rows]
         if self.strategy == "o2":
             negatives = [group_of(row, NEGATIVE) for row in rows]
@@ -469,7 +413,7 @@ class ConIsIObjective(Objective):
         others: list[int | None] = [None] * len(rows)
         if "s" in methods:
             contents = [tuple(p["input_ids"][slice(*second_segment_span(p[SECOND_SEGMENT]))]) for p in positives]
-            others = pick_other_rows(contents, generator)
+            others = pick_other_rows(contents)
         vocab_size, special_ids = len(tokenizer), set(tokenizer.all_special_ids)
         composed = []
         for i, method in enumerate(methods):
@@ -487,12 +431,9 @@ class ConIsIObjective(Objective):
                     self.settings.conisi_random_token_rate,
                     vocab_size,
                     special_ids,
-                    generator,
                 )
                 composed.append(negative)
         return composed
-
-    # ------------------------------------------------------------------ training
 
     def forward(
         self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
@@ -550,12 +491,6 @@ def stack_groups(inputs: dict[str, torch.Tensor], prefixes: tuple[str, ...]) -> 
     """The groups' input_ids / attention_mask / token_type_ids (padded to one length by
     :func:`pad_to_common_length`) stacked in the order of ``prefixes``, for one model call (mean pooling and [CLS]
     both ignore the padding). token_type_ids join only when every group has them."""
-    lengths = {inputs[prefix + "input_ids"].shape[1] for prefix in prefixes}
-    if len(lengths) != 1:
-        raise ValueError(
-            f"The ConIsI input groups {prefixes} have different lengths {sorted(lengths)}: the batch must come from "
-            "ConIsIObjective.collate (the trainer's ObjectiveDataCollator)."
-        )
     return {
         key: torch.cat([inputs[prefix + key] for prefix in prefixes])
         for key in ("input_ids", "attention_mask", "token_type_ids")

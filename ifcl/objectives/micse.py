@@ -5,14 +5,11 @@ Two dropout views of each sentence (Section 2) are trained with a joint loss (Eq
 - L_C, Eq. 2 (Section 2.1): InfoNCE of the first view's embeddings against the second's, the other sentences of
   the batch (of all processes) and a queue Q of embeddings that a momentum encoder (an exponential moving average
   of the encoder, with more dropout) made of earlier batches.
-- L_D, Eq. 3–5 (Section 2.2, Algorithm 1): attention mutual information (AMI). The attention maps of the upper
-  layers are cut into slices (layer by layer, adjacent heads pooled in groups), m positions of each sentence's
-  non-padding s×s part are sampled with the same indices in both views, and the two views' log-attentions are
-  correlated: MI = −½·log(1 − ρ²) (Eq. 4). L_D = −λ · mean over sentences and slices of MI (Eq. 5).
+- L_D, Eq. 3–5 (Section 2.2, Algorithm 1): attention mutual information (AMI) of the two views' attention maps of
+  the upper layers, cut into slices and sampled at the same positions in both views: −λ times its mean.
 
-Section 3.1 gives the settings: τ = 0.05, λ = 2.5e-3, |Q| = 384, momentum 0.995 with dropout 0.3, layers "between
-8 and 12" of BERT-base in (4 × H/2) chunks, 150 samples per chunk. The paper trains with [CLS] and SimCSE's MLP:
-``--pooler_type cls --eval_pooler_type cls_before_pooler``.
+The settings default to Section 3.1's. The paper trains with [CLS] and SimCSE's MLP: ``--pooler_type cls
+--eval_pooler_type cls_before_pooler``.
 """
 
 from __future__ import annotations
@@ -29,14 +26,20 @@ from ifcl import queue as ring
 from ifcl.losses import float32_region, info_nce
 from modeling_ifcl import ALL_LAYER_POOLERS, QueueBuffers, pool_hidden_states
 
-from .base import Gather, Objective, ObjectiveOutput, Paper, RowGather, no_gather, no_row_gather, unwrap_model
+from .base import (
+    TOKEN_FIELDS,
+    Gather,
+    Objective,
+    ObjectiveOutput,
+    Paper,
+    RowGather,
+    no_gather,
+    no_row_gather,
+    unwrap_model,
+)
 from .ifcl import WITHOUT_IFCL
 
-ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 LAYERS_SETTING = "micse_attention_layers"
-
-
-# ---------------------------------------------------------------------------------------------------- settings
 
 
 def parse_attention_layers(spec: str) -> int | list[int]:
@@ -102,16 +105,11 @@ class MiCSESettings:
     )
     micse_heads_per_group: int = field(
         default=2,
-        metadata={
-            "help": "Adjacent heads pooled (averaged) into one slice w^r (Section 3.1: pairs); must divide the "
-            "encoder's head count."
-        },
+        metadata={"help": "Adjacent heads averaged into one slice w^r (Section 3.1: pairs); must divide the heads."},
     )
     micse_num_samples: int = field(
         default=150,
-        metadata={
-            "help": "m = |J_r| of Eq. 3, attention positions sampled per sentence and slice (Section 3.1: 150)."
-        },
+        metadata={"help": "m of Eq. 3, attention positions sampled per sentence and slice (Section 3.1: 150)."},
     )
     micse_sample_with_replacement: bool = field(
         default=True,
@@ -122,17 +120,11 @@ class MiCSESettings:
     )
     micse_queue_size: int = field(
         default=384,
-        metadata={
-            "help": "|Q| of Eq. 2, momentum-encoder embeddings kept as extra negatives (Section 3.1: 384; 0: no "
-            "queue and no momentum encoder)."
-        },
+        metadata={"help": "|Q| of Eq. 2, momentum embeddings as extra negatives (0: no queue nor momentum encoder)."},
     )
     micse_momentum: float = field(
         default=0.995,
-        metadata={
-            "help": "EMA factor μ of the momentum encoder (Section 3.1: 0.995): θ_m ← μ·θ_m + (1−μ)·θ after each "
-            "optimizer step."
-        },
+        metadata={"help": "EMA factor μ of the momentum encoder: θ_m ← μ·θ_m + (1−μ)·θ after each optimizer step."},
     )
     micse_momentum_dropout: float = field(
         default=0.3,
@@ -158,21 +150,23 @@ class MiCSESettings:
             raise ValueError(f"micse_momentum_dropout must lie in [0, 1), got {self.micse_momentum_dropout}.")
 
 
-# ---------------------------------------------------------------------------------------------------- AMI, L_D
+def check_heads_per_group(num_heads: int, heads_per_group: int) -> None:
+    """``ValueError`` when ``micse_heads_per_group`` does not divide the encoder's head count."""
+    if num_heads % heads_per_group:
+        raise ValueError(
+            f"micse_heads_per_group={heads_per_group} does not divide the encoder's {num_heads} attention heads."
+        )
 
 
 def attention_slices(attentions: Sequence[torch.Tensor], layers: Sequence[int], heads_per_group: int) -> torch.Tensor:
     """Slicing π of Section 2.2: [B, R, n, n] from the encoder's per-layer attentions [B, H, n, n].
 
     The slices are ordered layer by layer (``layers``, 0-based), then head group: group j of a layer averages its
-    heads g·j … g·j + g − 1 (g = ``heads_per_group``). Decision: the paper's slices are n×n (π: R^{L×H×n×n} → R^{R×n×n}), so a group is pooled
-    by its mean; a sum would give the same ρ, as the log turns the factor g into a constant shift.
+    heads g·j … g·j + g − 1 (g = ``heads_per_group``). Decision: the paper's slices are n×n, so a group is pooled by
+    its mean; a sum would give the same ρ, as the log turns the factor g into a constant shift.
     """
     num_heads = attentions[layers[0]].shape[1]
-    if num_heads % heads_per_group:
-        raise ValueError(
-            f"micse_heads_per_group={heads_per_group} does not divide the {num_heads} attention heads of the encoder."
-        )
+    check_heads_per_group(num_heads, heads_per_group)
     chosen = torch.stack([attentions[layer].float() for layer in layers], dim=1)  # [B, L', H, n, n], float32
     batch, num_layers, _, length, _ = chosen.shape
     grouped = chosen.view(batch, num_layers, num_heads // heads_per_group, heads_per_group, length, length)
@@ -216,38 +210,32 @@ def sample_attention_positions(
     return indices.view(*valid.shape[:2], -1), mask.reshape(*valid.shape[:2], -1)
 
 
-class AttentionMutualInformation(nn.Module):
-    """MI of Eq. 4 for each sentence and slice: I(z_1, z_2) = −½·log(1 − ρ²), z_v = log of the sampled attention.
+def mutual_information(
+    slices_1: torch.Tensor, slices_2: torch.Tensor, indices: torch.Tensor, sample_mask: torch.Tensor, epsilon: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MI of Eq. 4 for each sentence and slice, I(z_1, z_2) = −½·log(1 − ρ²) with z_v the log of the sampled
+    attention, [B, R]; and which slices have at least two samples, [B, R]. ``slices_*``: [B, R, n, n].
 
     ρ is the Pearson correlation of the two views' log-attentions at the sampled positions (Algorithm 1: the
     cosine of the centred values). ``epsilon`` keeps 1 − ρ² ≥ ε, so identical views (no dropout) give a finite
     MI of −½·log ε, and guards the division for constant samples.
     """
+    with float32_region(slices_1):
+        weights = sample_mask.float()
+        count = weights.sum(dim=-1, keepdim=True)
 
-    def __init__(self, epsilon: float = 1e-6) -> None:
-        super().__init__()
-        self.epsilon = epsilon
+        def centred_log(slices: torch.Tensor) -> torch.Tensor:
+            values = slices.float().flatten(2).gather(2, indices)
+            logs = torch.where(sample_mask, values, torch.ones_like(values)).log()
+            mean = (logs * weights).sum(dim=-1, keepdim=True) / count.clamp_min(1.0)
+            return (logs - mean) * weights
 
-    def forward(
-        self, slices_1: torch.Tensor, slices_2: torch.Tensor, indices: torch.Tensor, sample_mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(MI [B, R], which slices have at least two samples [B, R]); ``slices_*`` [B, R, n, n]."""
-        with float32_region(slices_1):
-            weights = sample_mask.float()
-            count = weights.sum(dim=-1, keepdim=True)
-
-            def centred_log(slices: torch.Tensor) -> torch.Tensor:
-                values = slices.float().flatten(2).gather(2, indices)
-                logs = torch.where(sample_mask, values, torch.ones_like(values)).log()
-                mean = (logs * weights).sum(dim=-1, keepdim=True) / count.clamp_min(1.0)
-                return (logs - mean) * weights
-
-            z_1, z_2 = centred_log(slices_1), centred_log(slices_2)
-            covariance = (z_1 * z_2).sum(dim=-1)
-            variances = (z_1 * z_1).sum(dim=-1) * (z_2 * z_2).sum(dim=-1)
-            correlation = covariance / variances.clamp_min(self.epsilon**2).sqrt()
-            unexplained = (1.0 - correlation.square()).clamp_min(self.epsilon)
-            return -0.5 * unexplained.log(), count.squeeze(-1) >= 2
+        z_1, z_2 = centred_log(slices_1), centred_log(slices_2)
+        covariance = (z_1 * z_2).sum(dim=-1)
+        variances = (z_1 * z_1).sum(dim=-1) * (z_2 * z_2).sum(dim=-1)
+        correlation = covariance / variances.clamp_min(epsilon**2).sqrt()
+        unexplained = (1.0 - correlation.square()).clamp_min(epsilon)
+        return -0.5 * unexplained.log(), count.squeeze(-1) >= 2
 
 
 class AttentionMutualInformationLoss(nn.Module):
@@ -273,7 +261,7 @@ class AttentionMutualInformationLoss(nn.Module):
         self.heads_per_group = heads_per_group
         self.num_samples = num_samples
         self.with_replacement = with_replacement
-        self.mutual_information = AttentionMutualInformation(epsilon)
+        self.epsilon = epsilon
 
     def forward(
         self,
@@ -293,15 +281,10 @@ class AttentionMutualInformationLoss(nn.Module):
                 indices, sample_mask = sample_attention_positions(
                     valid, self.num_samples, self.with_replacement, generator
                 )
-        elif sample_mask is None:
-            sample_mask = torch.ones_like(indices, dtype=torch.bool)
-        mutual_information, counted = self.mutual_information(slices_1, slices_2, indices, sample_mask)
+        information, counted = mutual_information(slices_1, slices_2, indices, sample_mask, self.epsilon)
         counted = counted.float()
-        mean = (mutual_information * counted).sum() / counted.sum().clamp_min(1.0)
+        mean = (information * counted).sum() / counted.sum().clamp_min(1.0)
         return -self.weight * mean, mean
-
-
-# ---------------------------------------------------------------------------------------------------- L_C and Q
 
 
 class MomentumContrastiveLoss(nn.Module):
@@ -330,9 +313,6 @@ class MomentumContrastiveLoss(nn.Module):
         return info_nce(first_views, second_views, self.temperature, queue, queue_log_weights, label_offset)
 
 
-# ---------------------------------------------------------------------------------------------------- objective
-
-
 def set_dropout(module: nn.Module, rate: float) -> None:
     """Every dropout of an encoder at ``rate``: its ``nn.Dropout`` modules and its config's dropout rates."""
     for child in module.modules():
@@ -349,10 +329,9 @@ class MiCSEObjective(Objective):
     """miCSE: L_C (Eq. 2, with a momentum encoder's queue) + L_D (Eq. 5, attention mutual information).
 
     Both views come from one call of the model on [x; x] (each row draws its own dropout mask), pooled with the
-    training pooler, with the attention maps of every layer; the objective switches the encoder to eager
-    attention, which returns them. The momentum encoder is a copy of the encoder (no gradient, dropout
-    ``micse_momentum_dropout``), updated by EMA after each optimizer step; it is this objective's module, so
-    checkpoints keep it and the published model leaves it out.
+    training pooler, with the attention maps of every layer (the objective switches the encoder to eager attention,
+    which returns them). The momentum encoder is a copy of the encoder (no gradient, dropout
+    ``micse_momentum_dropout``), updated by EMA after each optimizer step.
 
     Decision: the momentum encoder encodes each batch's sentences x once (its own dropout is its view), and
     those embeddings enter Q after the step, so Q only holds earlier batches ("samples from previous batches",
@@ -388,13 +367,8 @@ class MiCSEObjective(Objective):
                 f"num_hidden_layers / num_attention_heads."
             )
         layers = attention_layer_indices(settings.micse_attention_layers, num_layers)
-        if num_heads % settings.micse_heads_per_group:
-            raise ValueError(
-                f"micse_heads_per_group={settings.micse_heads_per_group} does not divide the encoder's "
-                f"{num_heads} attention heads."
-            )
-        self.temperature = model.config.contrastive_temperature
-        self.contrastive_loss = MomentumContrastiveLoss(self.temperature)
+        check_heads_per_group(num_heads, settings.micse_heads_per_group)
+        self.contrastive_loss = MomentumContrastiveLoss(model.config.contrastive_temperature)
         self.attention_loss = AttentionMutualInformationLoss(
             settings.micse_attention_weight,
             layers,
@@ -427,9 +401,9 @@ class MiCSEObjective(Objective):
     def forward(
         self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
     ) -> ObjectiveOutput:
-        inputs = {key: inputs[key] for key in ENCODER_INPUTS if inputs.get(key) is not None}
+        inputs = {key: inputs[key] for key in TOKEN_FIELDS if inputs.get(key) is not None}
         batch_size = inputs["input_ids"].shape[0]
-        if "attention_mask" not in inputs:
+        if "attention_mask" not in inputs:  # a tokenizer without one: every token is real, as the model assumes
             inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
         both_views = {key: torch.cat([value, value]) for key, value in inputs.items()}
         output = model(**both_views, training_pooler=True, output_attentions=self.uses_attentions)
@@ -444,11 +418,6 @@ class MiCSEObjective(Objective):
         loss = loss_contrastive
         components = {"loss_contrastive": loss_contrastive.detach()}
         if self.uses_attentions:
-            if not output.attentions:
-                raise ValueError(
-                    "The model returned no attention maps: miCSE needs eager attention on the encoder "
-                    "(the objective sets it when built; was the attention implementation changed since?)."
-                )
             attentions_1 = [layer[:batch_size] for layer in output.attentions]
             attentions_2 = [layer[batch_size:] for layer in output.attentions]
             loss_attention, mutual_information = self.attention_loss(

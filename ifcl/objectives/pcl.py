@@ -2,13 +2,12 @@
 Unsupervised Sentence Embeddings", EMNLP 2022, arXiv:2201.12093, Section 2).
 
 Every sentence x_i gets K positives x̂_k^i from five augmentations (Eq. 2–3, Appendix A): dropout (the sentence
-again, another dropout mask), shuffle, inversion, word repetition (0.2) and word deletion (0.2). The discrete four
-are made per batch in :meth:`PCLObjective.collate`. Two peer networks θ (the model) and θ′ (the peer) score the
-anchor against its K positives and the in-batch negatives in one softmax (Eq. 4), agree through two KL terms (Eq. 5)
-and each learn from vanilla InfoNCE on every augmentation (Eq. 6):
-L = KL[p_{θ,θ′} ‖ p_{θ′,θ′}] + KL[p_{θ,θ′} ‖ p_{θ′,θ}] + β·Σ_k (L^(c)_θ(δ_k) + L^(c)_θ′(δ_k)).
-θ′ is tied to θ by default (two passes of one network with different dropout, as the paper trains its large
-models) or a trainable copy of the encoder with ``--pcl_untied_peer``; only θ is published (Section 2.3).
+again, another dropout mask), shuffle, inversion, word repetition and word deletion, the discrete four made per batch
+in :meth:`PCLObjective.collate`. Two peer networks θ (the model) and θ′ (the peer) score the anchor against its K
+positives and the in-batch negatives in one softmax (Eq. 4), agree through two KL terms (Eq. 5) and each learn from
+vanilla InfoNCE on every augmentation (Eq. 6, :class:`PCLLoss`). θ′ is tied to θ by default (two passes of one
+network with different dropout, as the paper trains its large models) or a trainable copy of the encoder with
+``--pcl_untied_peer``; only θ is published (Section 2.3).
 """
 
 from __future__ import annotations
@@ -56,10 +55,7 @@ class PCLSettings:
     )
     pcl_augmentation_unit: str = field(
         default="word",
-        metadata={
-            "help": "What the discrete augmentations move: 'word' (the paper's words; the sub-word tokens of a word "
-            "stay together, needs a fast tokenizer) or 'token' (each sub-word token on its own)."
-        },
+        metadata={"help": "What the augmentations move: 'word' (the paper's; needs a fast tokenizer) or 'token'."},
     )
     pcl_repetition_ratio: float = field(
         default=0.2, metadata={"help": "Share of words duplicated and inserted by word repetition (Appendix A: 0.2)."}
@@ -86,10 +82,7 @@ class PCLSettings:
     )
     pcl_detach_kl_target: bool = field(
         default=False,
-        metadata={
-            "help": "Treat p_{θ,θ′}, the first argument of both KL terms of Eq. 5, as a fixed target without "
-            "gradient. Default: both arguments carry gradient (Eq. 5 is optimized w.r.t. θ and θ′)."
-        },
+        metadata={"help": "No gradient through p_{θ,θ′}, the first argument of both KL terms of Eq. 5."},
     )
 
     def __post_init__(self) -> None:
@@ -134,9 +127,6 @@ class PCLSettings:
         return ["dropout"] + [cycle[k % len(cycle)] for k in range(self.pcl_num_positives - 1)]
 
 
-# ---------------------------------------------------------------------------------------------------- augmentations
-
-
 def affected_count(num_units: int, ratio: float) -> int:
     """How many of ``num_units`` words a ratio touches: round(ratio·n), at least one when there is a word.
 
@@ -144,18 +134,6 @@ def affected_count(num_units: int, ratio: float) -> int:
     at least one so that a short sentence's view still differs from it.
     """
     return 0 if num_units == 0 else max(1, round(ratio * num_units))
-
-
-def shuffle_units(units: list[list[int]], rng: random.Random) -> list[list[int]]:
-    """Shuffled Sentence (SS): the words in a random order (a permutation; it may be the identity by chance)."""
-    shuffled = list(units)
-    rng.shuffle(shuffled)
-    return shuffled
-
-
-def invert_units(units: list[list[int]]) -> list[list[int]]:
-    """Inverted Sentence (IS): the words in reverse order (the tokens inside a word keep their order)."""
-    return units[::-1]
 
 
 def repeat_units(units: list[list[int]], ratio: float, rng: random.Random) -> list[list[int]]:
@@ -221,18 +199,18 @@ def augment_sentence(
     """One augmented view x̂ = δ(x) of a tokenized sentence (Eq. 3, Appendix A).
 
     The special tokens ([CLS]/[SEP], <s>/</s>) stay where they are; the augmentation moves the content's units
-    (words with ``word_ids``, else tokens). "dropout" returns the sentence unchanged: its view differs by the
-    dropout mask of the encoder. A view longer than ``max_length`` (repetition) loses the end of its content.
+    (words with ``word_ids``, else tokens): shuffled (SS: a random permutation), inverted (IS: the words in reverse
+    order, the tokens inside a word keep theirs), repeated (WR) or deleted (WD). "dropout" returns the sentence
+    unchanged: its view differs by the dropout mask of the encoder. A view longer than ``max_length`` (repetition)
+    loses the end of its content.
     """
-    if augmentation not in AUGMENTATIONS:
-        raise ValueError(f"Unknown PCL augmentation {augmentation!r}; choose from {', '.join(AUGMENTATIONS)}.")
     if augmentation == "dropout":
         return list(input_ids)
     leading, units, trailing = split_units(input_ids, special_tokens_mask, word_ids)
     if augmentation == "shuffle":
-        units = shuffle_units(units, rng)
+        rng.shuffle(units)
     elif augmentation == "inversion":
-        units = invert_units(units)
+        units = units[::-1]
     elif augmentation == "repetition":
         units = repeat_units(units, repetition_ratio, rng)
     else:
@@ -243,32 +221,9 @@ def augment_sentence(
     return leading + content + trailing
 
 
-# ---------------------------------------------------------------------------------------------------- losses
-
-
-def group_logits(
-    anchors: torch.Tensor, positives: torch.Tensor, candidates: torch.Tensor, temperature: float, label_offset: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The logits of Eq. 4 for anchors f_θ1(x_i) [N, D], positives f_θ2(x̂_k^i) [N, K, D] and candidates f_θ2(x_j)
-    [M, D] (the anchors of all processes, this process's from ``label_offset``).
-
-    Returns s(anchor_i, positive_ik)/τ [N, K] and s(anchor_i, candidate_j)/τ for j ≠ i [N, M − 1]: the anchor's own
-    sentence is left out of its negatives (x_j ∼ X ∧ j ≠ i). Cosine similarity, in float32.
-    """
-    with float32_region(anchors):
-        unit_anchors = F.normalize(anchors.float(), dim=-1)
-        positive_logits = torch.einsum("nd,nkd->nk", unit_anchors, F.normalize(positives.float(), dim=-1))
-        candidate_logits = unit_anchors @ F.normalize(candidates.float(), dim=-1).T
-        rows = torch.arange(anchors.shape[0], device=anchors.device)
-        own = torch.zeros_like(candidate_logits, dtype=torch.bool)
-        own[rows, rows + label_offset] = True
-        negative_logits = candidate_logits[~own].view(anchors.shape[0], candidates.shape[0] - 1)
-        return positive_logits / temperature, negative_logits / temperature
-
-
 class GroupContrast(nn.Module):
-    """What Eq. 4 and Eq. 1 share: the logits of each anchor against its K positives and its in-batch negatives
-    (:func:`group_logits`), at the temperature τ."""
+    """What Eq. 4 and Eq. 1 share: the logits of each anchor against its K positives and its in-batch negatives, at
+    the temperature τ."""
 
     def __init__(self, temperature: float = 0.05) -> None:
         super().__init__()
@@ -277,7 +232,18 @@ class GroupContrast(nn.Module):
     def logits(
         self, anchors: torch.Tensor, positives: torch.Tensor, candidates: torch.Tensor, label_offset: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return group_logits(anchors, positives, candidates, self.temperature, label_offset)
+        """For anchors f_θ1(x_i) [N, D], positives f_θ2(x̂_k^i) [N, K, D] and candidates f_θ2(x_j) [M, D] (the
+        anchors of all processes, this process's from ``label_offset``): s(anchor_i, positive_ik)/τ [N, K] and
+        s(anchor_i, candidate_j)/τ for j ≠ i [N, M − 1] (x_j ∼ X ∧ j ≠ i). Cosine similarity, in float32."""
+        with float32_region(anchors):
+            unit_anchors = F.normalize(anchors.float(), dim=-1)
+            positive_logits = torch.einsum("nd,nkd->nk", unit_anchors, F.normalize(positives.float(), dim=-1))
+            candidate_logits = unit_anchors @ F.normalize(candidates.float(), dim=-1).T
+            rows = torch.arange(anchors.shape[0], device=anchors.device)
+            own = torch.zeros_like(candidate_logits, dtype=torch.bool)
+            own[rows, rows + label_offset] = True
+            negative_logits = candidate_logits[~own].view(anchors.shape[0], candidates.shape[0] - 1)
+            return positive_logits / self.temperature, negative_logits / self.temperature
 
 
 class PeerPositiveContrast(GroupContrast):
@@ -396,9 +362,6 @@ class PCLLoss(nn.Module):
         return loss, components
 
 
-# ---------------------------------------------------------------------------------------------------- objective
-
-
 class PCLObjective(Objective):
     """K augmented positives per sentence, a peer network θ′, and the loss of Eq. 6; τ is the model config's
     ``contrastive_temperature``.
@@ -425,18 +388,16 @@ class PCLObjective(Objective):
     def __init__(self, model: nn.Module, settings: PCLSettings | None = None) -> None:
         super().__init__(model, settings)
         unwrapped = unwrap_model(model)
-        self.temperature = unwrapped.config.contrastive_temperature
         self.positive_augmentations = self.settings.positive_augmentations()
         self.loss = PCLLoss(
-            self.temperature,
+            unwrapped.config.contrastive_temperature,
             self.settings.pcl_beta,
             self.settings.pcl_cooperation_weight,
             self.settings.pcl_detach_kl_target,
         )
-        self.encoder_config = unwrapped.encoder.config
+        self.encoder_config = unwrapped.encoder.config  # its input limit caps the views word repetition lengthens
         # θ′: None when tied to θ. Untied, a trainable second IFCL model of the same config holding a copy of the
-        # encoder (and of SimCSE's MLP for the cls pooler), so it pools exactly like θ. As a sub-module of the
-        # objective it is optimized and checkpointed, and left out of the published model.
+        # encoder (and of SimCSE's MLP for the cls pooler), so it pools exactly like θ.
         self.peer: nn.Module | None = None
         if self.settings.pcl_untied_peer:
             self.peer = type(unwrapped)(unwrapped.config)
@@ -445,8 +406,6 @@ class PCLObjective(Objective):
                 self.peer.mlp.load_state_dict(unwrapped.mlp.state_dict())
             parameter = next(unwrapped.parameters())
             self.peer.to(device=parameter.device, dtype=parameter.dtype)
-
-    # ------------------------------------------------------------------ data
 
     def tokenize(self, batch, tokenizer, max_length: int) -> dict[str, list]:
         """The sentences' features, plus ``word_ids`` (−1 for special tokens) for word-level augmentation."""
@@ -464,10 +423,6 @@ class PCLObjective(Objective):
             ]
         return features
 
-    def view_max_length(self, tokenizer) -> int:
-        """The longest view the encoder takes (word repetition makes views longer than their sentence)."""
-        return max_input_length(tokenizer, self.encoder_config)
-
     def collate(self, features: list[dict[str, Any]], tokenizer):
         """Anchors and K augmented positives per sentence (Eq. 3), padded to one length.
 
@@ -483,7 +438,7 @@ class PCLObjective(Objective):
             )
         # Drawn from the global generator, which the trainer's seed (and each DataLoader worker's seed) sets.
         rng = random.Random(random.getrandbits(64))
-        max_length = self.view_max_length(tokenizer)
+        max_length = max_input_length(tokenizer, self.encoder_config)
         anchors, positives = [], []
         for feature in features:
             input_ids = list(feature["input_ids"])
@@ -528,8 +483,6 @@ class PCLObjective(Objective):
             batch["token_type_ids"] = torch.tensor([padded(list(f["token_type_ids"]), 0) for f in features])
             batch["positive_token_type_ids"] = torch.zeros_like(batch["positive_input_ids"])
         return batch
-
-    # ------------------------------------------------------------------ training
 
     def forward(
         self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather

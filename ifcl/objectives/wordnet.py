@@ -50,7 +50,7 @@ class WordNetNotFoundError(FileNotFoundError):
     """The WordNet database files are not where the setting says."""
 
 
-def missing_wordnet_message(path: str, setting: str = "--conisi_wordnet_path") -> str | None:
+def missing_wordnet_message(path: str) -> str | None:
     """Why ``path`` is not a WordNet database folder, or None when it is one."""
     wanted = [f"{kind}.{pos}" for kind in ("data", "index") for pos in PARTS_OF_SPEECH]
     missing = [name for name in wanted if not os.path.isfile(os.path.join(path, name))]
@@ -58,15 +58,14 @@ def missing_wordnet_message(path: str, setting: str = "--conisi_wordnet_path") -
         return None
     return (
         f"WordNet not found in {path!r} (missing {', '.join(missing)}); ConIsI's word replacement (o2) reads its "
-        f"antonyms from the WordNet 3.0 database files. Install Debian's wordnet-base package "
-        f"(`apt-get install wordnet-base`, files in {DEFAULT_WORDNET_PATH}) or set {setting} to a folder holding "
-        f"data.noun, data.verb, data.adj, data.adv and the index.* files."
+        f"antonyms from the WordNet 3.0 database files: `apt-get install wordnet-base` (files in "
+        f"{DEFAULT_WORDNET_PATH}) or set --conisi_wordnet_path to the folder that holds them."
     )
 
 
-def check_wordnet_folder(path: str, setting: str = "--conisi_wordnet_path") -> None:
+def check_wordnet_folder(path: str) -> None:
     """Raise :class:`WordNetNotFoundError` naming the package and the setting when ``path`` lacks WordNet."""
-    message = missing_wordnet_message(path, setting)
+    message = missing_wordnet_message(path)
     if message is not None:
         raise WordNetNotFoundError(message)
 
@@ -99,17 +98,13 @@ class AntonymLexicon:
         # part of speech → inflected form → base forms.
         self._exceptions = exceptions
 
-    def __len__(self) -> int:
-        """How many lemmas have at least one antonym."""
-        return len(self._antonyms)
-
     @classmethod
     def from_folder(cls, path: str = DEFAULT_WORDNET_PATH) -> AntonymLexicon:
         """Read the antonym pointers, the sense ranks and the exception lists of the WordNet database in ``path``."""
         check_wordnet_folder(path)
-        words: dict[tuple[str, int], list[str]] = {}
-        # (source lemma, part of speech, source synset offset, target file, target offset, target word number)
-        pointers: list[tuple[str, str, int, str, int, int]] = []
+        words: dict[tuple[str, int], list[str]] = {}  # (file, synset offset) -> the synset's words
+        # (source lemma, source (file, offset), target (file, offset), target word number, 0: every word)
+        pointers: list[tuple[str, tuple[str, int], tuple[str, int], int]] = []
         for part_of_speech in PARTS_OF_SPEECH:
             with open(os.path.join(path, f"data.{part_of_speech}"), encoding="utf-8", errors="replace") as f:
                 for line in f:
@@ -121,22 +116,14 @@ class AntonymLexicon:
                         if symbol != "!":
                             continue
                         source, target = int(source_target[:2], 16), int(source_target[2:], 16)
+                        target_synset = (SYNSET_TYPE_FILES[target_type], target_offset)
                         for index in range(len(synset_words)) if source == 0 else (source - 1,):
-                            pointers.append(
-                                (
-                                    synset_words[index],
-                                    part_of_speech,
-                                    offset,
-                                    SYNSET_TYPE_FILES[target_type],
-                                    target_offset,
-                                    target,
-                                )
-                            )
+                            pointers.append((synset_words[index], (part_of_speech, offset), target_synset, target))
         lemmas = {lemma for lemma, *_ in pointers}
         ranks = {part_of_speech: _sense_ranks(path, part_of_speech, lemmas) for part_of_speech in PARTS_OF_SPEECH}
         found: dict[str, list[AntonymPointer]] = defaultdict(list)
-        for lemma, part_of_speech, offset, target_file, target_offset, target in pointers:
-            target_words = words.get((target_file, target_offset))
+        for lemma, (part_of_speech, offset), target_synset, target in pointers:
+            target_words = words.get(target_synset)
             if not target_words:
                 continue
             antonyms = target_words if target == 0 else target_words[target - 1 : target]
@@ -161,9 +148,9 @@ class AntonymLexicon:
                 forms.append(word[: -len(suffix)] + ending)
         return forms
 
-    def antonyms(self, word: str) -> tuple[str, ...]:
-        """The antonyms of ``word``: of the word itself when WordNet has it as a lemma with antonyms, otherwise of its
-        base forms (``hotter`` → ``hot`` → ``cold``). Empty when there are none."""
+    def antonym(self, word: str) -> str | None:
+        """The antonym of ``word``'s most frequent sense that has one, or None: of the word itself when WordNet has
+        it as a lemma with antonyms, otherwise of its base forms (``hotter`` → ``hot`` → ``cold``)."""
         key = word.lower().replace(" ", "_")
         entries = list(self._antonyms.get(key, ()))
         if not entries:
@@ -171,12 +158,7 @@ class AntonymLexicon:
                 for base in self.base_forms(key, part_of_speech):
                     entries.extend(e for e in self._antonyms.get(base, ()) if e.part_of_speech == part_of_speech)
             entries.sort(key=lambda e: (e.rank, PARTS_OF_SPEECH.index(e.part_of_speech)))
-        return tuple(dict.fromkeys(entry.antonym.replace("_", " ") for entry in entries))
-
-    def antonym(self, word: str) -> str | None:
-        """The first antonym of ``word`` (of its most frequent sense that has one), or None."""
-        antonyms = self.antonyms(word)
-        return antonyms[0] if antonyms else None
+        return entries[0].antonym.replace("_", " ") if entries else None
 
 
 def _parse_synset(line: str) -> tuple[int, list[str], list[tuple[str, int, str, str]]]:
