@@ -71,6 +71,7 @@ def build_encoders(args: BenchmarkArguments, model_path: str) -> tuple[dict, dic
     length."""
     from sentence_transformers import SentenceTransformer
 
+    from ifcl.objectives.ifcl import WITHOUT_IFCL
     from ifcl.sts_encoders import IFCLEncoder, TransformersEncoder
     from modeling_ifcl import IFCLModel
 
@@ -88,9 +89,7 @@ def build_encoders(args: BenchmarkArguments, model_path: str) -> tuple[dict, dic
         ifcl = (
             IFCLModel.from_encoder(
                 model_path,
-                queue_size=0,
-                fraternal_loss_weight=0.0,
-                twins_loss_weight=0.0,
+                **WITHOUT_IFCL,  # the encoder alone, as the sentence-transformers model is
                 pooler_type="avg",
                 eval_pooler_type="avg",
                 max_seq_length=max_length,

@@ -239,6 +239,15 @@ def write_sts_file(path: Path) -> None:
             f.write(f"{first}\t{second}\t{(i * 7) % 6}\n")
 
 
+def cpu_training_args(output_dir: Path | str, **settings):
+    """``TrainingArguments`` of a test run: on the CPU, reporting to no logger, saving nothing, unless ``settings`` say
+    otherwise."""
+    from transformers import TrainingArguments
+
+    defaults = {"output_dir": str(output_dir), "use_cpu": True, "report_to": "none", "save_strategy": "no"}
+    return TrainingArguments(**{**defaults, **settings})
+
+
 def objective_run_args(
     encoder: Path,
     data: Path,

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ENGLISH, GERMAN, ROOT, write_sts_file
+from conftest import ENGLISH, GERMAN, ROOT, cpu_training_args, write_sts_file
 
 
 @pytest.fixture(scope="module")
@@ -253,27 +253,25 @@ API_DATA_CASES = [
 @pytest.mark.parametrize("columns, named", API_DATA_CASES, ids=[c[1] for c in API_DATA_CASES])
 def test_ifcl_trainer_checks_its_text_like_the_command_line(tiny_encoder_dir, tmp_path, columns, named):
     from datasets import Dataset
-    from transformers import TrainingArguments
 
     from modeling_ifcl import IFCLModel
     from trainer_ifcl import IFCLTrainer
 
     weights = {} if "fraternal" in columns else {"fraternal_loss_weight": 0, "twins_loss_weight": 0}
     model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0, **weights)  # fraternal twins: that column
-    args = TrainingArguments(str(tmp_path / "out"), per_device_train_batch_size=2, use_cpu=True, report_to=[])
+    args = cpu_training_args(tmp_path / "out", per_device_train_batch_size=2)
     with pytest.raises(ValueError, match=named.replace("(", r"\(")):
         IFCLTrainer(model, args, train_dataset=Dataset.from_dict(columns))
 
 
 def test_ifcl_trainer_warns_of_a_queue_larger_than_the_data(tiny_encoder_dir, tmp_path, caplog):
     from datasets import Dataset
-    from transformers import TrainingArguments
 
     from modeling_ifcl import IFCLModel
     from trainer_ifcl import IFCLTrainer
 
     model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=4)
-    args = TrainingArguments(str(tmp_path / "out"), per_device_train_batch_size=4, use_cpu=True, report_to=[])
+    args = cpu_training_args(tmp_path / "out", per_device_train_batch_size=4)
     data = Dataset.from_dict({"sentence": ENGLISH[:12], "fraternal": GERMAN[:12]})  # 12 < k·N = 16
     IFCLTrainer(model, args, train_dataset=data)
     assert "12 training sentences are fewer than the hippocampus queue holds (k·N = 4 × 4)" in caplog.text

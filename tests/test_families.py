@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ENGLISH, FAMILIES, GERMAN, build_tiny_encoder
+from conftest import ENGLISH, FAMILIES, GERMAN, build_tiny_encoder, cpu_training_args
 from datasets import Dataset
-from transformers import AutoModel, TrainingArguments
+from transformers import AutoModel
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -21,15 +21,7 @@ def test_each_family_trains_saves_and_reloads_alike(family, tmp_path):
     model = IFCLModel.from_encoder(str(encoder), queue_size=2, max_seq_length=16)
     assert model.hidden_size == 32  # the sentence embeddings' width, whatever the word table's
     data = Dataset.from_dict({"sentence": ENGLISH[:8], "fraternal": GERMAN[:8]})
-    args = TrainingArguments(
-        str(tmp_path / "run"),
-        per_device_train_batch_size=4,
-        max_steps=2,
-        use_cpu=True,
-        report_to=[],
-        learning_rate=1e-3,
-        save_strategy="no",
-    )
+    args = cpu_training_args(tmp_path / "run", per_device_train_batch_size=4, max_steps=2, learning_rate=1e-3)
     trainer = IFCLTrainer(model=model, args=args, train_dataset=data)
     before = model.encode(ENGLISH)
     trainer.train()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ENGLISH, GERMAN, build_tiny_bert
+from conftest import ENGLISH, GERMAN, build_tiny_bert, cpu_training_args
 from datasets import Dataset
-from transformers import AutoModel, TrainingArguments
+from transformers import AutoModel
 
 from configuration_ifcl import IFCLConfig, IFCLSettings
 from ifcl.objectives import build_objective
@@ -19,15 +19,8 @@ from trainer_ifcl import IFCLTrainer
 def train_a_few_steps(model: IFCLModel, tmp_path, steps: int = 3) -> IFCLTrainer:
     """Train ``model`` on the English–German pairs as the Python API does: the trainer builds the objective, which
     freezes the tables before the optimizer is made."""
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=4,
-        max_steps=steps,
-        learning_rate=1e-2,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=True,
-        seed=0,
+    args = cpu_training_args(
+        tmp_path / "out", per_device_train_batch_size=4, max_steps=steps, learning_rate=1e-2, seed=0
     )
     trainer = IFCLTrainer(
         model=model, args=args, train_dataset=Dataset.from_dict({"sentence": ENGLISH, "fraternal": GERMAN})

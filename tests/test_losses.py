@@ -105,16 +105,21 @@ def test_twins_margin_carries_no_gradient():
     assert anchor.grad is not None and anchor.grad.abs().sum() > 0
 
 
-def test_total_is_weighted_sum_of_terms_and_logs_each():
-    emb = [[1.0, 2.0], [2.0, 1.0], [1.0, -1.0]]
-    twins = IFCLTwinsOutput(
+def three_twins(anchor_embedding_output: list[list[float]]) -> IFCLTwinsOutput:
+    """The test's three twins, with the twins' embedding-layer outputs as ``TwinsLoss`` takes them."""
+    return IFCLTwinsOutput(
         anchor=t(ANCHOR),
         identical=t(IDENTICAL),
         fraternal=t(FRATERNAL),
-        anchor_embedding_output=t(emb),
+        anchor_embedding_output=t(anchor_embedding_output),
         identical_embedding_output=t(IDENTICAL),
         fraternal_embedding_output=t(FRATERNAL),
     )
+
+
+def test_total_is_weighted_sum_of_terms_and_logs_each():
+    emb = [[1.0, 2.0], [2.0, 1.0], [1.0, -1.0]]
+    twins = three_twins(anchor_embedding_output=emb)
     ages = torch.tensor([1, 4])  # H_1 one step old, H_2 four: with λ = 0.1, p = 0.9 and 0.6
     total, parts = IFCLTerms(TAU, fraternal_loss_weight=0.5, twins_loss_weight=2.0)(
         twins, t(QUEUE), forgetting_coefficients(ages, 0.1).log()
@@ -132,14 +137,7 @@ def test_total_is_weighted_sum_of_terms_and_logs_each():
 def test_candidates_of_other_processes_join_the_in_batch_negatives():
     """With several processes the twins of all of them are the candidates, this process's starting at the offset."""
     others_identical, others_fraternal = [[1.0, -1.0], [2.0, 1.0]], [[0.0, -1.0], [-1.0, 1.0]]
-    twins = IFCLTwinsOutput(
-        anchor=t(ANCHOR),
-        identical=t(IDENTICAL),
-        fraternal=t(FRATERNAL),
-        anchor_embedding_output=t(ANCHOR),
-        identical_embedding_output=t(IDENTICAL),
-        fraternal_embedding_output=t(FRATERNAL),
-    )
+    twins = three_twins(anchor_embedding_output=ANCHOR)
     terms = IFCLTerms(TAU, twins_loss_weight=0.0).terms(
         twins,
         identical_candidates=t(others_identical + IDENTICAL),

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ENGLISH, objective_run_args, saved_weight_names, train_and_resume
+from conftest import ENGLISH, cpu_training_args, objective_run_args, saved_weight_names, train_and_resume
 from torch import nn
 
 from ifcl import queue as ring
 from ifcl.objectives import OBJECTIVES, build_objective, objective_class, pad_features
-from ifcl.objectives.ifcl import IFCLObjective
+from ifcl.objectives.ifcl import WITHOUT_IFCL, IFCLObjective
 from ifcl.objectives.simcse import SimCSEObjective
 from modeling_ifcl import IFCLModel, IFCLTwinsOutput
 from trainer_ifcl import IFCLTrainer, ObjectiveDataCollator
@@ -170,22 +170,18 @@ class ProjectedSimCSE(SimCSEObjective):
 
 def test_published_model_leaves_out_the_objective_modules_that_checkpoints_keep(tiny_encoder_dir, tmp_path):
     from datasets import Dataset
-    from transformers import AutoModel, TrainingArguments
+    from transformers import AutoModel
 
-    model = IFCLModel.from_encoder(
-        str(tiny_encoder_dir), objective="simcse", fraternal_loss_weight=0.0, twins_loss_weight=0.0, queue_size=0
-    )
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), objective="simcse", **WITHOUT_IFCL)
     objective = ProjectedSimCSE(model)
     head_before = objective.head.weight.detach().clone()
     dataset = Dataset.from_dict(dict(model.tokenizer(ENGLISH[:8])))
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"),
+    args = cpu_training_args(
+        tmp_path / "out",
         max_steps=2,
         per_device_train_batch_size=4,
         save_steps=2,
         save_strategy="steps",
-        report_to="none",
-        use_cpu=True,
         learning_rate=1e-2,
     )
     trainer = IFCLTrainer(
@@ -295,23 +291,20 @@ def test_resumed_micse_run_restores_its_momentum_encoder_and_queue(tiny_encoder_
     """The objective's own state (miCSE's momentum encoder and its queue of negatives) lives in the checkpoint:
     stopping after 3 steps and resuming gives the losses of the uninterrupted run, and the same queue."""
     from datasets import Dataset
-    from transformers import TrainingArguments
 
     def fresh_trainer(output: str) -> IFCLTrainer:
         settings = {"micse_attention_layers": "top2", "micse_num_samples": 20, "micse_queue_size": 6}
         model = IFCLModel.from_encoder(
             str(tiny_encoder_dir), objective="micse", objective_settings=settings, queue_size=0
         )
-        args = TrainingArguments(
-            output_dir=output,
+        args = cpu_training_args(
+            output,
             max_steps=6,
             per_device_train_batch_size=2,
             learning_rate=1e-3,
             logging_steps=1,
             save_strategy="steps",
             save_steps=3,
-            report_to="none",
-            use_cpu=True,
             seed=0,
         )
         dataset = Dataset.from_dict(dict(model.tokenizer(ENGLISH)))

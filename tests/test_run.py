@@ -227,19 +227,19 @@ def test_impossible_settings_stop_before_anything_is_loaded(args, message, tmp_p
     assert not (tmp_path / "out").exists()
 
 
-def test_txt_line_without_tab_names_file_and_line(tmp_path, data_dir):
-    train = tmp_path / "bad.txt"
-    train.write_text("A sentence.\tEin Satz.\n\nNo tab on this line.\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"bad\.txt.*line 3"):
+@pytest.mark.parametrize(
+    "name, content, named",
+    [
+        ("bad.txt", "A sentence.\tEin Satz.\n\nNo tab on this line.\n", r"bad\.txt.*line 3"),  # a line without a tab
+        ("bad.csv", "text,translation\nA sentence.,Ein Satz.\n", r"bad\.csv.*sentence.*text"),  # the columns found
+    ],
+)
+def test_bad_training_file_is_named_with_its_line_or_columns(name, content, named, tmp_path, data_dir):
+    train = tmp_path / name
+    train.write_text(content, encoding="utf-8")
+    with pytest.raises(ValueError, match=named):
         run_in_process("--train_file", str(train), "--validation_file", str(data_dir / "sts.tsv"), tmp_path=tmp_path)
     assert not (tmp_path / "out").exists()
-
-
-def test_missing_column_names_file_and_found_columns(tmp_path, data_dir):
-    train = tmp_path / "bad.csv"
-    train.write_text("text,translation\nA sentence.,Ein Satz.\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"bad\.csv.*sentence.*text"):
-        run_in_process("--train_file", str(train), "--validation_file", str(data_dir / "sts.tsv"), tmp_path=tmp_path)
 
 
 def test_sts_score_that_is_not_a_number_names_file_and_line(tmp_path, data_dir):

@@ -6,10 +6,9 @@ import re
 
 import pytest
 import torch
-from conftest import ENGLISH, GERMAN
+from conftest import ENGLISH, GERMAN, cpu_training_args
 from datasets import Dataset
 from torch import nn
-from transformers import TrainingArguments
 
 pytest.importorskip("sentence_transformers")
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer  # noqa: E402
@@ -57,9 +56,7 @@ def test_the_loss_equals_the_ifcl_objective_in_ifcl_trainer(
     settings = {("contrastive_" if name == "temperature" else "") + name: value for name, value in SETTINGS.items()}
     model = IFCLModel.from_encoder(str(tiny_encoder_dir), fraternal_dir, max_seq_length=16, **settings)
     pairs = Dataset.from_dict({"sentence": ENGLISH[:8], "fraternal": GERMAN[:8]})
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "ifcl"), per_device_train_batch_size=4, use_cpu=True, report_to=[]
-    )
+    args = cpu_training_args(tmp_path / "ifcl", per_device_train_batch_size=4)
     trainer = IFCLTrainer(model=model, args=args, train_dataset=pairs)
 
     st_model = sentence_transformer_of(tiny_encoder_dir, model)

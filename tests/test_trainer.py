@@ -5,9 +5,8 @@ from __future__ import annotations
 import datasets
 import pytest
 import torch
-from conftest import ENGLISH, GERMAN, train_and_resume
+from conftest import ENGLISH, GERMAN, cpu_training_args, train_and_resume
 from torch import nn
-from transformers import TrainingArguments
 
 from ifcl import queue as ring
 from ifcl.losses import forgetting_coefficients
@@ -28,21 +27,17 @@ def tokenized(model: IFCLModel, with_fraternal: bool) -> datasets.Dataset:
 
 def make_trainer(model, dataset, tmp_path, **overrides) -> IFCLTrainer:
     settings = dict(
-        output_dir=str(tmp_path / "out"),
+        output_dir=tmp_path / "out",
         per_device_train_batch_size=2,
         gradient_accumulation_steps=2,
         max_steps=3,
         learning_rate=0.0,
         logging_steps=1,
-        save_strategy="no",
-        eval_strategy="no",
-        report_to="none",
-        use_cpu=True,
         seed=0,
     )
-    settings.update(overrides)
+    args = cpu_training_args(**{**settings, **overrides})
     # No data collator given: the trainer uses the objective's own.
-    return IFCLTrainer(model=model, args=TrainingArguments(**settings), train_dataset=dataset)
+    return IFCLTrainer(model=model, args=args, train_dataset=dataset)
 
 
 def test_queue_takes_all_anchors_of_each_optimizer_step_once(tiny_encoder_dir, tmp_path):
@@ -167,15 +162,8 @@ def test_trainer_takes_a_text_dataset_as_it_is(tiny_encoder_dir, tiny_fraternal_
         max_seq_length=16,
     )
     text = Dataset.from_dict({"sentence": ENGLISH, "fraternal": GERMAN})
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=2,
-        max_steps=3,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-        logging_steps=1,
+    args = cpu_training_args(
+        tmp_path / "out", per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=3, logging_steps=1
     )
     trainer = IFCLTrainer(model=model, args=args, train_dataset=text)
     trainer.train()
@@ -219,7 +207,7 @@ def test_text_dataset_without_translations_names_the_missing_column(tiny_encoder
     from datasets import Dataset
 
     model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True)
+    args = cpu_training_args(tmp_path / "out")
     with pytest.raises(ValueError, match="'fraternal' column"):
         IFCLTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"sentence": ENGLISH}))
 
