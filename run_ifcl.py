@@ -373,8 +373,8 @@ def main(argv: list[str] | None = None):
 def load_model(model_args: ModelArguments, path: str, saved: dict | None, settings: dict):
     """The IFCL model to train: continued from a saved one with this command's settings (its queue kept only when its
     shape is unchanged), or built from a plain encoder; its weights checked finite."""
-    from ifcl.model_card import public_name
     from ifcl.objectives import fit_model
+    from ifcl.publishing import public_name
     from modeling_ifcl import IFCLModel
 
     if saved is not None:

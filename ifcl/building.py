@@ -3,22 +3,14 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 from transformers import AutoModel, AutoTokenizer
 
 from configuration_ifcl import IFCLConfig
 from ifcl.checks import check_model_path
+from ifcl.publishing import public_name
 from modeling_ifcl import drop_pooler_head, word_table_of
-
-
-def public_path(name_or_path: str | None) -> str | None:
-    """A Hub id as it is, a local folder by its name alone: configs never name a path of the training machine."""
-    if name_or_path is None or not os.path.isdir(name_or_path):
-        return name_or_path
-    return os.path.basename(os.path.normpath(os.path.abspath(name_or_path)))
 
 
 def encoder_attribute_name(encoder: nn.Module) -> str:
@@ -62,13 +54,13 @@ def build_from_encoder(model_class, encoder_name_or_path: str, fraternal_model_n
         fraternal_tokenizer = AutoTokenizer.from_pretrained(fraternal_model_name_or_path)
     config = IFCLConfig(
         encoder_config=encoder.config.to_dict(),
-        encoder_name_or_path=public_path(encoder_name_or_path),
+        encoder_name_or_path=public_name(encoder_name_or_path),
         encoder_prefix=encoder_attribute_name(encoder),
         # None: the encoder's own table's (see IFCLConfig.shares_word_table)
         fraternal_vocab_size=fraternal_table.shape[0] if fraternal_tokenizer else None,
         fraternal_embedding_size=fraternal_table.shape[1] if fraternal_tokenizer else None,
         fraternal_pad_token_id=(fraternal_tokenizer or tokenizer).pad_token_id,
-        fraternal_model_name_or_path=public_path(fraternal_model_name_or_path),
+        fraternal_model_name_or_path=public_name(fraternal_model_name_or_path),
         **settings,
     )
     model = model_class(config)

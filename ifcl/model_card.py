@@ -16,6 +16,8 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from ifcl.publishing import looks_like_hub_id, public_name
+
 logger = logging.getLogger(__name__)
 
 TEMPLATE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates", "model_card.md")
@@ -85,42 +87,6 @@ MODEL_SETTING_HELP = {
 }
 SAMPLE_ROWS = 3  # training rows quoted on the card
 STATISTICS_ROWS = 100  # training rows the token statistics are taken from
-
-
-def public_model_name(folder: str) -> str:
-    """A local model folder by the Hub id its own card loads itself by (``from_pretrained('owner/name')`` or
-    ``SentenceTransformer('owner/name')`` with the card's title as name, as the PyPI all-MiniLM-L6-v2's card does),
-    else by the folder's name."""
-    folder_name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
-    card = os.path.join(folder, "README.md")
-    if os.path.isfile(card):
-        with open(card, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-        title = re.search(r"^# +(\S+)\s*$", text, flags=re.MULTILINE)
-        names = {title.group(1) if title else None, folder_name}
-        for hub_id in re.findall(r"(?:from_pretrained|SentenceTransformer)\(\s*['\"]([\w.-]+/[\w.-]+)['\"]", text):
-            if hub_id.split("/")[1] in names:
-                return hub_id
-    return folder_name
-
-
-def looks_like_hub_id(name: str | None) -> bool:
-    """True for ``owner/name`` ids, False for local paths (which the Hub metadata must not name)."""
-    return bool(name) and not os.path.exists(name) and name.count("/") == 1 and not name.startswith((".", "/"))
-
-
-def public_name(name_or_path: str | None, folder: str | None = None) -> str | None:
-    """How a published file names a model or file, never by the training machine's path: a Hub id as it is; a local
-    model folder (``folder``, else ``name_or_path`` itself) as :func:`public_model_name` does; any other path by its
-    base name."""
-    if not name_or_path:
-        return None
-    if looks_like_hub_id(name_or_path):
-        return name_or_path
-    local = folder if folder and os.path.isdir(folder) else name_or_path
-    if os.path.isdir(local):
-        return public_model_name(local)
-    return os.path.basename(os.path.normpath(name_or_path)) or None
 
 
 def public_value(value: Any) -> Any:
@@ -269,14 +235,6 @@ def trainer_state(output_dir: str) -> dict[str, Any]:
             return json.load(f)
     except (OSError, ValueError):
         return {}
-
-
-def best_step(state: dict[str, Any]) -> int | None:
-    """The step of the checkpoint the Trainer kept as best (None: unknown)."""
-    if isinstance(state.get("best_global_step"), int):
-        return state["best_global_step"]
-    match = re.search(r"checkpoint-(\d+)$", str(state.get("best_model_checkpoint") or "").rstrip("/\\"))
-    return int(match.group(1)) if match else None
 
 
 def log_rows(log: list[dict], results: dict[str, Any], loss_terms: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -589,7 +547,7 @@ def write_model_card(
     view = sentence_transformers_view(output_dir)
     base_facts = base_model_card_data(base_model_path)
     state = trainer_state(output_dir)
-    best = best_step(state)
+    best = state.get("best_global_step")  # the checkpoint the Trainer kept as best (None: none kept)
     log = list(log_history if log_history is not None else state.get("log_history") or [])
     rows = log_rows(log, results, objective.loss_terms)
     steps = results.get("train_steps", next((entry["step"] for entry in log if "train_runtime" in entry), None))

@@ -7,7 +7,8 @@ encoder's config and the weights carry its own names, so nothing is stored twice
 (``1_Pooling/``), for ``cls`` SimCSE's MLP (``2_Dense/``), and a ``Normalize`` module when the base encoder is a
 sentence-transformers model that normalizes. A sentence-transformers base's truncation length, lowercasing, prompts
 and similarity function carry over (:func:`read_base`, :func:`adopt_base`). sentence-transformers itself is not
-needed to write the view.
+needed to write the view. Published files name models and files by :func:`public_name`, never by a path of the
+training machine.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import inspect
 import json
 import logging
 import os
+import re
 from typing import Any
 
 import torch
@@ -32,6 +34,42 @@ ST_NORMALIZE = "sentence_transformers.base.modules.normalize.Normalize"
 # Each evaluation pooler's Pooling mode, and whether SimCSE's MLP follows as a Dense module (avg_first_last and
 # avg_top2 have no sentence-transformers module: no view is written for them).
 POOLING_MODES = {"avg": ("mean", False), "cls_before_pooler": ("cls", False), "cls": ("cls", True)}
+
+
+def public_model_name(folder: str) -> str:
+    """A local model folder by the Hub id its own card loads itself by (``from_pretrained('owner/name')`` or
+    ``SentenceTransformer('owner/name')`` with the card's title as name, as the PyPI all-MiniLM-L6-v2's card does),
+    else by the folder's name."""
+    folder_name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
+    card = os.path.join(folder, "README.md")
+    if os.path.isfile(card):
+        with open(card, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        title = re.search(r"^# +(\S+)\s*$", text, flags=re.MULTILINE)
+        names = {title.group(1) if title else None, folder_name}
+        for hub_id in re.findall(r"(?:from_pretrained|SentenceTransformer)\(\s*['\"]([\w.-]+/[\w.-]+)['\"]", text):
+            if hub_id.split("/")[1] in names:
+                return hub_id
+    return folder_name
+
+
+def looks_like_hub_id(name: str | None) -> bool:
+    """True for ``owner/name`` ids, False for local paths (which the Hub metadata must not name)."""
+    return bool(name) and not os.path.exists(name) and name.count("/") == 1 and not name.startswith((".", "/"))
+
+
+def public_name(name_or_path: str | None, folder: str | None = None) -> str | None:
+    """How a published file names a model or file, never by the training machine's path: a Hub id as it is; a local
+    model folder (``folder``, else ``name_or_path`` itself) as :func:`public_model_name` does; any other path by its
+    base name."""
+    if not name_or_path:
+        return None
+    if looks_like_hub_id(name_or_path):
+        return name_or_path
+    local = folder if folder and os.path.isdir(folder) else name_or_path
+    if os.path.isdir(local):
+        return public_model_name(local)
+    return os.path.basename(os.path.normpath(name_or_path)) or None
 
 
 def read_base(name_or_path: str | None) -> dict[str, Any] | None:

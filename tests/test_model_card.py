@@ -215,10 +215,11 @@ def test_a_short_runs_card_names_the_evaluations_that_happened_not_the_interval_
     assert "evaluated on the dev set 40 times, every 50 steps from step 50 to step 2000" in flat(card)
 
 
-def test_the_best_step_is_read_from_the_checkpoint_name_and_a_last_step_model_says_so(tmp_path):
+def test_the_best_step_is_the_trainers_and_a_last_step_model_says_so(tmp_path):
     best = tmp_path / "best"
     best.mkdir()
-    (best / "trainer_state.json").write_text(json.dumps({"best_model_checkpoint": "/somewhere/out/checkpoint-100"}))
+    state = {"best_global_step": 100, "best_model_checkpoint": "/somewhere/out/checkpoint-100"}
+    (best / "trainer_state.json").write_text(json.dumps(state))
     card = write(best, results={**RESULTS, "train_steps": 6}, training_args=best_checkpoint_args(best))
     assert "6 optimizer steps" in card.text and "(`load_best_model_at_end`), step 100." in card.text
     assert "no dev evaluation is logged" in card.text and "/somewhere" not in card.content
