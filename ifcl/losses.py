@@ -19,11 +19,8 @@ def float32_region(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
 
 
 def cosine_to_stored_rows(unit_rows: torch.Tensor, stored: torch.Tensor) -> torch.Tensor:
-    """sim(rows_i, stored_j) for already normalized ``unit_rows``, without a normalized copy of ``stored``.
-
-    The queue can be large: dividing the [rows, stored] logits by the stored rows' norms costs a vector of norms,
-    where normalizing the queue first would copy all of it every step. All-zero rows (never written) give 0.
-    """
+    """sim(rows_i, stored_j) for already normalized ``unit_rows``: the logits divided by the stored rows' norms, as
+    normalizing a large queue would copy all of it every step. All-zero rows (never written) give 0."""
     norms = torch.linalg.vector_norm(stored, dim=-1).float().clamp_min(1e-12)
     return (unit_rows @ stored.to(unit_rows.dtype).T) / norms
 
@@ -102,8 +99,8 @@ class TwinsLoss(nn.Module):
     """ℓ^T, the Twins loss of Eq. 8: keep the innate margin between identical and fraternal twins.
 
     ℓ^T_i = | e^{sim(h_i,h_i⁺)} − e^{sim(h_i,h_i⁻)} − M_i |, M_i = e^{sim(emb_i,emb_i⁺)} − e^{sim(emb_i,emb_i⁻)},
-    with emb the embedding-layer outputs of the three views, mean-pooled. No temperature. Decision (docs/paper-reading.md): M is
-    a target and carries no gradient.
+    with emb the mean-pooled embedding-layer outputs of the three views; no temperature. M is a target and carries no
+    gradient (docs/paper-reading.md).
     """
 
     def forward(
@@ -127,12 +124,8 @@ class TwinsLoss(nn.Module):
 
 
 class IFCLTerms(nn.Module):
-    """Eq. 9: ℓ^I + w_F·ℓ^F + w_T·ℓ^T, each averaged over the batch: the terms that the trainer's IFCL objective and
-    the sentence-transformers ``IFCLLoss`` share.
-
-    With w_F = w_T = 0 and no queue this is unsupervised SimCSE. Returns the total and each term (detached) for
-    logging as ``loss_identical``, ``loss_fraternal``, ``loss_twins``.
-    """
+    """Eq. 9: ℓ^I + w_F·ℓ^F + w_T·ℓ^T, each averaged over the batch, for the trainer's IFCL objective and the
+    sentence-transformers ``IFCLLoss`` alike. With w_F = w_T = 0 and no queue this is unsupervised SimCSE."""
 
     def __init__(self, temperature: float = 0.05, fraternal_loss_weight: float = 1.0, twins_loss_weight: float = 1.0):
         super().__init__()
@@ -156,12 +149,12 @@ class IFCLTerms(nn.Module):
         fraternal_candidates: torch.Tensor | None = None,
         label_offset: int = 0,
     ) -> dict[str, torch.Tensor]:
-        """ℓ^I, and ℓ^F and ℓ^T when their weights are > 0, unweighted and with gradients, by their logged names.
+        """ℓ^I, and ℓ^F and ℓ^T when their weights are > 0, unweighted and with gradients, by their logged names
+        (``loss_identical``, ``loss_fraternal``, ``loss_twins``).
 
         ``twins`` is the model's ``IFCLTwinsOutput``; ``queue_log_coefficients`` the log of
-        :func:`forgetting_coefficients` of the queue's entries.
-        ``identical_candidates`` / ``fraternal_candidates``: the twins of all processes (default: this batch's), in
-        which this process's rows start at ``label_offset``.
+        :func:`forgetting_coefficients` of the queue's entries; ``identical_candidates`` / ``fraternal_candidates``
+        the twins of all processes (default: this batch's), in which this process's rows start at ``label_offset``.
         """
         identical = twins.identical if identical_candidates is None else identical_candidates
         fraternal = twins.fraternal if fraternal_candidates is None else fraternal_candidates

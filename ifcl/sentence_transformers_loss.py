@@ -1,13 +1,9 @@
 """IFCL as a sentence-transformers loss: ``SentenceTransformerTrainer`` with ``IFCLLoss(model)``.
 
-The same equations, settings and code as the trainer's IFCL objective: the three views of a batch come from
-``modeling_ifcl.twin_views``, the terms from ``ifcl.losses.IFCLTerms``, the queue from ``ifcl.queue``. What the IFCL
-model keeps in itself lives here in the loss module: BEL_F, its width-matching projection and the queue, so the trained
-model stays a plain sentence-transformers model. sentence-transformers is imported only here.
-
-Differences from ``IFCLTrainer``: the queue takes one slot per training batch of the loss, pushed when the next batch
-comes (with gradient accumulation, several slots per optimizer step); in-batch negatives are this process's own (as
-``MultipleNegativesRankingLoss`` by default); BEL_F, its projection and the queue are not saved with the model.
+The same equations, settings and code as the trainer's IFCL objective (``modeling_ifcl.twin_views``,
+``ifcl.losses.IFCLTerms``, ``ifcl.queue``). BEL_F, its projection and the queue live in the loss module and are not
+saved, so the trained model stays a plain sentence-transformers model. Unlike ``IFCLTrainer``, the queue takes one
+slot per batch, and the in-batch negatives are this process's own. Only this module imports sentence-transformers.
 """
 
 from __future__ import annotations
@@ -18,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from datasets import Dataset
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator
 from torch import nn
@@ -28,7 +25,7 @@ from ifcl.building import scaled_orthogonal_projection
 from ifcl.checks import check_model_path
 from ifcl.data import check_text_dataset, check_training_data_size
 from ifcl.losses import IFCLTerms, forgetting_coefficients
-from modeling_ifcl import QueueBuffers, mean_pool, twin_views
+from modeling_ifcl import QueueBuffers, mean_pool, twin_views, word_table_of
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +41,10 @@ class IFCLLoss(nn.Module):
         fraternal_model_name_or_path: a model whose word table is BEL_F and whose tokenizer reads the fraternal
             column (through :meth:`data_collator`); default the encoder's own table.
         temperature: τ of ℓ^I and ℓ^F (``SharedSettings``' default).
-        settings: the fields of ``configuration_ifcl.IFCLSettings``, with its defaults and checks: ``fusion_rate``,
-            ``queue_size``, ``forgetting_rate``, ``fraternal_loss_weight``, ``twins_loss_weight``,
-            ``freeze_word_embeddings``, ``freeze_fraternal_embeddings``.
+        settings: the fields of ``configuration_ifcl.IFCLSettings`` (``fusion_rate``, ``queue_size``, ...), with
+            its defaults and checks.
 
-    Inputs: two text columns, the sentence and its fraternal twin (a translation), taken by name with
-    :meth:`data_collator`, which also checks them. Returns the three terms by name, each times its weight: the
-    trainer sums them and logs each.
+    Inputs: the sentence and its fraternal twin (a translation), taken by name with :meth:`data_collator`.
     """
 
     def __init__(
@@ -66,9 +60,7 @@ class IFCLLoss(nn.Module):
         check_model_path("fraternal_model_name_or_path", fraternal_model_name_or_path)
         self.model = model
         self.terms = IFCLTerms(temperature, self.settings.fraternal_loss_weight, self.settings.twins_loss_weight)
-        words = self.encoder.get_input_embeddings()
-        if not isinstance(words, nn.Embedding):
-            raise ValueError("IFCLLoss: the model's first module has no word-embedding table (get_input_embeddings).")
+        words = word_table_of(self.encoder, "IFCLLoss")
         words.weight.requires_grad_(not self.settings.freeze_word_embeddings)
         self.fraternal_model_name_or_path = fraternal_model_name_or_path
         self.fraternal_tokenizer = None
@@ -104,27 +96,13 @@ class IFCLLoss(nn.Module):
 
     def data_collator(self, train_dataset=None, **kwargs: Any) -> IFCLDataCollator:
         """The collator for ``SentenceTransformerTrainer(data_collator=...)``: the columns ``sentence`` and
-        ``fraternal`` are taken by name, checked (strings, none empty), and the fraternal one is tokenized by the
-        fraternal model's tokenizer.
-
-        Args:
-            train_dataset: the training set, checked at once as ``IFCLTrainer`` checks its own (an empty set, a column
-                of anything but non-empty strings: one error naming the column and row); without it each batch is.
-            kwargs: ``SentenceTransformerDataCollator``'s.
-        """
+        ``fraternal`` taken by name and checked as ``IFCLTrainer`` checks its text (``train_dataset`` at once, else
+        each batch), the fraternal one tokenized by the fraternal model's tokenizer. ``kwargs``:
+        ``SentenceTransformerDataCollator``'s."""
         if train_dataset is not None:
-            missing = [column for column in self.text_columns if column not in train_dataset.column_names]
-            if missing:
-                raise ValueError(
-                    f"The training set has columns {train_dataset.column_names}, but IFCLLoss reads "
-                    f"{', '.join(self.text_columns)}: it lacks {', '.join(missing)}. Fraternal twins need a 'fraternal' "
-                    "column (the translations); without them set fraternal_loss_weight and twins_loss_weight to 0."
-                )
-            check_text_dataset(train_dataset, self.text_columns)
+            check_text_dataset(train_dataset, self.text_columns, reader="IFCLLoss")
         return IFCLDataCollator(
             preprocess_fn=self.model.preprocess,
-            fraternal_tokenizer=self.fraternal_tokenizer,
-            max_length=self.model.max_seq_length,
             loss=self,
             num_rows=None if train_dataset is None else len(train_dataset),
             **kwargs,
@@ -167,17 +145,18 @@ class IFCLLoss(nn.Module):
             )
         if self.training and self.pending_anchors is not None:
             # The previous batch's anchors enter now, after its backward and optimizer step, as in IFCLTrainer.
-            self.push(self.pending_anchors)
-            self.pending_anchors = None
+            anchors, self.pending_anchors = self.pending_anchors, None
+            if self.queue is None:
+                self.queue = QueueBuffers(self.settings.queue_size, *anchors.shape).to(anchors.device)
+            ring.push(self.queue, anchors)
         sentence = columns[0]
         fraternal = None
         if self.settings.uses_fraternal_twins:
-            fraternal_ids, fraternal_mask = columns[1]["input_ids"], columns[1]["attention_mask"]
             fraternal = (
                 self.fraternal_word_embeddings,
                 self.settings.fusion_rate,
-                fraternal_ids,
-                fraternal_mask,
+                columns[1]["input_ids"],
+                columns[1]["attention_mask"],
                 self.fraternal_pad_token_id,
             )
         tokens = (sentence["input_ids"], sentence["attention_mask"], self.encoder.config.pad_token_id or 0)
@@ -191,16 +170,9 @@ class IFCLLoss(nn.Module):
             self.pending_anchors = twins.anchor.detach().float()
         return {name: self.terms.weight(name) * term for name, term in terms.items()}
 
-    @torch.no_grad()
-    def push(self, anchors: torch.Tensor) -> None:
-        """A batch's anchors enter the hippocampus queue (one slot per batch; the queue is built at the first)."""
-        if self.queue is None:
-            self.queue = QueueBuffers(self.settings.queue_size, anchors.shape[0], anchors.shape[1]).to(anchors.device)
-        ring.push(self.queue, anchors.float())
-
     def get_config_dict(self) -> dict[str, Any]:
-        """The loss's settings, which sentence-transformers writes into the model card it generates (the fraternal
-        model by its Hub id, or a local folder by its card's Hub id or base name: never a path of this machine)."""
+        """The loss's settings, for the model card sentence-transformers generates (the fraternal model by a public
+        name, never a path of this machine)."""
         from ifcl.model_card import public_name
 
         return {
@@ -219,21 +191,16 @@ class IFCLLoss(nn.Module):
 
 @dataclass
 class IFCLDataCollator(SentenceTransformerDataCollator):
-    """sentence-transformers' collator, with the columns taken by name and checked, and the fraternal column
-    tokenized by the fraternal model's tokenizer."""
+    """The collator of :meth:`IFCLLoss.data_collator`."""
 
-    fraternal_tokenizer: Any = None
-    max_length: int | None = None
     loss: Any = None  # the IFCLLoss this collator feeds (told that its columns come by name)
     num_rows: int | None = None  # the training set's size, when the loss was given it
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         columns = self.loss.text_columns
         if self.num_rows is None:
-            from datasets import Dataset
-
             rows = Dataset.from_list([{name: row.get(name) for name in columns} for row in features])
-            check_text_dataset(rows, columns)
+            check_text_dataset(rows, columns, reader="IFCLLoss")
         elif not self.loss.collated_by_name:  # the first batch: is the data larger than the queue?
             try:
                 check_training_data_size(self.num_rows, len(features), self.loss.settings.queue_size)
@@ -243,14 +210,14 @@ class IFCLDataCollator(SentenceTransformerDataCollator):
         # The named columns first, in the loss's order: sentence_features follow the batch's keys.
         features = [{**{name: row[name] for name in columns}, **row} for row in features]
         batch = super().__call__(features)
-        if self.fraternal_tokenizer is not None and "fraternal" in columns:
+        if self.loss.fraternal_tokenizer is not None and "fraternal" in columns:
             for key in [key for key in batch if key.startswith("fraternal_")]:
                 del batch[key]
-            encoded = self.fraternal_tokenizer(
+            encoded = self.loss.fraternal_tokenizer(
                 [row["fraternal"] for row in features],
                 padding=True,
                 truncation=True,
-                max_length=self.max_length,
+                max_length=self.loss.model.max_seq_length,
                 return_tensors="pt",
             )
             batch["fraternal_input_ids"] = encoded["input_ids"]

@@ -409,12 +409,17 @@ def test_tokenizing_on_the_fly_gives_the_cached_features(tmp_path: Path, tiny_en
 
 TEXT_CASES = [
     # (columns, the columns checked, what the error says; None: accepted)
+    (
+        {"sentence": ["A."]},
+        ("sentence", "fraternal"),
+        "has columns ['sentence'], but the test reads sentence, fraternal",
+    ),
     ({"sentence": [], "fraternal": []}, ("sentence", "fraternal"), "The training set is empty"),
-    ({"sentence": [1, 2]}, ("sentence", "fraternal"), "The training set's column 'sentence' holds Value('int64')"),
-    ({"sentence": ["A.", None]}, ("sentence", "fraternal"), "column 'sentence' has None in row 1"),
+    ({"sentence": [1, 2]}, ("sentence",), "The training set's column 'sentence' holds Value('int64')"),
+    ({"sentence": ["A.", None]}, ("sentence",), "column 'sentence' has None in row 1"),
     ({"sentence": ["A.", "B."], "fraternal": ["C.", " "]}, ("sentence", "fraternal"), "has ' ' in row 1"),
     ({"anchor": ["A.", ""], "positive": ["B.", "C."]}, ("anchor", "positive"), "column 'anchor' has '' in row 1"),
-    ({"sentence": ["A.", "B."], "label": [None, ""]}, ("sentence", "fraternal"), None),
+    ({"sentence": ["A.", "B."], "label": [None, ""]}, ("sentence",), None),
 ]
 
 
@@ -422,10 +427,10 @@ TEXT_CASES = [
 def test_check_text_dataset(columns: dict, checked: tuple[str, ...], message: str | None) -> None:
     dataset = Dataset.from_dict(columns)
     if message is None:
-        check_text_dataset(dataset, checked)
+        check_text_dataset(dataset, checked, reader="the test")
         return
     with pytest.raises(ValueError) as info:
-        check_text_dataset(dataset, checked)
+        check_text_dataset(dataset, checked, reader="the test")
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
