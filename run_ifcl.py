@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None):
                 eval_dataset={task: dev_sts} if dev_sts is not None else None,
                 objective=objective,
             )
-            trainer.add_callback(run_folder.callback())  # each checkpoint joins the run's record
+            trainer.add_callback(run_folder)  # each checkpoint joins the run's record
             sts_sets = {"eval": dev_sts if do_eval else None, "test": test_sts if do_predict else None}
 
             # 7. STS before training, training (or finishing a run whose training had ended), the published model.

@@ -1,13 +1,5 @@
-"""How ``run_ifcl.py`` reads its arguments, where it differs from a stock ``HfArgumentParser`` (docs/training.md gives
-each difference with its reason):
-
-- an arguments file (``run_ifcl.py args.json``) means what the same command line means: its values go through the
-  command line's own types (:func:`json_file_as_command_line`);
-- a bad argument ends in one line naming it (:class:`ScriptArgumentParser`), like every other input error;
-- none of ``--do_train``/``--do_eval``/``--do_predict`` means all three (:func:`chosen_steps`);
-- keeping the best checkpoint (on by default) follows the evaluation flags given (:func:`fit_best_model_selection`);
-- a setting of an objective other than the chosen one is refused (:func:`refuse_other_objectives_settings`).
-"""
+"""How ``run_ifcl.py`` reads its arguments where it differs from a stock ``HfArgumentParser``; docs/training.md gives
+each difference with its reason."""
 
 from __future__ import annotations
 
@@ -26,8 +18,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 
 class ScriptArgumentParser(HfArgumentParser):
-    """``HfArgumentParser`` whose errors are ``ValueError``: the script ends in one line, exit code 2; ``--help``
-    starts with the script's description, as written."""
+    """``HfArgumentParser`` whose errors are ``ValueError`` (one line, exit code 2), and whose ``--help`` starts with
+    the script's description as written."""
 
     def __init__(self, dataclass_types, **kwargs) -> None:
         super().__init__(dataclass_types, formatter_class=HelpFormatter, **kwargs)
@@ -36,11 +28,13 @@ class ScriptArgumentParser(HfArgumentParser):
         raise ValueError(message)
 
 
-def json_file_as_command_line(path: str, parser: HfArgumentParser) -> list[str]:
-    """The command line that a JSON file of arguments (one object of names and values) stands for: each value is
-    then read by the command line's own type, so ``"false"`` and ``false`` both mean false, and ``2.7`` for a number
-    of steps or ``"half"`` for a number are refused, named. ``null`` leaves a setting at its default when that is
-    None, and is refused for a setting that needs a value."""
+def command_line(argv: list[str], parser: HfArgumentParser) -> tuple[list[str], str]:
+    """``argv`` as given, or the command line that its one ``.json`` file of arguments (an object of names and values)
+    stands for, so that the command line's own types read its values (``null``: a default None); with the prefix (the
+    file's name) that errors about those arguments take. Every script of the project reads its arguments so."""
+    if len(argv) != 1 or not argv[0].endswith(".json"):
+        return argv, ""
+    path = argv[0]
     try:
         with open(path, encoding="utf-8") as handle:
             given = json.load(handle)
@@ -63,15 +57,7 @@ def json_file_as_command_line(path: str, parser: HfArgumentParser) -> list[str]:
         if value is not None:
             values = value if isinstance(value, list) else [value]
             words += [f"--{name}"] + [json.dumps(v) if isinstance(v, bool | dict) else str(v) for v in values]
-    return words
-
-
-def command_line(argv: list[str], parser: HfArgumentParser) -> tuple[list[str], str]:
-    """``argv`` as given, or the command line that its one ``.json`` file of arguments stands for; with the prefix
-    (the file's name) that errors about those arguments take. Every script of the project reads its arguments so."""
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        return json_file_as_command_line(argv[0], parser), f"{argv[0]}: "
-    return argv, ""
+    return words, f"{path}: "
 
 
 def given_setting_names(argv: list[str]) -> set[str]:
@@ -104,18 +90,13 @@ def refuse_other_objectives_settings(objective: str, given: set[str]) -> None:
         )
 
 
-def is_true(value: Any) -> bool:
-    """A flag's value as the command line gives it (True, "true", "1", ...)."""
-    return value is True or str(value).strip().lower() in ("true", "1", "yes")
-
-
 def chosen_steps(values: dict[str, Any], given: set[str]) -> dict[str, bool]:
     """``do_train``, ``do_eval``, ``do_predict``: all three when none is given, otherwise only those given as true
     (read before TrainingArguments, which turns ``do_eval`` on whenever ``--eval_strategy`` is not no)."""
     named = [name for name in STEP_FLAGS if name in given]
     if not named:
         return dict.fromkeys(STEP_FLAGS, True)
-    chosen = {name: name in named and is_true(values.get(name)) for name in STEP_FLAGS}
+    chosen = {name: name in named and bool(values[name]) for name in STEP_FLAGS}
     if not any(chosen.values()):
         listed = ", ".join(f"--{name} False" for name in named)
         raise ValueError(
@@ -130,14 +111,9 @@ def strategy_name(value: Any) -> str:
 
 
 def fit_best_model_selection(values: dict[str, Any], given: set[str]) -> list[str]:
-    """Make keeping the best checkpoint (on by default here) fit the evaluation flags given, before
-    TrainingArguments checks them, which then names any other mismatch; returns what was changed, for the log.
-
-    ``--eval_strategy no`` turns it off (there is nothing to choose from; refused with ``--load_best_model_at_end``
-    given); ``--eval_strategy`` or ``--eval_steps`` given alone, saving follows them; strategies or steps given that
-    cannot fit are refused, naming the flag to change.
-    """
-    if not is_true(values.get("load_best_model_at_end")):
+    """Make keeping the best checkpoint (on by default here) fit the evaluation flags given (docs/training.md), before
+    TrainingArguments checks them; returns what was changed, for the log."""
+    if not values["load_best_model_at_end"]:
         return []
     evaluation = strategy_name(values.get("eval_strategy"))
     if evaluation == "no":

@@ -1,9 +1,9 @@
-"""The checks ``run_ifcl.py`` makes before any model loads: training settings, loggers, model paths, sequence length,
-the model being continued and its weights; once loaded, finite weights. Each raises ``ValueError`` or ``OSError``
-naming the setting or the file."""
+"""The checks ``run_ifcl.py`` makes before any model loads (and, once it is loaded, of its weights' values); each
+raises ``ValueError`` or ``OSError`` naming the setting or the file."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from typing import Any
@@ -12,20 +12,19 @@ import torch
 from transformers import TrainingArguments
 
 from ifcl.arguments import strategy_name
+from ifcl.checkpoints import weights_problem
+from ifcl.cli import listed, read_json
 
 
 def check_training_settings(training_args: TrainingArguments) -> None:
-    """Sizes and rates that the Trainer would only reject late, or unclearly; ``--hub_strategy`` other than end
-    (this script pushes once, at the end); a push or a resume without training (``--do_train``)."""
-    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+    """Sizes and rates that the Trainer would only reject late, or unclearly; loggers; sharding; ``--hub_strategy``
+    other than end; a push or a resume without training (``--do_train``)."""
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
         value = getattr(training_args, name)
         if value < 1:
             raise ValueError(f"--{name} must be ≥ 1, got {value}.")
     if training_args.dataloader_num_workers < 0:
-        raise ValueError(
-            f"--dataloader_num_workers must be ≥ 0 (0: the main process reads the data), got "
-            f"{training_args.dataloader_num_workers}."
-        )
+        raise ValueError(f"--dataloader_num_workers must be ≥ 0, got {training_args.dataloader_num_workers}.")
     if not math.isfinite(training_args.learning_rate) or training_args.learning_rate < 0:
         raise ValueError(f"--learning_rate must be a finite number ≥ 0, got {training_args.learning_rate}.")
     if training_args.do_train and training_args.max_steps == 0:
@@ -61,8 +60,6 @@ SHARDING_ADVICE = (
 def deepspeed_zero_stage(config: Any) -> int | None:
     """The ZeRO stage of a DeepSpeed config (a dict or a JSON file's path); None when it names none."""
     if isinstance(config, (str, os.PathLike)):
-        import json
-
         with open(config, encoding="utf-8") as handle:
             config = json.load(handle)
     if not isinstance(config, dict):
@@ -156,14 +153,9 @@ def check_max_seq_length(model_name_or_path: str, max_seq_length: int, objective
 
 def check_finite_weights(model: torch.nn.Module, source: str) -> None:
     """Refuse a loaded model whose weights hold NaN or infinite values (they would only make the loss NaN)."""
-    broken = [
-        name
-        for name, tensor in model.state_dict().items()
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
-    ]
+    broken = [name for name, tensor in model.state_dict().items() if not bool(torch.isfinite(tensor).all())]
     if broken:
-        shown = ", ".join(broken[:3]) + (", ..." if len(broken) > 3 else "")
-        raise ValueError(f"{source}: its weights hold NaN or infinite values ({shown}); train from a sound copy.")
+        raise ValueError(f"{source}: its weights hold NaN or infinite values ({listed(broken, 3)}); use a sound copy.")
 
 
 def check_data_arguments(data_args) -> None:
@@ -190,10 +182,9 @@ def check_data_arguments(data_args) -> None:
 def check_continued_model(
     path: str, saved: dict[str, Any], objective: str, fraternal_model: str | None, wanted
 ) -> None:
-    """Refuse continuing an IFCL model (``saved``: its config, in IFCLConfig's form) with what it cannot continue
-    with: another objective, another fraternal model, fraternal twins its saved model has no word table for, or
-    weights that cannot be read (one line naming the file, before anything loads). ``wanted``: the IFCLConfig this
-    command plans."""
+    """Refuse continuing an IFCL model (``saved``: its config, in IFCLConfig's form) with another objective, another
+    fraternal model, fraternal twins it has no word table for (``wanted``: the IFCLConfig this command plans), or
+    weights that cannot be read."""
     saved_objective = saved.get("objective") or "ifcl"
     if saved_objective != objective:
         raise ValueError(
@@ -214,35 +205,15 @@ def check_continued_model(
             f"--model_name_or_path {path} has no fraternal word table (it was trained with --fraternal_loss_weight 0 "
             "and --twins_loss_weight 0): continue it with both at 0, or start from a plain encoder."
         )
-    check_weights_readable(path)
-
-
-def check_weights_readable(folder: str) -> None:
-    """A local model folder's ``model.safetensors`` must read whole (a copy cut short, a damaged file: one line
-    naming it, before anything loads)."""
-    path = os.path.join(folder, "model.safetensors")
-    if not os.path.isfile(path):
-        return
-    from ifcl.checkpoints import non_finite_tensors
-
-    try:
-        broken = non_finite_tensors(path)
-    except Exception as error:  # safetensors' own error type for a file cut short or damaged
-        raise OSError(
-            f"{path} cannot be read ({str(error).splitlines()[0]}): it is damaged or was cut short (a full disk, an "
-            "interrupted copy); save or copy the model again."
-        ) from None
-    if broken:
-        raise ValueError(
-            f"{path}: its weights hold NaN or infinite values ({', '.join(broken[:3])}); train from a sound copy."
-        )
+    weights = os.path.join(path, "model.safetensors")
+    problem = weights_problem(weights) if os.path.isfile(weights) else None
+    if problem is not None:
+        raise OSError(f"{weights} {problem}: save or copy the model again, or train from a sound copy.")
 
 
 def read_config(model_name_or_path: str) -> dict[str, Any] | None:
     """A model's config.json (a folder, or a Hub id read from the cache when offline); None when it cannot be read
     here (its loading then says why)."""
-    from ifcl.cli import read_json
-
     try:
         config = read_json(model_name_or_path, "config.json")
     except (OSError, ValueError):

@@ -1,16 +1,6 @@
-"""How the command-line scripts end (one line per error, a fixed exit code, a traceback only when asked for), the
-input checks they share, and how they write results files.
-
-``run_ifcl.py``, ``evaluate_sts.py`` and ``prepare_fraternal.py`` all end the same way:
-
-- a bad input (the project's own errors, which are ``ValueError`` or ``OSError``) prints ``<script>: error: <message>``
-  and exits with code 2, found before any model is loaded;
-- the same errors once the real work has begun (:func:`failures_of_the_run`) are failures of the run: the same line,
-  exit code 1;
-- Ctrl-C prints what the script says about continuing, exit code 130.
-
-``IFCL_DEBUG=1`` in the environment shows the traceback instead.
-"""
+"""How the command-line scripts end (``<script>: error: <message>``: exit code 2 for bad input, 1 for a failure once
+the work has begun, 130 for Ctrl-C; the traceback only with ``IFCL_DEBUG=1``), and the helpers they share: the lock,
+JSON reading and atomic writing, threads, write failures, logging and lists of names in messages."""
 
 from __future__ import annotations
 
@@ -22,16 +12,17 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
 DEBUG_VARIABLE = "IFCL_DEBUG"
-INPUT_ERROR, RUNTIME_FAILURE, INTERRUPTED = 2, 1, 130
 # What a script reports as one line: the project's errors subclass these (DataFormatError, SettingsError,
 # OutputFolderError, TaskDataNotFoundError), and so do invalid JSON, a missing file and a full disk.
 REPORTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, FloatingPointError)
+# What a failed write reports: no space, no quota, a read-only file system, no permission, an I/O error, too large.
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG)
 
 
 class RunFailure(Exception):
@@ -53,21 +44,26 @@ def failures_of_the_run() -> Iterator[None]:
 
 
 def run_command(script: str, main: Callable[[], object]) -> None:
-    """Call ``main`` and end as every script of this project ends: ``<script>: error: <message>`` in one line with
-    exit code 2 for bad input and 1 for a :class:`RunFailure`; Ctrl-C with its message and 130; other exceptions
-    (bugs) and, with ``IFCL_DEBUG=1``, every error keep their traceback."""
+    """Call ``main`` and end as every script of this project ends (see the module's docstring); other exceptions
+    (bugs) keep their traceback."""
     try:
         main()
     except (Interrupted, KeyboardInterrupt) as stop:
         print(f"\n{script}: {stop or 'interrupted'}", file=sys.stderr)
-        raise SystemExit(INTERRUPTED) from None
+        raise SystemExit(130) from None
     except (RunFailure, *REPORTED_ERRORS) as error:
         if os.environ.get(DEBUG_VARIABLE):
             raise
         print(f"{script}: error: {error}", file=sys.stderr)
         if isinstance(error, RunFailure):
             print(f"{script}: the run failed; {DEBUG_VARIABLE}=1 shows the traceback.", file=sys.stderr)
-        raise SystemExit(RUNTIME_FAILURE if isinstance(error, RunFailure) else INPUT_ERROR) from None
+        raise SystemExit(1 if isinstance(error, RunFailure) else 2) from None
+
+
+def listed(names: Iterable[str], limit: int = 6) -> str:
+    """Names for a message, sorted, at most ``limit`` of them."""
+    ordered = sorted(names)
+    return ", ".join(ordered[:limit]) + (f", ... ({len(ordered)} in all)" if len(ordered) > limit else "")
 
 
 def without_nan(value: Any) -> Any:
@@ -114,12 +110,12 @@ def write_json_atomically(path: str, content: Any, sort_keys: bool = False) -> N
 
 @contextlib.contextmanager
 def exclusive_lock(lock_file: str) -> Iterator[str]:
-    """Hold an exclusive ``flock`` on ``lock_file`` (made if missing) for the ``with`` block; yield its path.
+    """Hold an exclusive ``flock`` on ``lock_file`` (made if missing) for the ``with`` block; ``BlockingIOError`` at
+    once when another process holds it.
 
-    Another process that holds it: ``BlockingIOError`` at once (callers say which run holds it). The lock file is
-    removed at the end, while still locked; a process that opened it just before finds, once it has the lock, that the
-    path no longer leads to the file it locked, and takes the new lock file instead. A lock file left by a killed
-    process holds no lock (the kernel released it): it is taken over.
+    The lock file is removed at the end, while still locked: a process that opened it just before finds, once it has
+    the lock, that the path leads to another file, and locks that one instead. A lock file left by a killed process
+    holds no lock (the kernel released it) and is taken over.
     """
     while True:
         descriptor = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
@@ -144,12 +140,9 @@ def exclusive_lock(lock_file: str) -> Iterator[str]:
 
 
 def launcher_chose_one_thread() -> bool:
-    """Whether ``OMP_NUM_THREADS=1`` is ``accelerate launch``'s own default rather than a number the user set.
-
-    Without a config file, on a machine without GPUs, the launcher gives its one process ``OMP_NUM_THREADS=1`` unless
-    the user set ``OMP_NUM_THREADS`` or ``--num_cpu_threads_per_process``; the launcher's own environment and command
-    line (``/proc/<parent>/``) tell which. Where they cannot be read, the number counts as the user's.
-    """
+    """Whether ``OMP_NUM_THREADS=1`` is ``accelerate launch``'s own default (it gives a CPU process one thread unless
+    the user set ``OMP_NUM_THREADS`` or ``--num_cpu_threads_per_process``), as the launcher's environment and command
+    line (``/proc/<parent>/``) tell; where they cannot be read, the number counts as the user's."""
     if os.environ.get("OMP_NUM_THREADS") != "1" or "ACCELERATE_MIXED_PRECISION" not in os.environ:
         return False  # not started by accelerate launch, or not its default
     try:
@@ -166,9 +159,8 @@ def launcher_chose_one_thread() -> bool:
 
 
 def use_all_cpu_cores(training_args) -> None:
-    """Train a single CPU process on every core the machine gives it, when the one thread it has is the launcher's
-    default (:func:`launcher_chose_one_thread`), which halves the speed on two cores. A number the user set is kept.
-    """
+    """Train a single CPU process on every core it is given when its one thread is the launcher's default (which
+    halves the speed on two cores); a number the user set is kept."""
     if training_args.world_size != 1 or training_args.device.type != "cpu" or not launcher_chose_one_thread():
         return
     available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -179,28 +171,21 @@ def use_all_cpu_cores(training_args) -> None:
         torch.set_num_threads(available)
 
 
-# What a failed write reports: no space, no quota, a read-only file system, no permission, an I/O error, too large.
-WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG)
-
-
-def is_write_failure(error: BaseException) -> bool:
-    """Whether ``error`` is a failed write to disk (full disk, no permission, ...), as torch and safetensors report
-    it (their own error types, or a RuntimeError)."""
-    if isinstance(error, OSError):
-        return error.errno in WRITE_ERRNOS
-    text = str(error)
-    return type(error).__name__ == "SafetensorError" or (
-        isinstance(error, RuntimeError) and any(words in text for words in ("write failed", "No space left"))
-    )
-
-
 @contextlib.contextmanager
 def write_failures_named(folder: str, step: Callable[[], int]) -> Iterator[None]:
-    """A failed write while training or saving ends in one line naming the folder, the step and the way on."""
+    """A failed write while training or saving (as the OS, torch or safetensors report it) ends in one line naming the
+    folder, the step and the way on."""
     try:
         yield
     except Exception as error:
-        if not is_write_failure(error):
+        if isinstance(error, OSError):
+            write_failed = error.errno in WRITE_ERRNOS
+        else:
+            text = str(error)
+            write_failed = type(error).__name__ == "SafetensorError" or (
+                isinstance(error, RuntimeError) and ("write failed" in text or "No space left" in text)
+            )
+        if not write_failed:
             raise
         raise OSError(
             f"writing into {folder} failed at step {step()} ({type(error).__name__}: {error}). Free space or fix "
@@ -210,8 +195,8 @@ def write_failures_named(folder: str, step: Callable[[], int]) -> Iterator[None]
 
 
 def setup_logging(training_args, logger: logging.Logger) -> None:
-    """The examples' logging: the process's own level for transformers and datasets, the script's progress on the
-    main process (``logger``, the script's own, and the package's); says what runs when not all of training, STS dev and STS test do."""
+    """The examples' logging: the process's own level for transformers and datasets, and the script's progress
+    (``logger`` and the package's) on the main process."""
     logging.basicConfig(
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
         datefmt="%m/%d/%Y %H:%M:%S",
@@ -230,11 +215,3 @@ def setup_logging(training_args, logger: logging.Logger) -> None:
         f"Process rank: {training_args.process_index}, device: {training_args.device}, "
         f"n_gpu: {training_args.n_gpu}, distributed: {training_args.parallel_mode.value == 'distributed'}"
     )
-    steps = {
-        "training": training_args.do_train,
-        "STS dev": training_args.do_eval,
-        "STS test": training_args.do_predict,
-    }
-    if not all(steps.values()):
-        done = ", ".join(name for name, wanted in steps.items() if wanted)
-        logger.info(f"Running only: {done} (--do_train, --do_eval, --do_predict).")

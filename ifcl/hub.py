@@ -1,14 +1,11 @@
-"""Publishing a finished run on the Hub: one push of the output folder, once everything is saved.
-
-The Trainer's own push would create the repository when training starts (failing offline) and push at every save;
-``run_ifcl.py`` takes it over instead (:func:`take_over_push`) and pushes the finished folder at the very end, so a
-failed push loses nothing and says how to push later.
-"""
+"""Publishing a finished run on the Hub: ``run_ifcl.py`` takes the push over from the Trainer (which would create the
+repository when training starts and push at every save) and pushes the finished folder once, at the very end."""
 
 from __future__ import annotations
 
 import logging
 import os
+import shlex
 
 from transformers import TrainingArguments
 
@@ -28,15 +25,8 @@ PUSH_IGNORE_PATTERNS = [
 ]
 
 
-class PushError(OSError):
-    """The push to the Hub failed once everything was saved; the message says where, and how to push later."""
-
-
 def take_over_push(training_args: TrainingArguments) -> bool:
-    """Whether to push at the end; the Trainer itself is kept from pushing (it would create the repo at start).
-
-    The push happens once training, evaluation, model card and plots are saved, so a failed push loses nothing.
-    """
+    """Whether to push at the end; the Trainer itself is kept from pushing (it would create the repo at start)."""
     wanted = training_args.push_to_hub
     if wanted:
         from huggingface_hub import constants, get_token
@@ -50,23 +40,9 @@ def take_over_push(training_args: TrainingArguments) -> bool:
     return wanted
 
 
-def push_later_command(repo_id: str, training_args: TrainingArguments) -> str:
-    """The ``hf upload`` command that pushes the output folder as :func:`push_output_folder` does."""
-    import shlex
-
-    words = ["hf", "upload", repo_id, training_args.output_dir, "."]
-    for pattern in PUSH_IGNORE_PATTERNS:
-        words += ["--exclude", pattern]
-    if training_args.hub_private_repo:
-        words.append("--private")
-    return " ".join(shlex.quote(word) for word in words)
-
-
-def push_output_folder(training_args: TrainingArguments) -> str:
-    """Upload the output folder to ``--hub_model_id`` (default: the folder's name); returns the commit's address.
-
-    Raises :class:`PushError` (offline, no token, no rights, ...) with the ``hf upload`` command that pushes later.
-    """
+def push_output_folder(training_args: TrainingArguments) -> None:
+    """Upload the output folder to ``--hub_model_id`` (default: the folder's name); a failure (offline, no token, no
+    rights, ...) raises ``OSError`` with the ``hf upload`` command that pushes the same files later."""
     from huggingface_hub import HfApi
 
     folder = training_args.output_dir
@@ -74,16 +50,20 @@ def push_output_folder(training_args: TrainingArguments) -> str:
     api = HfApi(token=training_args.hub_token)
     try:
         repo_id = api.create_repo(repo_id, private=training_args.hub_private_repo, exist_ok=True).repo_id
-        commit = api.upload_folder(
+        api.upload_folder(
             repo_id=repo_id,
             folder_path=folder,
             commit_message="Upload IFCL model",
             ignore_patterns=PUSH_IGNORE_PATTERNS,
         )
-    except Exception as error:  # offline, no token, no rights: everything is saved; say how to push later
-        raise PushError(
+    except Exception as error:  # everything is saved: say how to push later
+        command = ["hf", "upload", repo_id, folder, "."]
+        for pattern in PUSH_IGNORE_PATTERNS:
+            command += ["--exclude", pattern]
+        if training_args.hub_private_repo:
+            command.append("--private")
+        raise OSError(
             f"--push_to_hub: could not push to {repo_id} ({type(error).__name__}: {error}). Everything is saved in "
-            f"{folder}; push it later with: {push_later_command(repo_id, training_args)}"
+            f"{folder}; push it later with: {shlex.join(command)}"
         ) from error
     logger.info(f"Pushed {folder} to https://huggingface.co/{repo_id}")
-    return getattr(commit, "commit_url", None) or repo_id

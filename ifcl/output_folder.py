@@ -1,18 +1,7 @@
-"""What a training run may do to its output folder: write only where nothing of the user's would be lost, delete
-only what runs of this project wrote, one run at a time, and resume only what is unfinished.
-
-A run of ``run_ifcl.py`` records which top-level entries of ``--output_dir`` it wrote:
-
-- while it runs, in ``run_in_progress.json``: the names present before it started, and those written so far
-  (updated at every checkpoint and once the model and the results are saved);
-- once finished, in ``ifcl_run.json``: the same record, the in-progress file renamed to it in one step.
-
-``--overwrite_output_dir`` deletes what such a record lists, never the folder itself and never anything else. A folder
-holding files the run would write over that no run recorded (a user's ``README.md``, a run of an older version) is
-refused with their names, and so is overwriting a folder that holds the training or STS data, the model being
-continued, or the working folder. The main process holds an exclusive lock on ``.ifcl_run.lock`` in the folder from
-before its checks to the end of the run, so two runs cannot share a folder.
-"""
+"""What a training run may do to its output folder (docs/reliability.md): write only where nothing of the user's would
+be lost, delete only what runs of this project recorded as theirs, one run at a time, and resume only what is
+unfinished. A run records the top-level names it wrote in ``run_in_progress.json``, renamed to ``ifcl_run.json`` once
+it is finished."""
 
 from __future__ import annotations
 
@@ -29,16 +18,15 @@ from dataclasses import asdict, dataclass, field
 
 from transformers import TrainerCallback
 
-from ifcl.cli import exclusive_lock, write_json_atomically
+from ifcl.cli import exclusive_lock, listed, write_json_atomically
 
-from .checkpoints import ResumePoint, newest_resume_point, resume_point
+from .checkpoints import ResumePoint, resume_point
 
 logger = logging.getLogger(__name__)
 
 RUN_IN_PROGRESS_FILE = "run_in_progress.json"
 RUN_RECORD_FILE = "ifcl_run.json"
 LOCK_FILE = ".ifcl_run.lock"
-LAST_CHECKPOINT = ("last", "true")
 # The top-level names a run writes (fnmatch patterns): checkpoints, the model with its remote code, tokenizers and
 # sentence-transformers modules, results, card, plots and the Trainer's state and logs. A file of one of these names
 # that no run recorded is never written over.
@@ -47,11 +35,9 @@ RUN_OUTPUT_PATTERNS = (
     "runs",
     "README.md",
     "config.json",
-    "generation_config.json",
     "model.safetensors",
     "model-*.safetensors",
     "model.safetensors.index.json",
-    "pytorch_model*.bin",
     "modeling_ifcl.py",
     "configuration_ifcl.py",
     "tokenizer*",
@@ -65,7 +51,6 @@ RUN_OUTPUT_PATTERNS = (
     "fraternal_tokenizer",
     "modules.json",
     "config_sentence_transformers.json",
-    "sentence_transformers_base.json",
     "sentence_bert_config.json",
     "[0-9]_*",
     "*_results.json",
@@ -91,18 +76,12 @@ def folder_entries(folder: str) -> set[str]:
     return set(os.listdir(folder)) - {LOCK_FILE} if os.path.isdir(folder) else set()
 
 
-def listed(names: list[str] | set[str], limit: int = 6) -> str:
-    """Names for a message, sorted, at most ``limit`` of them."""
-    ordered = sorted(names)
-    return ", ".join(ordered[:limit]) + (f", ... ({len(ordered)} in all)" if len(ordered) > limit else "")
-
-
 @dataclass
 class RunRecord:
     """What a run wrote into its output folder (the content of ``run_in_progress.json`` / ``ifcl_run.json``).
 
-    ``preexisting``: the top-level names the folder held before the run began, None when unknown (a record of an
-    older version, which kept none); ``written``: the top-level names the run wrote.
+    ``preexisting``: the top-level names the folder held before the run began, None when unknown (a damaged record,
+    which then owns nothing); ``written``: the top-level names the run wrote.
     """
 
     finished: bool
@@ -137,17 +116,14 @@ class RunRecord:
             )
         return None
 
-    @property
-    def known(self) -> bool:
-        """Whether the record says what the run wrote (records of older versions do not)."""
-        return self.preexisting is not None
-
     def owned_entries(self, folder: str) -> set[str]:
         """The top-level entries of ``folder`` the run wrote: those recorded and, for an unfinished run, those of a
         run's names that appeared after it began (a save cut short by a kill is not recorded yet)."""
+        if self.preexisting is None:
+            return set()
         present = folder_entries(folder)
         owned = set(self.written) | {RUN_IN_PROGRESS_FILE, RUN_RECORD_FILE}
-        if not self.finished and self.preexisting is not None:
+        if not self.finished:
             owned |= {name for name in present - set(self.preexisting) if is_run_output(name)}
         return owned & present
 
@@ -156,7 +132,6 @@ class RunRecord:
 class OutputPlan:
     """What a run will do to its output folder, decided before anything loads."""
 
-    folder: str
     resume: ResumePoint | None = None
     to_delete: list[str] = field(default_factory=list)  # an earlier run's entries that the run deletes when it starts
     record: RunRecord | None = None  # the unfinished run this one continues
@@ -168,44 +143,21 @@ def contains(folder: str, path: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
-def check_overwrite_keeps(folder: str, protected: Mapping[str, str | None]) -> None:
-    """Refuse ``--overwrite_output_dir`` on a folder that holds what the run reads (``protected``: option -> path),
-    or that is the working folder or one of its parents."""
-    if contains(folder, os.getcwd()):
-        raise OutputFolderError(
-            f"--overwrite_output_dir with --output_dir {folder}: that is the working folder or one of its parents, "
-            "which may hold anything of yours. Give the run a folder of its own (--output_dir outputs/NAME)."
-        )
-    inside = [f"{option} {path}" for option, path in protected.items() if path and contains(folder, path)]
-    if inside:
-        raise OutputFolderError(
-            f"--overwrite_output_dir with --output_dir {folder}: it holds what this run reads ({', '.join(inside)}). "
-            "Choose another --output_dir, or move them out of it."
-        )
-
-
 def plan_output_folder(
     folder: str,
     *,
     overwrite: bool,
     resume: str | None,
-    protected: Mapping[str, str | None],
+    protected: Mapping[str, str],
     world_size: int = 1,
     max_steps: int = -1,
 ) -> OutputPlan:
-    """Decide, reading only, what the run does to ``folder``; raise :class:`OutputFolderError` (or
-    ``checkpoints.CheckpointError``) when it would lose anything.
-
-    - ``resume`` (a checkpoint, or ``last``): the folder's run must be unfinished; ``last`` is its newest complete
-      checkpoint (newer broken ones are named);
-    - ``overwrite``: the entries an earlier run recorded are deleted when the run starts, unless the folder holds
-      what the run reads (``protected``: option -> path) or is the working folder;
-    - otherwise a folder holding a run is refused; one holding files a run writes that no run recorded is refused
-      with their names either way.
-    """
-    if os.path.exists(folder) and not os.path.isdir(folder):
-        raise OutputFolderError(f"--output_dir {folder} is a file, not a folder. Choose another --output_dir.")
+    """Decide, reading only, what the run does to ``folder``: resume its unfinished run (``resume``: a checkpoint, or
+    ``last``), delete what an earlier run recorded (``overwrite``, unless the folder holds what the run reads,
+    ``protected``: option -> local path, or is the working folder), or start in a folder without a run. Raises
+    :class:`OutputFolderError` (or ``checkpoints.CheckpointError``) when the run would lose anything."""
     record = RunRecord.read(folder)
+    owned = record.owned_entries(folder) if record is not None else set()
     present = folder_entries(folder)
     if resume is not None:
         if record is not None and record.finished:
@@ -214,31 +166,34 @@ def plan_output_folder(
                 "there is nothing to resume. Evaluate it with evaluate_sts.py, train on from it with "
                 f"--model_name_or_path {folder} --output_dir NEW_FOLDER, or train anew with --overwrite_output_dir."
             )
-        if str(resume).lower() in LAST_CHECKPOINT:
-            point = newest_resume_point(folder, world_size, max_steps)
-            for problem in point.skipped:
-                logger.warning(f"--resume_from_checkpoint last: skipping a broken checkpoint: {problem}.")
-        else:
-            point = resume_point(resume, world_size, max_steps)
-        plan = OutputPlan(folder, resume=point, record=record if record is not None and record.known else None)
+        point = resume_point(resume, folder, world_size, max_steps)
         if record is None:  # resuming a checkpoint from elsewhere into this folder
             refuse_unrecorded_files(folder, {name for name in present if is_run_output(name)})
-        return plan
-    owned = record.owned_entries(folder) if record is not None and record.known else set()
-    if record is not None and record.known and not record.finished and owned <= {RUN_IN_PROGRESS_FILE}:
-        # A run that stopped before writing anything (killed before its first checkpoint): nothing to keep.
+        return OutputPlan(resume=point, record=record if owned else None)
+    if owned == {RUN_IN_PROGRESS_FILE}:  # an earlier run stopped before writing anything: nothing to keep
         logger.warning(f"{folder}: an earlier run ({record.command}) stopped before writing anything; starting anew.")
-        return OutputPlan(folder, to_delete=sorted(owned))
+        return OutputPlan(to_delete=sorted(owned))
     if record is not None and not overwrite:
         state = "a finished run" if record.finished else "an unfinished run"
         raise OutputFolderError(
             f"--output_dir {folder} already holds a run ({state}: {listed(owned or present)}). Choose another "
             "--output_dir, continue it with --resume_from_checkpoint last, or replace it with --overwrite_output_dir."
         )
-    if overwrite and owned:
-        check_overwrite_keeps(folder, protected)
+    if owned:
+        where = f"--overwrite_output_dir with --output_dir {folder}"
+        if contains(folder, os.getcwd()):
+            raise OutputFolderError(
+                f"{where}: that is the working folder or one of its parents, which may hold anything of yours. Give "
+                "the run a folder of its own (--output_dir outputs/NAME)."
+            )
+        inside = [f"{option} {path}" for option, path in protected.items() if contains(folder, path)]
+        if inside:
+            raise OutputFolderError(
+                f"{where}: it holds what this run reads ({', '.join(inside)}). Choose another --output_dir, or move "
+                "them out of it."
+            )
     refuse_unrecorded_files(folder, {name for name in present - owned if is_run_output(name)})
-    return OutputPlan(folder, to_delete=sorted(owned))
+    return OutputPlan(to_delete=sorted(owned))
 
 
 def refuse_unrecorded_files(folder: str, unrecorded: set[str]) -> None:
@@ -251,11 +206,9 @@ def refuse_unrecorded_files(folder: str, unrecorded: set[str]) -> None:
         )
 
 
-class RunFolder:
-    """The output folder of one run: its lock, its record, and the deletion of an earlier run's entries.
-
-    Only the main process (``is_main``) locks and writes; the others read the same folder.
-    """
+class RunFolder(TrainerCallback):
+    """The output folder of one run: its lock, its record, and the deletion of an earlier run's entries; as a Trainer
+    callback, it records each checkpoint once it is saved. Only the main process (``is_main``) locks and writes."""
 
     def __init__(self, folder: str, is_main: bool = True) -> None:
         self.folder = folder
@@ -270,20 +223,20 @@ class RunFolder:
             yield self
             return
         if os.path.exists(self.folder) and not os.path.isdir(self.folder):
-            raise OutputFolderError(
-                f"--output_dir {self.folder} is a file, not a folder. Choose another --output_dir."
-            )
+            raise OutputFolderError(f"--output_dir {self.folder} is a file, not a folder; choose another.")
         made = not os.path.exists(self.folder)
-        try:
-            os.makedirs(self.folder, exist_ok=True)
-        except OSError as error:
-            raise OutputFolderError(f"--output_dir {self.folder} cannot be written: {error}") from error
         try:
             with contextlib.ExitStack() as stack:
                 try:
+                    os.makedirs(self.folder, exist_ok=True)
                     stack.enter_context(exclusive_lock(os.path.join(self.folder, LOCK_FILE)))
                 except BlockingIOError:
-                    raise OutputFolderError(self.busy_message()) from None
+                    record = RunRecord.read(self.folder)
+                    who = f" (pid {record.pid}: {record.command})" if record and record.pid else ""
+                    raise OutputFolderError(
+                        f"--output_dir {self.folder}: another run is writing into it{who}. Wait for it to end, or "
+                        "choose another --output_dir."
+                    ) from None
                 except OSError as error:
                     raise OutputFolderError(f"--output_dir {self.folder} cannot be written: {error}") from error
                 try:
@@ -296,18 +249,9 @@ class RunFolder:
                 with contextlib.suppress(OSError):
                     os.rmdir(self.folder)  # only when empty: a run that stopped before writing anything
 
-    def busy_message(self) -> str:
-        """Who holds the lock: the running run's command and process, as its record says."""
-        record = RunRecord.read(self.folder)
-        who = f" (pid {record.pid}, started {record.started}: {record.command})" if record and record.pid else ""
-        return (
-            f"--output_dir {self.folder}: another run is writing into it{who}. Wait for it to end, or choose another "
-            "--output_dir."
-        )
-
     def start(self, plan: OutputPlan) -> None:
         """Delete the earlier run's entries the plan names, then record this run as in progress (a resumed run
-        keeps its record). Main process only; the others return at once."""
+        keeps its record). Main process only."""
         if not self.is_main:
             return
         for name in plan.to_delete:
@@ -321,7 +265,6 @@ class RunFolder:
                 f"--overwrite_output_dir: deleted what the earlier run in {self.folder} wrote: {listed(plan.to_delete)}."
             )
         record = plan.record or RunRecord(finished=False, preexisting=sorted(folder_entries(self.folder)))
-        record.finished = False
         record.command = " ".join(sys.argv)
         record.pid = os.getpid()
         record.started = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -335,10 +278,10 @@ class RunFolder:
         preexisting = set(self.record.preexisting or ())
         new = {name for name in folder_entries(self.folder) - preexisting if is_run_output(name)}
         self.record.written = sorted((set(self.record.written) | new) - {RUN_IN_PROGRESS_FILE, RUN_RECORD_FILE})
-        try:
-            write_json_atomically(os.path.join(self.folder, RUN_IN_PROGRESS_FILE), asdict(self.record))
-        except OSError as error:
-            raise OutputFolderError(f"--output_dir {self.folder} cannot be written: {error}") from error
+        write_json_atomically(os.path.join(self.folder, RUN_IN_PROGRESS_FILE), asdict(self.record))
+
+    def on_save(self, args, state, control, **kwargs) -> None:
+        self.note_written()
 
     def finish(self) -> None:
         """Mark the run finished: its record, with everything it wrote, becomes ``ifcl_run.json``."""
@@ -362,31 +305,14 @@ class RunFolder:
                 os.remove(os.path.join(self.folder, RUN_IN_PROGRESS_FILE))
         self.record = None
 
-    def callback(self) -> TrainerCallback:
-        """A Trainer callback that records each checkpoint as the run's own once it is saved."""
-        return RecordCheckpointsCallback(self)
 
-
-class RecordCheckpointsCallback(TrainerCallback):
-    """Adds each checkpoint the Trainer saves to the run's record."""
-
-    def __init__(self, run_folder: RunFolder) -> None:
-        self.run_folder = run_folder
-
-    def on_save(self, args, state, control, **kwargs):
-        self.run_folder.note_written()
-
-
-def protected_paths(model_args, data_args) -> dict[str, str | None]:
-    """What a ``run_ifcl.py`` run reads (its model and data arguments), by option: --overwrite_output_dir never deletes a folder holding one of them."""
+def protected_paths(model_args, data_args) -> dict[str, str]:
+    """What a ``run_ifcl.py`` run reads here, by option: --overwrite_output_dir never deletes a folder holding one."""
     paths = {
         "--train_file": data_args.train_file,
         "--validation_file": data_args.validation_file,
         "--test_file": data_args.test_file,
+        "--model_name_or_path": model_args.model_name_or_path,
+        "--fraternal_model_name_or_path": model_args.fraternal_model_name_or_path,
     }
-    for option, path in (
-        ("--model_name_or_path", model_args.model_name_or_path),
-        ("--fraternal_model_name_or_path", model_args.fraternal_model_name_or_path),
-    ):
-        paths[option] = path if path and os.path.isdir(path) else None
-    return paths
+    return {option: path for option, path in paths.items() if path and os.path.exists(path)}
