@@ -1,11 +1,6 @@
 """``prepare_fraternal.py --engine ctranslate2``: the translation model converted once into a CTranslate2 folder,
-then translated there with the same tokenizer, prefix, language tokens and length limits as the transformers engine.
-
-The folder is converted in this process (``TransformersConverter``) under a temporary name, renamed when complete,
-with ``ifcl_conversion.json``: the model it came from, the converter's version, and the size and SHA-256 of each file.
-A folder without that record, or converted from another model, is refused and never deleted; a damaged one is
-converted again in its place (this project made it).
-"""
+then translated there with the same tokenizer, prefix, language tokens and length limits as the transformers engine;
+docs/translation.md gives how the folder is recorded, checked and converted again."""
 
 from __future__ import annotations
 
@@ -76,12 +71,6 @@ def expected_record(model_name_or_path: str) -> dict[str, Any]:
         "config_sha256": file_sha256(config_file),
         "weight_files": weights,
     }
-
-
-def converted_files(folder: str) -> dict[str, dict[str, Any]]:
-    """The size and SHA-256 of each file the converter wrote into ``folder``."""
-    paths = {name: os.path.join(folder, name) for name in sorted(os.listdir(folder)) if name != CONVERSION_RECORD}
-    return {name: {"size": os.path.getsize(path), "sha256": file_sha256(path)} for name, path in paths.items()}
 
 
 def read_conversion_record(model_dir: str, model_name_or_path: str) -> dict[str, Any] | None:
@@ -170,7 +159,10 @@ def convert_model(model_name_or_path: str, model_dir: str) -> None:
     logger.info(f"Converting {model_name_or_path} for CTranslate2 into {model_dir} (once)")
     try:
         make_converter(model_name_or_path).convert(temporary, force=True)
-        record["files"] = converted_files(temporary)
+        paths = {name: os.path.join(temporary, name) for name in sorted(os.listdir(temporary))}  # what it wrote
+        record["files"] = {
+            name: {"size": os.path.getsize(path), "sha256": file_sha256(path)} for name, path in paths.items()
+        }
         with open(os.path.join(temporary, CONVERSION_RECORD), "w", encoding="utf-8") as handle:
             json.dump(record, handle, indent=2)
         os.rename(temporary, model_dir)
@@ -272,16 +264,13 @@ class CTranslate2Translator:
             + (f", target prefix {self.target_prefix}" if self.target_prefix else "")
         )
 
-    def source_tokens(self, sentences: Sequence[str]) -> list[list[str]]:
-        """The tokens transformers' engine would feed the encoder (prefix, truncation, special tokens)."""
+    def submit(self, sentences: Sequence[str]) -> list[Any]:
+        """Start translating ``sentences`` (asynchronously: the model's replicas take batches in parallel), as the
+        tokens transformers' engine feeds the encoder (prefix, truncation, special tokens)."""
         encoded = self.tokenizer(
             [self.prefix + sentence for sentence in sentences], truncation=True, max_length=self.max_length
         )
-        return [self.tokenizer.convert_ids_to_tokens(ids) for ids in encoded["input_ids"]]
-
-    def submit(self, sentences: Sequence[str]) -> list[Any]:
-        """Start translating ``sentences`` (asynchronously: the model's replicas take batches in parallel)."""
-        tokens = self.source_tokens(sentences)
+        tokens = [self.tokenizer.convert_ids_to_tokens(ids) for ids in encoded["input_ids"]]
         target_prefix = [list(self.target_prefix) for _ in tokens] if self.target_prefix else None
         return self.translator.translate_batch(
             tokens,

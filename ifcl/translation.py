@@ -1,11 +1,5 @@
 """Translate a file of sentences into IFCL training pairs (``sentence<TAB>translation``, one per line): the code of
-``prepare_fraternal.py``, whose guarantees docs/translation.md gives.
-
-The input is cut into chunks of ``batch_size × batches_per_chunk`` sentences, the same whatever the number of
-processes. Each finished chunk is written as a shard of the work folder ``OUTPUT.parts/``, whose ``manifest.json``
-records the input's SHA-256 and the settings; under ``accelerate launch`` process k of N translates the k-th,
-(k+N)-th, ... of the chunks still to do. At the end the main process joins the shards into the output.
-"""
+``prepare_fraternal.py``; docs/translation.md gives how the work is kept in chunks, shards and a manifest."""
 
 from __future__ import annotations
 
@@ -30,9 +24,7 @@ from ifcl.data import DataFormatError, _iter_lines, file_sha256
 
 logger = logging.getLogger(__name__)
 
-PARTS_SUFFIX = ".parts"  # the work folder beside the output: one shard per finished chunk, and the manifest
 MANIFEST = "manifest.json"
-LOCK_SUFFIX = ".lock"
 # The arguments that say where and how much, not how to translate: every other one is in the manifest, and shards
 # made with other values are not joined with this run's.
 NOT_IN_MANIFEST = ("input_file", "output_file", "ct2_model_dir", "device", "max_sentences", "overwrite_output_file")
@@ -58,56 +50,35 @@ class PrepareFraternalArguments:
     """Which sentences to translate, with which model, into which file (docs/translation.md has the details)."""
 
     input_file: str = field(metadata={"help": "UTF-8 text, one sentence a line; empty lines are skipped."})
-    output_file: str = field(
-        metadata={"help": "The .txt file of 'sentence<TAB>translation' lines to write or continue."}
-    )
+    output_file: str = field(metadata={"help": "The 'sentence<TAB>translation' .txt file to write or continue."})
     model_name_or_path: str = field(metadata={"help": "Translation model (Hub id or folder)."})
-    source_lang: str | None = field(
-        default=None, metadata={"help": "Source language: English (T5), eng_Latn (NLLB), en (M2M100), en_XX (mBART)."}
-    )
-    target_lang: str | None = field(
-        default=None, metadata={"help": "Target language, as --source_lang; deu for a multilingual Marian model."}
-    )
+    source_lang: str | None = field(default=None, metadata={"help": "Source language: English (T5), eng_Latn (NLLB)."})
+    target_lang: str | None = field(default=None, metadata={"help": "Target language (NLLB: deu_Latn; Marian: deu)."})
     prefix: str | None = field(
-        default=None,
-        metadata={"help": "Text put before each sentence ('' for none). Default: what the model expects."},
+        default=None, metadata={"help": "Text put before each sentence ('' for none). Default: the model's."}
     )
     engine: Literal["transformers", "ctranslate2"] = field(
-        default="transformers",
-        metadata={"help": "transformers (generate), or ctranslate2: faster, pip install 'ifcl[ctranslate2]'."},
+        default="transformers", metadata={"help": "ctranslate2 is faster: pip install 'ifcl[ctranslate2]'."}
     )
     ct2_model_dir: str | None = field(
-        default=None,
-        metadata={"help": "ctranslate2: the converted model's folder. Default: <output folder>/<model>-ct2."},
+        default=None, metadata={"help": "ctranslate2: the converted model. Default: <output folder>/<model>-ct2."}
     )
     compute_type: str | None = field(
         default=None, metadata={"help": f"ctranslate2: {', '.join(COMPUTE_TYPES)}. Default: --dtype's type."}
     )
     batch_size: int = field(default=32, metadata={"help": "Sentences per batch."})
-    max_batch_tokens: int | None = field(
-        default=None, metadata={"help": "Also cap a batch at this many source tokens, padding included."}
-    )
-    batches_per_chunk: int = field(
-        default=16, metadata={"help": "Batches per chunk: sorted by length within it, kept once finished."}
-    )
+    max_batch_tokens: int | None = field(default=None, metadata={"help": "Most source tokens per batch (padded)."})
+    batches_per_chunk: int = field(default=16, metadata={"help": "Batches per chunk: sorted by length, kept whole."})
     max_length: int | None = field(
-        default=None,
-        metadata={
-            "help": f"Most tokens per sentence and translation. Default: {DEFAULT_MAX_LENGTH}, or the model's positions "
-            "if fewer."
-        },
+        default=None, metadata={"help": f"Max tokens in and out. Default: {DEFAULT_MAX_LENGTH} or the model's limit."}
     )
     num_beams: int | None = field(default=None, metadata={"help": "Beam width. Default: the model's."})
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
         default="auto", metadata={"help": "Weights' type. auto: bfloat16 on a GPU that supports it, else float32."}
     )
     device: str | None = field(default=None, metadata={"help": "cuda, cuda:1, mps, cpu... Default: a GPU if present."})
-    max_sentences: int | None = field(
-        default=None, metadata={"help": "Translate only the first N sentences of the input (output's included)."}
-    )
-    overwrite_output_file: bool = field(
-        default=False, metadata={"help": "Start the output over; the old one stays until the new one is finished."}
-    )
+    max_sentences: int | None = field(default=None, metadata={"help": "Translate only the first N input sentences."})
+    overwrite_output_file: bool = field(default=False, metadata={"help": "Start over; replace the output when done."})
 
     def __post_init__(self) -> None:
         counts = ("batch_size", "max_batch_tokens", "batches_per_chunk", "max_length", "num_beams", "max_sentences")
@@ -184,13 +155,12 @@ def check_input(input_file: str) -> tuple[int, int]:
     input without sentences refused."""
     if not os.path.isfile(input_file):
         raise FileNotFoundError(f"input file not found: {input_file}")
-    lines = sentences = 0
-    for _, line in _iter_lines(input_file):
-        lines += 1
+    line_count = sentences = 0
+    for line_count, line in _iter_lines(input_file):  # numbered from 1: the last number is the count
         sentences += bool(clean_field(line))
     if not sentences:
         raise DataFormatError(f"{input_file}: no sentences (the file is empty or has only empty lines)")
-    return sentences, lines - sentences
+    return sentences, line_count - sentences
 
 
 def sentences_of(input_file: str, chunks: Sequence[range]) -> Iterator[tuple[range, list[InputSentence]]]:
@@ -377,12 +347,11 @@ def resolve_max_length(max_length: int | None, config: Any, model_name_or_path: 
 
 
 def check_settings(args: PrepareFraternalArguments) -> PrepareFraternalArguments:
-    """``--device``, ``--max_length`` against the model's config and the engine's settings, before the output is
-    locked and with neither tokenizer nor weights loaded; the arguments with ``max_length`` resolved. A config that
-    cannot be read is reported by ``load_translator``, only if there is something to translate."""
+    """``--max_length`` against the model's config, and the engine's settings, before the output is locked and with
+    neither tokenizer nor weights loaded; the arguments with ``max_length`` resolved. A config that cannot be read is
+    reported when the model loads, only if there is something to translate."""
     from transformers import AutoConfig
 
-    select_device(args.device)
     try:
         config = AutoConfig.from_pretrained(args.model_name_or_path)
     except (OSError, ValueError):
@@ -485,8 +454,7 @@ class Translator:
 
 
 def ct2_model_dir_of(args: PrepareFraternalArguments) -> str:
-    """``--ct2_model_dir``, or by default a folder beside the output named after the model (``data/pairs.txt`` and
-    ``Helsinki-NLP/opus-mt-en-de`` give ``data/opus-mt-en-de-ct2``)."""
+    """``--ct2_model_dir``, or by default ``<output folder>/<model name>-ct2``."""
     if args.ct2_model_dir is not None:
         return args.ct2_model_dir
     name = os.path.basename(os.path.normpath(args.model_name_or_path)) or "model"
@@ -502,7 +470,6 @@ def check_engine(args: PrepareFraternalArguments, config: Any = None) -> None:
     from ifcl import ctranslate2_engine
 
     try:
-        ctranslate2_engine.import_ctranslate2()
         device = select_device(args.device)
         if device.type not in ("cpu", "cuda"):
             raise SettingsError(f"--device {args.device}: CTranslate2 runs on cpu or cuda, not {device.type}.")
@@ -517,20 +484,6 @@ def check_engine(args: PrepareFraternalArguments, config: Any = None) -> None:
         ctranslate2_engine.read_conversion_record(ct2_model_dir_of(args), args.model_name_or_path)
     except EngineSettingsError as error:
         raise SettingsError(str(error)) from None
-
-
-def load_translator(args: PrepareFraternalArguments, state: Any) -> Any:
-    """``Translator.from_arguments``; a model that cannot be loaded is a SettingsError that names its path."""
-    try:
-        return Translator.from_arguments(args, state)
-    except SettingsError:
-        raise
-    except EngineSettingsError as error:
-        raise SettingsError(str(error)) from None
-    except (OSError, ValueError) as error:
-        raise SettingsError(
-            f"--model_name_or_path {args.model_name_or_path}: cannot load the model: {error}"
-        ) from error
 
 
 def length_sorted_batches(
@@ -567,7 +520,7 @@ def source_token_counts(translator: Any, texts: Sequence[str]) -> list[int]:
 
 def work_folder_of(output_file: str) -> str:
     """The folder beside the output (the real file, if the output is a link) where the shards wait."""
-    return os.path.realpath(output_file) + PARTS_SUFFIX
+    return os.path.realpath(output_file) + ".parts"
 
 
 def shard_name(chunk: range) -> str:
@@ -587,7 +540,7 @@ def chunks_between(start: int, end: int, chunk_size: int) -> list[range]:
 def lock_output(stack: contextlib.ExitStack, output_file: str) -> None:
     """Hold the output's lock (``OUTPUT.lock``) until ``stack`` closes; SettingsError at once when another run
     holds it."""
-    lock_file = os.path.realpath(output_file) + LOCK_SUFFIX
+    lock_file = os.path.realpath(output_file) + ".lock"
     os.makedirs(os.path.dirname(lock_file), exist_ok=True)
     try:
         stack.enter_context(exclusive_lock(lock_file))
@@ -783,8 +736,6 @@ def join_shards(args: PrepareFraternalArguments, plan: Plan, summary: PrepareSum
             f"{len(empty)} translation(s) came out empty and are left out of {args.output_file}: lines "
             f"{format_line_numbers(empty)} of {args.input_file}"
         )
-    if args.overwrite_output_file:
-        logger.info(f"{args.output_file}: replaced by the new pairs (--overwrite_output_file)")
 
 
 def parse_arguments(argv: list[str]) -> PrepareFraternalArguments:
@@ -823,8 +774,16 @@ def prepare(args: PrepareFraternalArguments) -> PrepareSummary:
         (plan,) = broadcast_object_list([plan])
         if isinstance(plan, str):
             raise SettingsError(plan)
-        # 3. The model is loaded (when there is something to translate); only then are files changed.
-        translator = load_translator(args, state) if plan.todo else None
+        # 3. The model is loaded (when there is something to translate); only then are files changed. A model that
+        # cannot be loaded is named by its path.
+        try:
+            translator = Translator.from_arguments(args, state) if plan.todo else None
+        except (SettingsError, EngineSettingsError):
+            raise
+        except (OSError, ValueError) as error:
+            raise SettingsError(
+                f"--model_name_or_path {args.model_name_or_path}: cannot load the model: {error}"
+            ) from error
         if state.is_main_process and plan.chunks:
             start_work_folder(plan)
         state.wait_for_everyone()
@@ -842,14 +801,6 @@ def prepare(args: PrepareFraternalArguments) -> PrepareSummary:
     return summary
 
 
-def interrupt_message(args: PrepareFraternalArguments) -> str:
-    """What Ctrl-C prints: how to go on, and that an overwrite run left the old output as it was."""
-    kept = f"the finished chunks are kept in {work_folder_of(args.output_file)}"
-    if args.overwrite_output_file:
-        return f"interrupted; {args.output_file} is unchanged; run the same command again to go on ({kept})."
-    return f"interrupted; run the same command again to continue ({kept})."
-
-
 def run(argv: list[str]) -> PrepareSummary:
     """Parse ``argv``, set up the log, and :func:`prepare`; Ctrl-C becomes :class:`Interrupted` saying how to go on."""
     args = parse_arguments(argv)
@@ -862,7 +813,11 @@ def run(argv: list[str]) -> PrepareSummary:
     try:
         return prepare(args)
     except KeyboardInterrupt:
-        raise Interrupted(interrupt_message(args)) from None
+        unchanged = f"{args.output_file} is unchanged; " if args.overwrite_output_file else ""
+        raise Interrupted(
+            f"interrupted; {unchanged}run the same command again to continue (the finished chunks are kept in "
+            f"{work_folder_of(args.output_file)})."
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> None:
