@@ -1,11 +1,6 @@
 #!/usr/bin/env python
 """Evaluate a sentence encoder on the STS tasks of the IFCL paper (Tables 1 and 3) and on your own STS files.
 
-    python evaluate_sts.py --model_name_or_path outputs/ifcl-all-MiniLM-L6-v2-trans-de-en
-    python evaluate_sts.py --model_name_or_path bert-base-uncased --pooler_type avg --data_dir SentEval/data/downstream
-    python evaluate_sts.py --model_name_or_path MODEL --tasks chinese --data_dir data/sts
-    python evaluate_sts.py --model_name_or_path MODEL --tasks stsb my_pairs.tsv --mutual_information pairs.txt
-
 Without ``--tasks`` it scores every task whose data it can reach and names the others. Every figure comes from
 ``ifcl.STSEvaluator``, the Trainer's evaluator; results go to one folder per model. docs/evaluation.md tells the rest.
 """
@@ -236,16 +231,11 @@ def check_output_dir(output_dir: str, model_name_or_path: str, overwrite: bool, 
 
 def remove_results(output_dir: str) -> list[str]:
     """Delete this script's files (sts_results.json first) from ``output_dir``; other files stay. Returns their names."""
-    names = [RESULTS_JSON, RESULTS_MARKDOWN]
-    names += sorted(
-        os.path.basename(path) for path in glob.glob(os.path.join(glob.escape(output_dir), "scatter_*.png"))
-    )
-    removed = []
-    for name in names:
-        path = os.path.join(output_dir, name)
-        if os.path.isfile(path):
-            os.remove(path)
-            removed.append(name)
+    scatter_plots = glob.glob(os.path.join(glob.escape(output_dir), "scatter_*.png"))
+    names = [RESULTS_JSON, RESULTS_MARKDOWN] + sorted(os.path.basename(path) for path in scatter_plots)
+    removed = [name for name in names if os.path.isfile(os.path.join(output_dir, name))]
+    for name in removed:
+        os.remove(os.path.join(output_dir, name))
     return removed
 
 
@@ -275,7 +265,7 @@ def markdown_tables(label: str, results: dict[str, dict[str, Any]]) -> str:
         return format_score(results[name]["spearman"]) + marker if name in results else "–"
 
     lines: list[str] = []
-    if any(name in results for name in ENGLISH_TASKS) or not results:
+    if any(name in results for name in ENGLISH_TASKS):
         columns = [TASK_TITLES[name] for name in ENGLISH_TASKS] + ["Avg."]
         lines += table(columns, [cell(name) for name in ENGLISH_TASKS] + [format_score(english_average(results))])
     if any(name in results for name in CHINESE_TASKS):

@@ -89,33 +89,30 @@ class STSEvaluator:
     def similarities(
         self, model: SentenceEncoder, batch_size: int | None = None, show_progress_bar: bool = True
     ) -> np.ndarray:
-        """Cosine similarity of every pair under ``model``'s evaluation embeddings."""
+        """Cosine similarity of every pair under ``model``'s evaluation embeddings; ``FloatingPointError`` naming the
+        model, the set and the first sentence whose embedding is not finite."""
         unique = list(dict.fromkeys(self.sentences1 + self.sentences2))
-        index = {sentence: i for i, sentence in enumerate(unique)}
         embeddings = model.encode(
             unique,
             batch_size=batch_size or self.batch_size,
             show_progress_bar=show_progress_bar,
             description=f"STS {self.name}",
         )
-        self.check_finite(embeddings, unique, model)
-        first = embeddings[[index[s] for s in self.sentences1]]
-        second = embeddings[[index[s] for s in self.sentences2]]
-        return F.cosine_similarity(first.float(), second.float(), dim=-1).numpy().astype(np.float64)
-
-    def check_finite(self, embeddings: torch.Tensor, sentences: list[str], model: SentenceEncoder) -> None:
-        """``FloatingPointError`` naming the model, the set and the first sentence whose embedding is not finite."""
         broken = (~torch.isfinite(embeddings.float())).any(dim=-1)
         if broken.any():
-            count, first = int(broken.sum()), int(broken.nonzero()[0])
+            count, first_broken = int(broken.sum()), int(broken.nonzero()[0])
             model_name = getattr(model, "name_or_path", None) or getattr(
                 getattr(model, "model", None), "name_or_path", None
             )
             raise FloatingPointError(
                 f"{model_name or type(model).__name__} gives NaN or infinite embeddings for {count} of the "
-                f"{len(sentences)} sentences of STS set {self.name!r} (the first: {sentences[first]!r}): its weights "
+                f"{len(unique)} sentences of STS set {self.name!r} (the first: {unique[first_broken]!r}): its weights "
                 "hold NaN or infinities, or half precision overflowed; no correlation can be computed."
             )
+        index = {sentence: i for i, sentence in enumerate(unique)}
+        first = embeddings[[index[s] for s in self.sentences1]]
+        second = embeddings[[index[s] for s in self.sentences2]]
+        return F.cosine_similarity(first.float(), second.float(), dim=-1).numpy().astype(np.float64)
 
     def evaluate(
         self, model: SentenceEncoder, batch_size: int | None = None, show_progress_bar: bool = True

@@ -51,7 +51,6 @@ FRAMEWORKS = (
 # logged, evaluated and saved (the card tells these from the run's own log), and secrets.
 NOT_HYPERPARAMETERS = (
     "output_dir",
-    "logging_dir",
     "logging_strategy",
     "logging_first_step",
     "logging_steps",
@@ -237,11 +236,11 @@ def trainer_state(output_dir: str) -> dict[str, Any]:
         return {}
 
 
-def log_rows(log: list[dict], results: dict[str, Any], loss_terms: tuple[str, ...]) -> list[dict[str, Any]]:
+def log_rows(log: list[dict], results: dict[str, Any], tasks: list[str], loss_terms: tuple[str, ...]) -> list[dict]:
     """One row per logged step: its epoch, the training loss and its terms, and the dev Spearman (× 100) of each STS
     set evaluated then; step 0 holds the evaluation before training."""
     rows: dict[int, dict[str, Any]] = {}
-    for task in sts_tasks_of(results):
+    for task in tasks:
         start = results.get(f"init_eval_{task}_spearman")
         if start is not None:
             rows.setdefault(0, {"Epoch": 0.0, "Step": 0})[f"{task} dev Spearman"] = start
@@ -306,7 +305,7 @@ def training_description(steps: int | None, training_args, best: int | None, row
     text += f" of {batch} sentences"
     evaluated = [row["Step"] for row in rows if row["Step"] > 0 and any(k.endswith("dev Spearman") for k in row)]
     evaluations = f"evaluated on the dev set {steps_phrase(evaluated)}" if evaluated else "no dev evaluation is logged"
-    if not getattr(training_args, "load_best_model_at_end", False):
+    if not training_args.load_best_model_at_end:
         return (
             f'{text}, {evaluations}; the saved model is the last step\'s, and the "after training" figures are of it.'
         )
@@ -331,12 +330,10 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} hours" if seconds < 86400 else f"{seconds / 86400:.1f} days"
 
 
-def training_time(results: dict[str, Any], log: list[dict]) -> list[tuple[str, str]]:
-    """Training, dev evaluation during training, and their total: the Trainer's ``train_runtime`` and the logged
+def training_time(log: list[dict]) -> list[tuple[str, str]]:
+    """Training, dev evaluation during training, and their total: the logged ``train_runtime`` and
     ``eval_*_runtime`` (nothing when the run did not record its time)."""
-    total = results.get("train_runtime")
-    if total is None:
-        total = next((entry["train_runtime"] for entry in log if "train_runtime" in entry), None)
+    total = next((entry["train_runtime"] for entry in log if "train_runtime" in entry), None)
     if total is None:
         return []
     evaluation = sum(
@@ -406,18 +403,6 @@ def widget(train_text) -> list[dict[str, Any]] | None:
     return [{"source_sentence": sentences[0], "sentences": sentences[1:]}]
 
 
-def sentence_transformers_view(output_dir: str) -> dict[str, Any] | None:
-    """How ``SentenceTransformer(folder)`` embeds: its facts from the folder's files (``publishing.read_base``) and
-    its modules as modules.json lists them; None for a folder without that view."""
-    from ifcl.cli import read_json
-    from ifcl.publishing import read_base
-
-    view = read_base(output_dir) if os.path.isfile(os.path.join(output_dir, "modules.json")) else None
-    if view is not None:
-        view["modules"] = read_json(output_dir, "modules.json")
-    return view
-
-
 def architecture(output_dir: str, config, view: dict[str, Any] | None) -> tuple[str, str | None]:
     """The model as sentence-transformers prints it and the similarities of the card's examples: from
     ``SentenceTransformer(folder)`` itself where sentence-transformers is installed, else its modules listed from
@@ -448,7 +433,7 @@ def architecture(output_dir: str, config, view: dict[str, Any] | None) -> tuple[
             if bars:
                 transformers_logging.enable_progress_bar()
     lines = []
-    for index, module in enumerate(view["modules"]):
+    for index, module in enumerate(read_json(output_dir, "modules.json")):
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
         config_file = "sentence_bert_config.json" if kind == "Transformer" else "config.json"
         module_config = read_json(output_dir, config_file, module.get("path", "")) or {}
@@ -535,6 +520,7 @@ def write_model_card(
             statistics and first rows; train_size: its size otherwise (default the results' ``train_samples``).
     """
     from ifcl.objectives import DEFAULT_OBJECTIVE, objective_class
+    from ifcl.publishing import read_base
 
     given_base = base_model or setting(config, "encoder_name_or_path")
     if base_model_path is None and given_base and os.path.isdir(given_base):
@@ -544,12 +530,13 @@ def write_model_card(
     tasks = sts_tasks_of(results)
     datasets = [dataset] if isinstance(dataset, str) else list(dataset or [])
     objective = objective_class(setting(config, "objective") or DEFAULT_OBJECTIVE)
-    view = sentence_transformers_view(output_dir)
+    # How SentenceTransformer(folder) embeds; None: the folder has no modules.json.
+    view = read_base(output_dir) if os.path.isfile(os.path.join(output_dir, "modules.json")) else None
     base_facts = base_model_card_data(base_model_path)
     state = trainer_state(output_dir)
     best = state.get("best_global_step")  # the checkpoint the Trainer kept as best (None: none kept)
     log = list(log_history if log_history is not None else state.get("log_history") or [])
-    rows = log_rows(log, results, objective.loss_terms)
+    rows = log_rows(log, results, tasks, objective.loss_terms)
     steps = results.get("train_steps", next((entry["step"] for entry in log if "train_runtime" in entry), None))
     size = len(train_text) if train_text is not None else train_size or results.get("train_samples")
     loss_name = "IFCLLoss" if objective.name == DEFAULT_OBJECTIVE else objective.__name__
@@ -579,7 +566,7 @@ def write_model_card(
         template_path=TEMPLATE_PATH,
         model_name=model_name,
         objective=card_title(config, objective),
-        method=objective.paper.description,
+        paper=objective.paper,
         loss_name=loss_name,
         loss_class=f"{objective.__module__}.{objective.__qualname__}",
         base_model=base_model,
@@ -589,7 +576,6 @@ def write_model_card(
         dimension=encoder_setting(config, "hidden_size"),
         max_seq_length=(view or {}).get("max_seq_length"),
         similarity=SIMILARITY_NAMES.get(similarity_name, similarity_name),
-        normalize=bool((view or {}).get("normalize")),
         model_string=model_string,
         similarities=similarities,
         examples=EXAMPLES,
@@ -607,7 +593,7 @@ def write_model_card(
         log_table=log_table(rows, objective.loss_terms, best) if rows else None,
         hide_log=len(rows) > 100,
         curves=os.path.isfile(os.path.join(output_dir, "training_curves.png")),
-        training_time=training_time(results, log),
+        training_time=training_time(log),
         repo=model_name if "/" in model_name else f"<user>/{model_name}",
         encoder_model_type=encoder_setting(config, "model_type"),
         fraternal_tokenizer=setting(config, "fraternal_model_name_or_path") is not None,
@@ -616,7 +602,6 @@ def write_model_card(
         sentence_transformers_versions=SENTENCE_TRANSFORMERS_VERSIONS,
         versions=framework_versions(),
         data_licenses=data_licenses,
-        citation=objective.paper.citation,
     )
     path = os.path.join(output_dir, "README.md")
     os.makedirs(output_dir, exist_ok=True)
@@ -643,7 +628,6 @@ def write_card_and_curves(
     )
     trainer.create_model_card(
         dataset=data_args.dataset_name or data_args.train_file or TRANS_DE_EN,
-        model_name=training_args.hub_model_id,
         base_model_path=base if os.path.isdir(base) else None,
         sts_sources={"eval": data_args.validation_file or BUILTIN_STSB, "test": data_args.test_file or BUILTIN_STSB},
         log_history=training_log,

@@ -1,8 +1,5 @@
-"""The encoders ``evaluate_sts.py`` scores, and the mutual information of the IFCL paper's Eq. 10 (Table 4).
-
-:func:`load_encoder` reads a folder or Hub id as a saved IFCL model (:class:`IFCLEncoder`), a sentence-transformers
-model (:class:`SentenceTransformerEncoder`) or a plain ``transformers`` encoder with a pooler chosen by name
-(:class:`TransformersEncoder`). The Trainer does not import this module.
+"""The encoders ``evaluate_sts.py`` scores (:func:`load_encoder`), and the mutual information of the IFCL paper's
+Eq. 10 (Table 4). The Trainer does not import this module.
 """
 
 from __future__ import annotations
@@ -253,15 +250,10 @@ def load_encoder(
     dtype: torch.dtype | None = None,
     trust_remote_code: bool = False,
 ) -> LoadedEncoder:
-    """The encoder of a folder or Hub id: an IFCL model, a sentence-transformers model or a plain encoder.
-
-    ``pooler_type``: for a plain encoder the pooler (default ``avg``, the paper's evaluation pooler); for an IFCL
-    model it overrides the evaluation pooler saved in its config; a sentence-transformers model keeps its own
-    Pooling module. A sentence-transformers folder read as a plain encoder (``model_type="transformers"``) uses the
-    weights of its Transformer module and, unless ``pooler_type`` is given, the mode of its Pooling module (mean →
-    avg, cls → cls_before_pooler). An IFCL model loads with this project's own :class:`IFCLModel`: the ``.py`` files
-    saved beside its weights never run. The settings, and the package a sentence-transformers model needs, are
-    checked before any weights load; a damaged weights file ends in one ``OSError`` line.
+    """The encoder of a folder or Hub id: an IFCL model (with this project's own :class:`IFCLModel`: the ``.py`` files
+    saved beside its weights never run), a sentence-transformers model or a plain encoder, with ``pooler_type`` and
+    ``model_type`` as docs/evaluation.md tells. The settings, and the package a sentence-transformers model needs,
+    are checked before any weights load; a damaged weights file ends in one ``OSError`` line.
     """
     if model_type not in MODEL_TYPES:
         raise ValueError(f"--model_type must be one of {MODEL_TYPES}, got {model_type!r}.")

