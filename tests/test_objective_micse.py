@@ -13,12 +13,12 @@ import torch
 from conftest import ENGLISH, objective_run_args, saved_weight_names
 
 from ifcl import queue as ring
+from ifcl.losses import info_nce
 from ifcl.objectives import build_objective, settings_as_dict
 from ifcl.objectives.micse import (
     AttentionMutualInformationLoss,
     MiCSEObjective,
     MiCSESettings,
-    MomentumContrastiveLoss,
     attention_layer_indices,
     attention_slices,
     sample_attention_positions,
@@ -131,7 +131,7 @@ def test_contrastive_loss_with_queue_matches_a_hand_computation():
     ring.push(queue, rows)  # two of four rows filled; the empty ones take no part
     stored, ages = ring.entries(queue)
     tau = 0.05
-    loss = MomentumContrastiveLoss(tau)(first, second, stored[ages > 0])
+    loss = info_nce(first, second, tau, stored[ages > 0])  # L_C as miCSE computes it
 
     def d(u, v):
         return math.exp(torch.dot(u, v).item() / (u.norm() * v.norm()).item() / tau)
@@ -206,7 +206,7 @@ def test_objective_reads_attentions_and_fills_its_queue(tiny_encoder_dir):
         without_dropout = objective(model, inputs).components["loss_contrastive"]
         views = model(**inputs, training_pooler=True).sentence_embedding
     stored, ages = ring.entries(objective.queue)
-    expected = MomentumContrastiveLoss(model.config.contrastive_temperature)(views, views, stored[ages > 0])
+    expected = info_nce(views, views, model.config.contrastive_temperature, stored[ages > 0])
     torch.testing.assert_close(without_dropout, expected)
     model.train()
     state = model.state_dict()

@@ -26,18 +26,19 @@ def tokenized(model: IFCLModel, with_fraternal: bool) -> datasets.Dataset:
 
 
 def make_trainer(model, dataset, tmp_path, **overrides) -> IFCLTrainer:
-    settings = dict(
-        output_dir=tmp_path / "out",
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=2,
-        max_steps=3,
-        learning_rate=0.0,
-        logging_steps=1,
-        seed=0,
-    )
-    args = cpu_training_args(**{**settings, **overrides})
-    # No data collator given: the trainer uses the objective's own.
-    return IFCLTrainer(model=model, args=args, train_dataset=dataset)
+    """A trainer of 3 steps of 2 rows × 2 accumulated at learning rate 0, logging each step, unless ``overrides`` (other
+    ``TrainingArguments``) say otherwise. No data collator is given: the trainer uses the objective's own."""
+    settings = {
+        "output_dir": tmp_path / "out",
+        "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 2,
+        "max_steps": 3,
+        "learning_rate": 0.0,
+        "logging_steps": 1,
+        "seed": 0,
+        **overrides,
+    }
+    return IFCLTrainer(model=model, args=cpu_training_args(**settings), train_dataset=dataset)
 
 
 def test_queue_takes_all_anchors_of_each_optimizer_step_once(tiny_encoder_dir, tmp_path):

@@ -287,32 +287,6 @@ class AttentionMutualInformationLoss(nn.Module):
         return -self.weight * mean, mean
 
 
-class MomentumContrastiveLoss(nn.Module):
-    """L_C of Eq. 2: InfoNCE of the first views e_i against the second views ⁺e_j and the queue Q of momentum
-    embeddings q_j, d(x, y) = exp(sim(x, y)/τ), averaged over the batch:
-
-    ℓ_i = −log d(e_i, ⁺e_i) / (Σ_j d(e_i, ⁺e_j) + Σ_{q∈Q} d(e_i, q)).
-
-    Decision: the in-batch terms are SimCSE's (the denominator takes all second views, the positive included),
-    which is what "the standard InfoNCE" of Section 2 computes; Eq. 2 writes them loosely as j ≠ i, d(e_i, e_j).
-    ``queue_log_weights`` is 0 for a filled queue row and −inf for an empty one (it then takes no part).
-    """
-
-    def __init__(self, temperature: float = 0.05) -> None:
-        super().__init__()
-        self.temperature = temperature
-
-    def forward(
-        self,
-        first_views: torch.Tensor,
-        second_views: torch.Tensor,
-        queue: torch.Tensor | None = None,
-        queue_log_weights: torch.Tensor | None = None,
-        label_offset: int = 0,
-    ) -> torch.Tensor:
-        return info_nce(first_views, second_views, self.temperature, queue, queue_log_weights, label_offset)
-
-
 def set_dropout(module: nn.Module, rate: float) -> None:
     """Every dropout of an encoder at ``rate``: its ``nn.Dropout`` modules and its config's dropout rates."""
     for child in module.modules():
@@ -368,7 +342,7 @@ class MiCSEObjective(Objective):
             )
         layers = attention_layer_indices(settings.micse_attention_layers, num_layers)
         check_heads_per_group(num_heads, settings.micse_heads_per_group)
-        self.contrastive_loss = MomentumContrastiveLoss(model.config.contrastive_temperature)
+        self.temperature = model.config.contrastive_temperature
         self.attention_loss = AttentionMutualInformationLoss(
             settings.micse_attention_weight,
             layers,
@@ -414,7 +388,9 @@ class MiCSEObjective(Objective):
         if self.queue is not None:  # every filled row weighs the same, an empty one takes no part
             queue, ages = ring.entries(self.queue)
             queue_log_weights = torch.zeros_like(queue[:, 0]).masked_fill(ages == 0, float("-inf"))
-        loss_contrastive = self.contrastive_loss(first_views, candidates, queue, queue_log_weights, label_offset)
+        # L_C, Eq. 2: InfoNCE of the first views against the second views and Q. The in-batch terms are SimCSE's (the
+        # denominator takes every second view, the positive too: Section 2's "standard InfoNCE"; Eq. 2 writes j ≠ i).
+        loss_contrastive = info_nce(first_views, candidates, self.temperature, queue, queue_log_weights, label_offset)
         loss = loss_contrastive
         components = {"loss_contrastive": loss_contrastive.detach()}
         if self.uses_attentions:
