@@ -63,3 +63,5 @@ def test_each_python_block_runs_as_written(name, code, user_folder):
         timeout=600,
     )
     assert result.returncode == 0, f"{name}\n{code}\n{result.stdout[-1500:]}{result.stderr[-3000:]}"
+    for output_dir in re.findall(r'output_dir="([^"]+)"', code):  # a block that trains leaves its model there
+        assert (user_folder / output_dir / "config.json").is_file(), f"{name}: nothing saved in {output_dir}"

@@ -132,26 +132,6 @@ def test_settings_are_checked_and_a_single_column_is_refused(tiny_encoder_dir):
     assert set(simcse([features], None)) == {"loss_identical"}
 
 
-@pytest.mark.slow
-def test_the_readme_sentence_transformers_example_runs(tmp_path):
-    """The README's sentence-transformers example, as written (all-MiniLM-L6-v2 for two steps)."""
-    import os
-    import subprocess
-    import sys
-
-    from conftest import ROOT
-
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = readme.split("<!-- sentence-transformers-loss:start -->", 1)[1].split(
-        "<!-- sentence-transformers-loss:end", 1
-    )[0]
-    code = block.split("```python", 1)[1].split("```", 1)[0]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert (tmp_path / "outputs" / "st-ifcl" / "modules.json").is_file()
-
-
 def test_its_collator_takes_the_columns_by_name_and_a_missing_fraternal_model_is_named(tiny_encoder_dir, tmp_path):
     st_model = sentence_transformer_of(tiny_encoder_dir)
     loss = IFCLLoss(st_model)

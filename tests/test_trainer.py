@@ -211,22 +211,3 @@ def test_text_dataset_without_translations_names_the_missing_column(tiny_encoder
     args = cpu_training_args(tmp_path / "out")
     with pytest.raises(ValueError, match="'fraternal' column"):
         IFCLTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"sentence": ENGLISH}))
-
-
-@pytest.mark.slow
-def test_the_readme_python_example_runs(tmp_path):
-    """The README's Python example, as written (all-MiniLM-L6-v2 for two steps, STS-B dev)."""
-    import os
-    import subprocess
-    import sys
-
-    from conftest import ROOT
-
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = readme.split("<!-- python-api:start -->", 1)[1].split("<!-- python-api:end -->", 1)[0]
-    code = block.split("```python", 1)[1].split("```", 1)[0]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "eval_stsb_spearman" in result.stdout
-    assert (tmp_path / "outputs" / "python-api" / "config.json").is_file()
