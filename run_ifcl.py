@@ -367,6 +367,7 @@ def main(argv: list[str] | None = None):
         if push_at_end:
             with failures_of_the_run():
                 push_output_folder(training_args)
+    trainer.end()  # the process group goes before the interpreter does: gloo's threads would otherwise abort it
     return trainer, all_metrics
 
 

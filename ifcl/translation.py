@@ -798,6 +798,7 @@ def prepare(args: PrepareFraternalArguments) -> PrepareSummary:
         logger.info(
             f"{args.output_file}: {summary.output_lines} of {summary.input_sentences} sentences with their translation"
         )
+    state.destroy_process_group()  # before the interpreter ends: gloo's threads would otherwise abort it
     return summary
 
 

@@ -58,3 +58,4 @@ if __name__ == "__main__":
         new = gather_rows_in_one_collective(accelerator, rows, CAPACITY)
         results.append({"rows": rows, "old": old, "new": new, "old_calls": old_calls, "new_calls": list(calls)})
     torch.save(results, os.path.join(sys.argv[1], f"gather_rank{rank}.pt"))
+    accelerator.end_training()  # destroys the process group: without it gloo may abort the process as it exits
