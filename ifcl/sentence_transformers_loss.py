@@ -209,17 +209,16 @@ class IFCLDataCollator(SentenceTransformerDataCollator):
         self.loss.collated_by_name = True
         # The named columns first, in the loss's order: sentence_features follow the batch's keys.
         features = [{**{name: row[name] for name in columns}, **row} for row in features]
-        batch = super().__call__(features)
-        if self.loss.fraternal_tokenizer is not None and "fraternal" in columns:
-            for key in [key for key in batch if key.startswith("fraternal_")]:
-                del batch[key]
-            encoded = self.loss.fraternal_tokenizer(
-                [row["fraternal"] for row in features],
-                padding=True,
-                truncation=True,
-                max_length=self.loss.model.max_seq_length,
-                return_tensors="pt",
-            )
-            batch["fraternal_input_ids"] = encoded["input_ids"]
-            batch["fraternal_attention_mask"] = encoded["attention_mask"]
+        if self.loss.fraternal_tokenizer is None or "fraternal" not in columns:
+            return super().__call__(features)
+        # The fraternal twins are read by the fraternal model's tokenizer alone; an empty placeholder keeps the
+        # column's place (second) in the batch, and its tensors are replaced there.
+        fraternal = [row["fraternal"] for row in features]
+        batch = super().__call__([{**row, "fraternal": ""} for row in features])
+        encoded = self.loss.fraternal_tokenizer(
+            fraternal, padding=True, truncation=True, max_length=self.loss.model.max_seq_length, return_tensors="pt"
+        )
+        batch["fraternal_input_ids"] = encoded["input_ids"]
+        batch["fraternal_attention_mask"] = encoded["attention_mask"]
+        batch.pop("fraternal_token_type_ids", None)  # the placeholder's, from the encoder's tokenizer
         return batch

@@ -145,6 +145,21 @@ def test_its_collator_takes_the_columns_by_name_and_a_missing_fraternal_model_is
         IFCLLoss(st_model, fraternal_model_name_or_path=missing)
 
 
+def test_with_a_fraternal_model_the_twins_stay_second_read_by_its_tokenizer(tiny_encoder_dir, tiny_fraternal_dir):
+    """An extra text column never takes the fraternal twins' place (sentence-transformers orders the features by
+    the batch's keys), and the twins are tokenized by the fraternal model's tokenizer, not the encoder's."""
+    from transformers import AutoTokenizer
+
+    loss = IFCLLoss(sentence_transformer_of(tiny_encoder_dir), fraternal_model_name_or_path=str(tiny_fraternal_dir))
+    rows = [{"sentence": en, "source": "web", "fraternal": de} for en, de in zip(ENGLISH[:3], GERMAN[:3])]
+    batch = loss.data_collator()(rows)
+    columns = [key.removesuffix("_input_ids") for key in batch if key.endswith("_input_ids")]
+    assert columns == ["sentence", "fraternal", "source"]
+    expected = AutoTokenizer.from_pretrained(str(tiny_fraternal_dir))(GERMAN[:3], padding=True, return_tensors="pt")
+    assert torch.equal(batch["fraternal_input_ids"], expected["input_ids"])
+    assert torch.equal(batch["fraternal_attention_mask"], expected["attention_mask"])
+
+
 def test_its_collator_checks_the_training_set_or_else_each_batch(tiny_encoder_dir):
     """As ``IFCLTrainer`` checks its text: one error naming the column and the row, at once when the collator is
     given the training set, else at the batch."""
