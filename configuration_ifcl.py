@@ -108,10 +108,7 @@ class IFCLConfig(PretrainedConfig):
             kwargs.setdefault(name, self.encoder_config.get(name))
         super().__init__(**kwargs)
 
-    @property
-    def uses_fraternal_twins(self) -> bool:
-        """Whether training needs the fraternal view (ℓ^F or ℓ^T has a weight)."""
-        return self.fraternal_loss_weight > 0 or self.twins_loss_weight > 0
+    uses_fraternal_twins = IFCLSettings.uses_fraternal_twins  # the same rule on the config's own fields
 
     @property
     def shares_word_table(self) -> bool:

@@ -392,20 +392,22 @@ class IFCLModel(PreTrainedModel):
         device = torch.device(device) if device is not None else self.device
         if device != self.device:
             self.to(device)
-        was_training = self.training
-        self.eval()
-        try:
-            embeddings = embed_sorted_by_length(
-                sentences,
-                tokenizer,
-                lambda batch: self(**batch.to(device)).sentence_embedding,
-                batch_size,
-                max_length or max_input_length(tokenizer, self.encoder.config),
-                show_progress_bar,
-                description,
-            )
-        finally:
-            self.train(was_training)
+        embeddings = torch.empty(0, self.encoder.config.hidden_size)  # no sentences, no rows
+        if sentences:
+            was_training = self.training
+            self.eval()
+            try:
+                embeddings = embed_sorted_by_length(
+                    sentences,
+                    tokenizer,
+                    lambda batch: self(**batch.to(device)).sentence_embedding,
+                    batch_size,
+                    max_length or max_input_length(tokenizer, self.encoder.config),
+                    show_progress_bar,
+                    description,
+                )
+            finally:
+                self.train(was_training)
         if normalize_embeddings:
             embeddings = nn.functional.normalize(embeddings, p=2, dim=1)
         if convert_to_tensor or (convert_to_tensor is None and not convert_to_numpy):

@@ -190,6 +190,7 @@ def test_encode_is_independent_of_batching_and_order(model):
     alone = torch.stack([model.encode([sentence])[0] for sentence in ENGLISH])
     assert together.shape == (len(ENGLISH), 32)
     assert torch.allclose(together, alone, atol=1e-5)
+    assert model.encode([]).shape == (0, 32) and model.encode([], convert_to_numpy=True).shape == (0, 32)
 
 
 @pytest.mark.parametrize("training", [True, False])
