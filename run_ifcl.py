@@ -326,37 +326,39 @@ def main(argv: list[str] | None = None):
             all_metrics, training_log = {}, []
             if do_train:
                 all_metrics = evaluate_sts(trainer, sts_sets, task, prefix="init_")
-                with failures_of_the_run(), write_failures_named(output_dir, lambda: trainer.state.global_step):
-                    train_metrics = train_or_finish(trainer, plan.resume, output_dir)
-                    training_log = list(trainer.state.log_history)  # before the final evaluations
-                    trainer.save_model()
-                if all_metrics:
-                    trainer.save_metrics("init", all_metrics, combined=False)
-                trainer.log_metrics("train", train_metrics)
-                trainer.save_metrics("train", train_metrics, combined=False)
-                trainer.save_state()
-                all_metrics.update(train_metrics)
+            with failures_of_the_run():  # the work has begun: from here a failure ends with exit code 1
+                if do_train:
+                    with write_failures_named(output_dir, lambda: trainer.state.global_step):
+                        train_metrics = train_or_finish(trainer, plan.resume, output_dir)
+                        training_log = list(trainer.state.log_history)  # before the final evaluations
+                        trainer.save_model()
+                    if all_metrics:
+                        trainer.save_metrics("init", all_metrics, combined=False)
+                    trainer.log_metrics("train", train_metrics)
+                    trainer.save_metrics("train", train_metrics, combined=False)
+                    trainer.save_state()
+                    all_metrics.update(train_metrics)
 
-            # 8. STS after training (the best checkpoint, when one was kept) and all_results.json, written last.
-            with failures_of_the_run():
+                # 8. STS after training (the best checkpoint, when one was kept) and all_results.json, written last.
                 metrics = evaluate_sts(trainer, sts_sets, task)
-            if metrics:
-                trainer.log_metrics("eval", metrics)
-                trainer.save_metrics("eval", metrics, combined=False)
-                all_metrics.update(metrics)
-            if trainer.is_world_process_zero():
-                write_json_atomically(os.path.join(output_dir, "all_results.json"), all_metrics, sort_keys=True)
+                if metrics:
+                    trainer.log_metrics("eval", metrics)
+                    trainer.save_metrics("eval", metrics, combined=False)
+                    all_metrics.update(metrics)
+                if trainer.is_world_process_zero():
+                    write_json_atomically(os.path.join(output_dir, "all_results.json"), all_metrics, sort_keys=True)
 
-            # 9. Training curves and the model card; the run is finished.
-            if do_train and trainer.is_world_process_zero():
-                from ifcl.model_card import write_card_and_curves
+                # 9. Training curves and the model card; the run is finished.
+                if do_train and trainer.is_world_process_zero():
+                    from ifcl.model_card import write_card_and_curves
 
-                write_card_and_curves(trainer, data_args, all_metrics, training_log, model_path, train_text)
-            run_folder.finish()
+                    write_card_and_curves(trainer, data_args, all_metrics, training_log, model_path, train_text)
+                run_folder.finish()
     except KeyboardInterrupt:
         raise Interrupted(interrupted_message(output_dir, sys.argv)) from None
 
     # 10. What the run gave and where it lies; the push, last (a failed one loses nothing).
+    trainer.end()  # the process group goes before the interpreter does: gloo's threads would otherwise abort it
     for key in ("init_eval", "eval", "init_test", "test"):
         value = all_metrics.get(f"{key}_{task}_spearman")
         if value is not None and not math.isnan(value):
@@ -367,7 +369,6 @@ def main(argv: list[str] | None = None):
         if push_at_end:
             with failures_of_the_run():
                 push_output_folder(training_args)
-    trainer.end()  # the process group goes before the interpreter does: gloo's threads would otherwise abort it
     return trainer, all_metrics
 
 

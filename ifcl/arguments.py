@@ -29,10 +29,12 @@ class ScriptArgumentParser(HfArgumentParser):
 
 
 def command_line(argv: list[str], parser: HfArgumentParser) -> tuple[list[str], str]:
-    """``argv`` as given, or the command line that its one ``.json`` file of arguments (an object of names and values)
-    stands for, so that the command line's own types read its values (``null``: a default None); with the prefix (the
-    file's name) that errors about those arguments take. Every script of the project reads its arguments so."""
-    if len(argv) != 1 or not argv[0].endswith(".json"):
+    """``argv`` as given, or, when its first word is a ``.json`` file of arguments (an object of names and values),
+    the command line that file stands for followed by the rest of ``argv`` (whose flags win: ``args.json
+    --resume_from_checkpoint last``), so that the command line's own types read its values (``null``: a default
+    None); with the prefix (the file's name) that errors about those arguments take. Every script reads its
+    arguments so."""
+    if not argv or not argv[0].endswith(".json"):
         return argv, ""
     path = argv[0]
     try:
@@ -57,7 +59,7 @@ def command_line(argv: list[str], parser: HfArgumentParser) -> tuple[list[str], 
         if value is not None:
             values = value if isinstance(value, list) else [value]
             words += [f"--{name}"] + [json.dumps(v) if isinstance(v, bool | dict) else str(v) for v in values]
-    return words, f"{path}: "
+    return words + argv[1:], f"{path}: "
 
 
 def given_setting_names(argv: list[str]) -> set[str]:

@@ -371,6 +371,25 @@ def test_a_full_disk_during_a_checkpoint_ends_in_one_line_and_resume_takes_the_l
     assert trainer.state.global_step == 4 and record(folder).finished
 
 
+def test_a_full_disk_after_training_ends_with_exit_code_1(tiny_encoder_dir, english_sts_data, tmp_path, monkeypatch):
+    """The results and the card are written once training has finished: a failure there is the run's (exit code 1),
+    not bad input (2), and the run is not marked finished."""
+    import errno
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("ifcl.model_card.write_card_and_curves", disk_full)
+    folder = tmp_path / "run"
+    monkeypatch.setattr(
+        "sys.argv", ["run_ifcl.py", *objective_run_args(tiny_encoder_dir, english_sts_data, folder, "simcse")]
+    )
+    with pytest.raises(SystemExit) as exit_code:
+        run_command("run_ifcl.py", run_ifcl.main)
+    assert exit_code.value.code == 1
+    assert (folder / RUN_IN_PROGRESS_FILE).exists() and not record(folder).finished
+
+
 def test_nan_in_the_weights_to_train_from_is_named_before_training(tiny_encoder_dir, english_sts_data, tmp_path):
     broken = tmp_path / "broken-encoder"
     shutil.copytree(tiny_encoder_dir, broken)

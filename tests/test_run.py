@@ -262,6 +262,10 @@ def test_single_json_file_gives_all_arguments_over_the_embedded_defaults(tmp_pat
     assert training_args.max_steps == 7 and ifcl_args.fusion_rate == 0.3
     assert training_args.eval_steps == run_ifcl.TRAINING_DEFAULTS["eval_steps"]
     assert data_args.max_seq_length == 32
+    # Flags after the file win: the resume command the script prints (``args.json --resume_from_checkpoint last``).
+    arguments = run_ifcl.parse_arguments([str(path), "--fusion_rate", "0.4", "--resume_from_checkpoint", "last"])
+    assert arguments.ifcl.fusion_rate == 0.4 and arguments.training.max_steps == 7
+    assert arguments.training.resume_from_checkpoint == "last"
 
 
 def test_push_to_hub_sends_the_finished_folder(tiny_encoder_dir, tiny_fraternal_dir, data_dir, tmp_path, monkeypatch):
