@@ -36,8 +36,9 @@ else
 fi
 
 # accelerate launch warns, at every launch, about each setting it was not given, unless it has a config: write its
-# default one when there is none (an existing one is never changed). use_cpu stays false, so that a machine without
-# GPU trains on the CPU all the same without accelerate choosing thread counts (run_ifcl.py uses every core).
+# default one when there is none (an existing one is never changed): one process, as the README's figures were made
+# (several: configs/accelerate_multi_gpu.yaml, docs/scale.md). use_cpu stays false, so that a machine without GPU
+# trains on the CPU all the same without accelerate choosing thread counts (run_ifcl.py uses every core).
 "$PYTHON" - <<'PY'
 import json
 from accelerate.commands.config.config_args import default_config_file
@@ -46,7 +47,7 @@ from accelerate.utils import write_basic_config
 if write_basic_config(mixed_precision="no", save_location=default_config_file):  # False: one exists, left alone
     with open(default_config_file, encoding="utf-8") as handle:
         config = json.load(handle)
-    config["use_cpu"] = False
+    config.update(use_cpu=False, distributed_type="NO", num_processes=1)  # write_basic_config takes every GPU
     with open(default_config_file, "w", encoding="utf-8") as handle:
         json.dump(config, handle, indent=2)
     print(f"wrote accelerate's default config: {default_config_file}")
