@@ -94,18 +94,27 @@ def read_json(name_or_path: str, filename: str, subfolder: str = "") -> Any:
         return json.load(f)
 
 
-def write_json_atomically(path: str, content: Any, sort_keys: bool = False) -> None:
-    """``content`` as JSON (NaN and infinities as null) to a temporary file beside ``path``, then renamed over it: a
-    reader finds the old file or the whole new one, never half of one; a failed write leaves no temporary file."""
+@contextlib.contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """A temporary path beside ``path`` for the ``with`` block to write, renamed over ``path`` when the block ends
+    without error: a reader finds the old file or the whole new one, never half of one. On an error (Ctrl-C too) the
+    temporary file is removed and ``path`` is left as it was."""
     temporary = f"{path}.tmp-{os.getpid()}"
     try:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            json.dump(without_nan(content), handle, indent=2, sort_keys=sort_keys, ensure_ascii=False, allow_nan=False)
+        yield temporary
         os.replace(temporary, path)
     except BaseException:
-        if os.path.exists(temporary):
+        with contextlib.suppress(FileNotFoundError):
             os.remove(temporary)
         raise
+
+
+def write_json_atomically(path: str, content: Any, sort_keys: bool = False, indent: int = 2) -> None:
+    """``content`` as JSON (NaN and infinities as null) written to ``path`` through :func:`atomic_path`."""
+    with atomic_path(path) as temporary, open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(
+            without_nan(content), handle, indent=indent, sort_keys=sort_keys, ensure_ascii=False, allow_nan=False
+        )
 
 
 @contextlib.contextmanager

@@ -187,17 +187,22 @@ def prepare_model_dir(model_dir: str, model_name_or_path: str) -> None:
     convert_model(model_name_or_path, model_dir)
 
 
-def check_compute_type(compute_type: str, device: str) -> None:
-    """``compute_type`` must be one CTranslate2 computes in on ``device`` (cpu or cuda)."""
+def check_compute_type(compute_type: str, device: str, setting: str = "--compute_type") -> None:
+    """``compute_type`` must be one CTranslate2 computes in on ``device`` (cpu or cuda); the error names the
+    ``setting`` it came from (``--compute_type``, or ``--dtype`` when that is not given)."""
     ctranslate2 = import_ctranslate2()
     if compute_type in ("default", "auto"):
         return
     supported = sorted(ctranslate2.get_supported_compute_types(device))
-    if compute_type not in supported:
-        raise EngineSettingsError(
-            f"--compute_type {compute_type}: CTranslate2 {ctranslate2.__version__} cannot compute in it on {device} "
-            f"here; it can in {', '.join(supported)} (or default, auto)."
-        )
+    if compute_type in supported:
+        return
+    cannot = f"{setting} {compute_type}: CTranslate2 {ctranslate2.__version__} cannot compute in it on {device} here"
+    can = f"{', '.join(supported)} (or default, auto)"
+    if setting == "--compute_type":
+        raise EngineSettingsError(f"{cannot}; it can in {can}.")
+    raise EngineSettingsError(
+        f"{cannot} (without --compute_type, it computes in --dtype's type); pass --compute_type with one it can: {can}."
+    )
 
 
 class CTranslate2Translator:
@@ -233,10 +238,10 @@ class CTranslate2Translator:
             self.translator = ctranslate2.Translator(
                 model_dir, device=device.type, device_index=device_index, compute_type=compute_type, **threads
             )
-        except (RuntimeError, ValueError) as error:
+        except (RuntimeError, ValueError) as error:  # its files were just checked against their record: not them
             raise EngineSettingsError(
-                f"--ct2_model_dir {model_dir}: CTranslate2 cannot load it on {device.type} ({error}); delete the "
-                "folder to convert the model again."
+                f"--ct2_model_dir {model_dir}: CTranslate2 cannot load it on {device.type} {device_index} in compute "
+                f"type {compute_type} ({error})."
             ) from None
         try:
             generation = GenerationConfig.from_pretrained(config.name_or_path)

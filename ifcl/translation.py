@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ifcl.checks import check_model_path
-from ifcl.cli import Interrupted, RunFailure, exclusive_lock, failures_of_the_run, run_command, write_json_atomically
+from ifcl.cli import (
+    Interrupted,
+    RunFailure,
+    atomic_path,
+    exclusive_lock,
+    failures_of_the_run,
+    run_command,
+    write_json_atomically,
+)
 from ifcl.ctranslate2_engine import COMPUTE_TYPES, MADE_BY, EngineSettingsError
 from ifcl.data import DataFormatError, _iter_lines, file_sha256
 
@@ -346,22 +354,33 @@ def resolve_max_length(max_length: int | None, config: Any, model_name_or_path: 
     return max_length
 
 
-def check_settings(args: PrepareFraternalArguments) -> PrepareFraternalArguments:
-    """``--max_length`` against the model's config, and the engine's settings, before the output is locked and with
-    neither tokenizer nor weights loaded; the arguments with ``max_length`` resolved. A config that cannot be read is
-    reported when the model loads, only if there is something to translate."""
+def check_settings(
+    args: PrepareFraternalArguments, config_required: bool = False
+) -> tuple[PrepareFraternalArguments, Any]:
+    """Work out the settings derived from the arguments, once, and check them before the output is locked, with
+    neither tokenizer nor weights loaded: ``--device`` checked, ``--dtype`` resolved (auto: for that device), the
+    compute type that ``--engine ctranslate2`` will use (``--compute_type``, else the dtype), ``--max_length`` against
+    the model's config, and the engine's settings. Returns the arguments with those settings resolved (what the
+    manifest records and the model is loaded with) and the config. A config that cannot be read is None here and
+    reported when the model loads, only if there is something to translate (``config_required``: raised at once)."""
     from transformers import AutoConfig
 
+    _, dtype = resolve_device_and_dtype(args.device, args.dtype)
+    resolved: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch.")}
+    if args.engine == "ctranslate2":
+        resolved["compute_type"] = args.compute_type or resolved["dtype"]
     try:
         config = AutoConfig.from_pretrained(args.model_name_or_path)
     except (OSError, ValueError):
+        if config_required:
+            raise
         config = None
     else:
-        args = dataclasses.replace(
-            args, max_length=resolve_max_length(args.max_length, config, args.model_name_or_path)
-        )
-    check_engine(args, config)
-    return args
+        resolved["max_length"] = resolve_max_length(args.max_length, config, args.model_name_or_path)
+    compute_type_given = args.compute_type is not None
+    args = dataclasses.replace(args, **resolved)
+    check_engine(args, config, compute_type_given)
+    return args, config
 
 
 class Translator:
@@ -387,18 +406,20 @@ class Translator:
             self.generation_kwargs["forced_bos_token_id"] = forced_bos_token_id
 
     @classmethod
-    def from_arguments(cls, args: PrepareFraternalArguments, state: Any = None) -> Any:
+    def from_arguments(cls, args: PrepareFraternalArguments, state: Any = None, config: Any = None) -> Any:
         """Load the tokenizer and check the language settings, then load the model on its device (under ``accelerate
-        launch``, ``cuda`` is each process's own GPU); ``--engine ctranslate2`` gives a ``CTranslate2Translator``."""
+        launch``, ``cuda`` is each process's own GPU); ``--engine ctranslate2`` gives a ``CTranslate2Translator``.
+        ``args`` and ``config`` are as ``check_settings`` returns them; without ``config`` it is run here."""
+        import torch
         from accelerate import PartialState
-        from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
         state = state or PartialState()
-        device, dtype = resolve_device_and_dtype(args.device, args.dtype)
+        if config is None:  # a direct call, or a config that could not be read when the settings were checked
+            args, config = check_settings(args, config_required=True)
+        device, dtype = select_device(args.device), getattr(torch, args.dtype)
         if device.type == "cuda" and device.index is None and state.num_processes > 1:
             device = state.device
-        config = AutoConfig.from_pretrained(args.model_name_or_path)
-        max_length = resolve_max_length(args.max_length, config, args.model_name_or_path)
         tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
         forced_bos_token_id = set_up_languages(tokenizer, args)
         prefix = resolve_prefix(config, tokenizer, args)
@@ -411,17 +432,16 @@ class Translator:
             with state.main_process_first():  # the main process converts the model (once), the others wait
                 if state.is_main_process:
                     prepare_model_dir(model_dir, args.model_name_or_path)
-            compute_type = args.compute_type or str(dtype).removeprefix("torch.")
             return CTranslate2Translator(
                 model_dir,
                 config,
                 tokenizer,
                 prefix,
-                max_length,
+                args.max_length,
                 args.num_beams,
                 forced_bos_token_id,
                 device,
-                compute_type,
+                args.compute_type,
             )
         model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, config=config, dtype=dtype)
         model.to(device).eval()
@@ -429,7 +449,7 @@ class Translator:
             f"Translating with {args.model_name_or_path} on {device} ({dtype}); prefix {prefix!r}"
             + (f", target language token {args.target_lang}" if forced_bos_token_id is not None else "")
         )
-        return cls(model, tokenizer, prefix, max_length, args.num_beams, forced_bos_token_id)
+        return cls(model, tokenizer, prefix, args.max_length, args.num_beams, forced_bos_token_id)
 
     def translate_batch(self, sentences: list[str]) -> list[str]:
         """Translations of ``sentences``, in their order (one generate call)."""
@@ -461,10 +481,11 @@ def ct2_model_dir_of(args: PrepareFraternalArguments) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(args.output_file)), f"{name}-ct2")
 
 
-def check_engine(args: PrepareFraternalArguments, config: Any = None) -> None:
-    """``--engine ctranslate2``: installed, a CPU or CUDA device, a compute type it has there, and (when the model's
-    ``config`` could be read) a model family it converts and a ``--ct2_model_dir`` that is free or holds this model
-    converted by this project."""
+def check_engine(args: PrepareFraternalArguments, config: Any = None, compute_type_given: bool = True) -> None:
+    """``--engine ctranslate2``: installed, a CPU or CUDA device, the compute type it will use (``args`` as
+    ``check_settings`` resolves them; ``compute_type_given``: from ``--compute_type``, else from ``--dtype``) one it
+    has there, and (when the model's ``config`` could be read) a model family it converts and a ``--ct2_model_dir``
+    that is free or holds this model converted by this project."""
     if args.engine != "ctranslate2":
         return
     from ifcl import ctranslate2_engine
@@ -473,7 +494,8 @@ def check_engine(args: PrepareFraternalArguments, config: Any = None) -> None:
         device = select_device(args.device)
         if device.type not in ("cpu", "cuda"):
             raise SettingsError(f"--device {args.device}: CTranslate2 runs on cpu or cuda, not {device.type}.")
-        ctranslate2_engine.check_compute_type(args.compute_type or "default", device.type)
+        setting = "--compute_type" if compute_type_given else "--dtype"
+        ctranslate2_engine.check_compute_type(args.compute_type, device.type, setting)
         if config is None:
             return  # reported when the model loads, if there is something to translate
         if config.model_type not in ctranslate2_engine.SUPPORTED_MODEL_TYPES:
@@ -663,11 +685,11 @@ def format_line_numbers(line_numbers: Sequence[int]) -> str:
 def write_shard(work_folder: str, chunk: range, sentences: list[InputSentence], translations: list[str]) -> None:
     """A finished chunk as its shard file, ``sentence<TAB>translation`` a line (empty translations too), written to
     a temporary file and renamed: a shard is whole or absent."""
-    path = os.path.join(work_folder, shard_name(chunk))
-    temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "w", encoding="utf-8", newline="\n") as handle:
+    with (
+        atomic_path(os.path.join(work_folder, shard_name(chunk))) as temporary,
+        open(temporary, "w", encoding="utf-8", newline="\n") as handle,
+    ):
         handle.writelines(f"{sentence.text}\t{text}\n" for sentence, text in zip(sentences, translations))
-    os.replace(temporary, path)
 
 
 def translate_share(
@@ -703,9 +725,8 @@ def join_shards(args: PrepareFraternalArguments, plan: Plan, summary: PrepareSum
     output (the real file, if the output is a link); translations that came out empty are left out and named. The
     work folder goes."""
     output = os.path.realpath(args.output_file)
-    temporary = f"{output}.tmp-{os.getpid()}"
     empty: list[int] = []
-    try:
+    with atomic_path(output) as temporary:
         if plan.kept_lines:
             shutil.copyfile(output, temporary)
             os.truncate(temporary, plan.kept_bytes)
@@ -724,10 +745,6 @@ def join_shards(args: PrepareFraternalArguments, plan: Plan, summary: PrepareSum
                         joined.write(f"{sentence}\t{translation}\n")
                     else:
                         empty.append(source.line_number)
-        os.replace(temporary, output)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
     shutil.rmtree(plan.work_folder)
     summary.empty_translations = len(empty)
     summary.output_lines = plan.kept_lines + sum(map(len, plan.chunks)) - len(empty)
@@ -756,7 +773,7 @@ def prepare(args: PrepareFraternalArguments) -> PrepareSummary:
     summary = PrepareSummary(*check_input(args.input_file))
     if summary.empty_input_lines:
         logger.warning(f"{args.input_file}: skipped {summary.empty_input_lines} empty line(s)")
-    args = check_settings(args)
+    args, config = check_settings(args)
     from accelerate import PartialState
     from accelerate.utils import broadcast_object_list
 
@@ -777,7 +794,7 @@ def prepare(args: PrepareFraternalArguments) -> PrepareSummary:
         # 3. The model is loaded (when there is something to translate); only then are files changed. A model that
         # cannot be loaded is named by its path.
         try:
-            translator = Translator.from_arguments(args, state) if plan.todo else None
+            translator = Translator.from_arguments(args, state, config) if plan.todo else None
         except (SettingsError, EngineSettingsError):
             raise
         except (OSError, ValueError) as error:

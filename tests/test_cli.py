@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ifcl.cli import Interrupted, failures_of_the_run, run_command
+from ifcl.cli import Interrupted, atomic_path, failures_of_the_run, run_command, write_json_atomically
 
 
 def fail_with(error: BaseException, running: bool = False):
@@ -40,6 +40,25 @@ def test_other_exceptions_are_not_swallowed(monkeypatch):
     monkeypatch.delenv("IFCL_DEBUG", raising=False)
     with pytest.raises(RuntimeError, match="a bug"):
         run_command("some_script.py", fail_with(RuntimeError("a bug")))
+
+
+def test_atomic_path_replaces_the_file_whole_or_not_at_all(tmp_path):
+    target = tmp_path / "record.json"
+    write_json_atomically(str(target), {"step": 1, "loss": float("nan")})
+    assert target.read_text(encoding="utf-8") == '{\n  "step": 1,\n  "loss": null\n}'
+    with pytest.raises(OSError, match="disk full"), atomic_path(str(target)) as temporary:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write('{"step": 2')
+        raise OSError("disk full")
+    assert '"step": 1' in target.read_text(encoding="utf-8"), "the old file is left as it was"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["record.json"], "no temporary file is left"
+    with atomic_path(str(target)) as temporary:
+        assert temporary.startswith(f"{target}.tmp-"), "beside the target: the rename stays on one file system"
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write("new")
+        assert target.read_text(encoding="utf-8") != "new", "replaced only when the block ends"
+    assert target.read_text(encoding="utf-8") == "new"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["record.json"]
 
 
 def write_checkpoint(folder, step: int) -> None:

@@ -7,6 +7,7 @@ first test checks it), so an interrupted and resumed run must write exactly the 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import re
@@ -326,6 +327,15 @@ def test_work_folder_of_other_settings_or_not_ours(
     with pytest.raises(SettingsError, match=re.escape(f"{parts}: exists and was not made by prepare_fraternal.py")):
         prepare_fraternal.run(tool_args(sentences_file, output, tiny_marian_dir, "--overwrite_output_file"))
     assert folder_state(parts) == {"notes.txt": b"someone else's"}
+
+
+def test_the_manifest_records_the_types_the_run_translated_in(tiny_marian_dir, sentences_file, tmp_path, monkeypatch):
+    """Resolved, never ``auto``: shards translated in another type are not joined with this run's."""
+    output = tmp_path / "pairs.txt"
+    interrupted_run(monkeypatch, tool_args(sentences_file, output, tiny_marian_dir))
+    parts = work_folder(output)
+    manifest = json.loads((parts / "manifest.json").read_text(encoding="utf-8"))
+    assert (manifest["dtype"], manifest["compute_type"], manifest["max_length"]) == ("float32", None, 12)
 
 
 def test_a_damaged_shard_is_named(tiny_marian_dir, sentences_file, tmp_path, monkeypatch, capsys):

@@ -168,16 +168,22 @@ def test_engine_settings_are_checked_before_anything_loads(
 ):
     output = tmp_path / "pairs.txt"
     monkeypatch.setattr(prepare_fraternal, "lock_output", lambda *a: pytest.fail("output locked"))
+    monkeypatch.setattr(ctranslate2_engine, "prepare_model_dir", lambda *a: pytest.fail("model converted"))
+    assert "bfloat16" not in ctranslate2_engine.import_ctranslate2().get_supported_compute_types("cpu")
     cases = {
         ("--compute_type", "int8"): "--compute_type: only for --engine ctranslate2",
         ("--engine", "ctranslate2", "--compute_type", "int4"): "--compute_type int4: not one of",
         ("--engine", "ctranslate2", "--compute_type", "float16"): "--compute_type float16: CTranslate2",
+        # Without --compute_type, CTranslate2 computes in --dtype's type: that is the one checked.
+        ("--engine", "ctranslate2", "--dtype", "bfloat16"): "--dtype bfloat16: CTranslate2",
     }
     for extra, message in cases.items():
         with pytest.raises(SystemExit) as exit_info:
             prepare_fraternal.main(tool_args(sentences_file, output, tiny_marian_dir, *extra))
         assert exit_info.value.code == 2
-        assert re.match(f"prepare_fraternal.py: error: {re.escape(message)}", capsys.readouterr().err)
+        error = capsys.readouterr().err
+        assert re.match(f"prepare_fraternal.py: error: {re.escape(message)}", error)
+        assert len(error.splitlines()) == 1, error
     assert sorted(path.name for path in tmp_path.iterdir()) == []
 
 
