@@ -315,8 +315,8 @@ def task_mutual_information(
     rows = [i for i, score in enumerate(data.scores) if score == top]
     if len(rows) < 2:
         return None
-    first = encoder.encode([data.sentences1[i] for i in rows], batch_size=encode_batch_size)
-    second = encoder.encode([data.sentences2[i] for i in rows], batch_size=encode_batch_size)
+    sentences = [data.sentences1[i] for i in rows] + [data.sentences2[i] for i in rows]
+    first, second = encoder.encode(sentences, batch_size=encode_batch_size).split(len(rows))
     batches = consecutive_batches(len(rows), batch_size or len(rows))
     values = [
         mutual_information(first[batch.start : batch.stop], second[batch.start : batch.stop], temperature)

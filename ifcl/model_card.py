@@ -12,11 +12,16 @@ import os
 import re
 from dataclasses import MISSING, fields
 from importlib.util import find_spec
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ifcl.publishing import looks_like_hub_id, public_name
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+    from configuration_ifcl import IFCLConfig
 
 logger = logging.getLogger(__name__)
 
@@ -95,15 +100,6 @@ def public_value(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [public_value(item) for item in value]
     return public_name(value) if isinstance(value, str) and value else value
-
-
-def setting(config, name: str, default: Any = None) -> Any:
-    """One IFCL setting of ``config``: its attribute, or its entry under the config's ``ifcl`` key (the saved layout
-    whose root config is the encoder's own)."""
-    if hasattr(config, name):
-        return getattr(config, name)
-    nested = getattr(config, "ifcl", None)
-    return nested.get(name, default) if isinstance(nested, dict) else default
 
 
 def base_model_card_data(base_model_path: str | None) -> dict[str, Any]:
@@ -199,7 +195,7 @@ def hub_eval_results(results: dict[str, Any], tasks: list[str], sts_sources: dic
     return eval_results
 
 
-def settings_table(config, objective_class) -> str:
+def settings_table(config: IFCLConfig, objective_class) -> str:
     """The objective's settings as the model config holds them (IFCL's own fields, a peer's under
     ``objective_settings``), the shared ones, then the model settings the objective reads and the training length,
     each with its default and meaning; a local path shows as :func:`public_name` gives it."""
@@ -210,17 +206,17 @@ def settings_table(config, objective_class) -> str:
         return field.default_factory() if field.default_factory is not MISSING else field.default
 
     own = {f.name: f for f in fields(objective_class.settings_class)} if objective_class.settings_class else {}
-    stored = (setting(config, "objective_settings") or {}) if objective_class.name != DEFAULT_OBJECTIVE else None
+    stored = (config.objective_settings or {}) if objective_class.name != DEFAULT_OBJECTIVE else None
     rows = [("objective", objective_class.name, DEFAULT_OBJECTIVE, MODEL_SETTING_HELP["objective"])]
     for name, field in own.items():
-        value = stored.get(name, default_of(field)) if stored is not None else setting(config, name)
+        value = stored.get(name, default_of(field)) if stored is not None else getattr(config, name)
         rows.append((name, value, default_of(field), field.metadata.get("help", "")))
     for field in fields(SharedSettings):
         name = "contrastive_temperature" if field.name == "temperature" else field.name
-        rows.append((name, setting(config, name), field.default, field.metadata.get("help", "")))
+        rows.append((name, getattr(config, name), field.default, field.metadata.get("help", "")))
     model_fields = {f.name: f for f in fields(ModelSettings)}
     for name in (*(name for name in objective_class.card_settings if name not in own), "max_seq_length"):
-        rows.append((name, setting(config, name), default_of(model_fields[name]), MODEL_SETTING_HELP[name]))
+        rows.append((name, getattr(config, name), default_of(model_fields[name]), MODEL_SETTING_HELP[name]))
     lines = ["| setting | value | default | meaning |", "|---|---|---|---|"]
     for name, value, default, meaning in rows:
         lines.append(f"| `{name}` | `{public_value(value)}` | `{default}` | {meaning.replace('|', '&#124;')} |")
@@ -236,14 +232,18 @@ def trainer_state(output_dir: str) -> dict[str, Any]:
         return {}
 
 
-def log_rows(log: list[dict], results: dict[str, Any], tasks: list[str], loss_terms: tuple[str, ...]) -> list[dict]:
+def initial_evaluation(results: dict[str, Any], tasks: list[str]) -> list[dict[str, Any]]:
+    """The dev evaluation before training (the results' ``init_eval_<task>_spearman``) as a log entry at step 0, or
+    nothing: ``Trainer.train`` starts a fresh log without it."""
+    figures = {f"eval_{task}_spearman": results.get(f"init_eval_{task}_spearman") for task in tasks}
+    entry = {key: value for key, value in figures.items() if value is not None}
+    return [{"step": 0, "epoch": 0.0, **entry}] if entry else []
+
+
+def log_rows(log: list[dict], loss_terms: tuple[str, ...]) -> list[dict]:
     """One row per logged step: its epoch, the training loss and its terms, and the dev Spearman (× 100) of each STS
-    set evaluated then; step 0 holds the evaluation before training."""
+    set evaluated then."""
     rows: dict[int, dict[str, Any]] = {}
-    for task in tasks:
-        start = results.get(f"init_eval_{task}_spearman")
-        if start is not None:
-            rows.setdefault(0, {"Epoch": 0.0, "Step": 0})[f"{task} dev Spearman"] = start
     for entry in log:
         if "step" not in entry:
             continue
@@ -364,23 +364,33 @@ def markdown_cell(text: Any) -> str:
     return f"<code>{escaped}</code>"
 
 
-def training_data_facts(train_text, output_dir: str) -> dict[str, Any]:
-    """The training text's columns, token statistics of its first rows (with the saved folder's tokenizers, when
-    they are there) and its first rows as a Markdown table."""
+def saved_tokenizers(output_dir: str) -> tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase] | None:
+    """(the encoder's tokenizer, the fraternal column's) as the saved folder holds them: the fraternal model's from
+    its ``fraternal_tokenizer/`` folder, else the encoder's own; None for a folder without a tokenizer."""
     from ifcl.objectives.ifcl import FRATERNAL_TOKENIZER
 
+    if not os.path.isfile(os.path.join(output_dir, "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    fraternal_folder = os.path.join(output_dir, FRATERNAL_TOKENIZER)
+    return tokenizer, AutoTokenizer.from_pretrained(fraternal_folder) if os.path.isdir(fraternal_folder) else tokenizer
+
+
+def training_data_facts(
+    train_text, tokenizers: tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase] | None
+) -> dict[str, Any]:
+    """The training text's columns, token statistics of its first rows (with ``tokenizers``, the encoder's and the
+    fraternal column's, when given) and its first rows as a Markdown table."""
     columns = list(train_text.column_names)
     head = train_text.select(range(min(STATISTICS_ROWS, len(train_text))))
     samples = ["| " + " | ".join(columns) + " |", "|" + "|".join(":---" for _ in columns) + "|"]
     for row in head.select(range(min(SAMPLE_ROWS, len(head)))):
         samples.append("| " + " | ".join(markdown_cell(row[column]) for column in columns) + " |")
     statistics = None
-    if os.path.isfile(os.path.join(output_dir, "tokenizer_config.json")):
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(output_dir)
-        fraternal_folder = os.path.join(output_dir, FRATERNAL_TOKENIZER)
-        fraternal = AutoTokenizer.from_pretrained(fraternal_folder) if os.path.isdir(fraternal_folder) else tokenizer
+    if tokenizers is not None:
+        tokenizer, fraternal = tokenizers
         statistics = ["| column | min tokens | mean tokens | max tokens |", "|:---|---:|---:|---:|"]
         for column in columns:
             counting = fraternal if column == "fraternal" else tokenizer
@@ -403,7 +413,7 @@ def widget(train_text) -> list[dict[str, Any]] | None:
     return [{"source_sentence": sentences[0], "sentences": sentences[1:]}]
 
 
-def architecture(output_dir: str, config, view: dict[str, Any] | None) -> tuple[str, str | None]:
+def architecture(output_dir: str, config: IFCLConfig, view: dict[str, Any] | None) -> tuple[str, str | None]:
     """The model as sentence-transformers prints it and the similarities of the card's examples: from
     ``SentenceTransformer(folder)`` itself where sentence-transformers is installed, else its modules listed from
     the folder's files (or the IFCLModel's parts, for a folder without the view)."""
@@ -411,9 +421,9 @@ def architecture(output_dir: str, config, view: dict[str, Any] | None) -> tuple[
 
     from ifcl.cli import read_json
 
-    encoder = MODEL_MAPPING_NAMES.get(encoder_setting(config, "model_type") or "", "the encoder")
+    encoder = MODEL_MAPPING_NAMES.get(config.encoder_config.get("model_type") or "", "the encoder")
     if view is None:
-        return f"IFCLModel(\n  (encoder): {encoder}\n  (pooler): {setting(config, 'eval_pooler_type')}\n)", None
+        return f"IFCLModel(\n  (encoder): {encoder}\n  (pooler): {config.eval_pooler_type}\n)", None
     if find_spec("sentence_transformers") is not None and os.path.isfile(os.path.join(output_dir, "config.json")):
         from sentence_transformers import SentenceTransformer
         from transformers.utils import logging as transformers_logging
@@ -443,18 +453,9 @@ def architecture(output_dir: str, config, view: dict[str, Any] | None) -> tuple[
     return "SentenceTransformer(\n" + "\n".join(lines) + "\n)", None
 
 
-def encoder_setting(config, name: str) -> Any:
-    """A setting of the encoder's config (``model_type``, ``hidden_size``): an ``IFCLConfig``'s ``encoder_config``
-    entry, else the config's own (the saved layout, whose root config is the encoder's)."""
-    if config.model_type == "ifcl":
-        return (config.encoder_config or {}).get(name)
-    return getattr(config, name, None)
-
-
-def card_title(config, objective) -> str:
+def card_title(config: IFCLConfig, objective) -> str:
     """The method's name: IFCL without fraternal twins, Twins loss and queue is SimCSE."""
-    fraternal = any(setting(config, name, 0) > 0 for name in ("fraternal_loss_weight", "twins_loss_weight"))
-    if "queue_size" in objective.card_settings and not fraternal and setting(config, "queue_size") == 0:
+    if "queue_size" in objective.card_settings and not config.uses_fraternal_twins and config.queue_size == 0:
         return "SimCSE (IFCL without fraternal twins, Twins loss and queue)"
     return objective.paper.title
 
@@ -489,9 +490,51 @@ def training_data_licenses(datasets: list[str]) -> tuple[str, str]:
     return description, "\n\n".join(covered) or "The run did not name its training data."
 
 
+def training_record(
+    output_dir: str,
+    results: dict[str, Any],
+    tasks: list[str],
+    loss_terms: tuple[str, ...],
+    training_args,
+    log_history: list[dict] | None,
+    best_step: int | None,
+) -> dict[str, Any]:
+    """The card's "Training" line, Training Logs (the evaluation before training at step 0) and Training Time, as
+    template variables; the log and the best step default to trainer_state.json's."""
+    state = trainer_state(output_dir) if log_history is None or best_step is None else {}
+    best = best_step if best_step is not None else state.get("best_global_step")
+    log = initial_evaluation(results, tasks)
+    log += log_history if log_history is not None else state.get("log_history") or []
+    rows = log_rows(log, loss_terms)
+    steps = results.get("train_steps", next((entry["step"] for entry in log if "train_runtime" in entry), None))
+    return {
+        "training": training_description(steps, training_args, best, rows),
+        "log_table": log_table(rows, loss_terms, best) if rows else None,
+        "hide_log": len(rows) > 100,
+        "curves": os.path.isfile(os.path.join(output_dir, "training_curves.png")),
+        "training_time": training_time(log),
+    }
+
+
+def card_tags(objective_name: str, loss_name: str, has_view: bool, from_trainer: bool, size: int | None) -> list[str]:
+    """The metadata's tags: the objective, sentence-transformers and its ``dense`` module where the folder has the
+    view, what the model does, ``generated_from_trainer``, the training data's size and the loss."""
+    tags = sorted({"ifcl", objective_name})
+    if has_view:
+        tags.append("sentence-transformers")
+    tags += ["sentence-embeddings", "sentence-similarity", "feature-extraction"]
+    if has_view:
+        tags.append("dense")
+    if from_trainer:
+        tags.append("generated_from_trainer")
+    if size is not None:
+        tags.append(f"dataset_size:{size}")
+    return tags + [f"loss:{loss_name}"]
+
+
 def write_model_card(
     output_dir: str,
-    config,
+    config: PretrainedConfig,
     results: dict[str, Any],
     training_args=None,
     model_name: str = "ifcl-model",
@@ -500,8 +543,10 @@ def write_model_card(
     base_model_path: str | None = None,
     sts_sources: dict[str, str | None] | None = None,
     log_history: list[dict] | None = None,
+    best_step: int | None = None,
     train_text=None,
     train_size: int | None = None,
+    tokenizers: tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase] | None = None,
     **_: Any,
 ) -> str:
     """Write ``output_dir/README.md`` from ``templates/model_card.md`` and return its path.
@@ -509,46 +554,45 @@ def write_model_card(
     Args:
         output_dir: the saved model's folder (its sentence-transformers view, tokenizers, trainer_state.json and
             training_curves.png are read from it when they are there).
-        config: the model's config; results: the run's figures (all_results.json); training_args: its
+        config: the model's config (an ``IFCLConfig``, or config.json's layout: the encoder's own config with IFCL's
+            settings under ``ifcl``); results: the run's figures (all_results.json); training_args: its
             ``TrainingArguments``.
         base_model: the base model (default the config's ``encoder_name_or_path``); base_model_path: a local folder
             of it, whose card gives license, language and Hub id.
         dataset: the training data as the run named it (a Hub id, a path, ``trans-de-en``).
         sts_sources: for ``eval`` and ``test``, the STS file read, or :data:`BUILTIN_STSB` (None: unknown).
-        log_history: the Trainer's log of the training (default: trainer_state.json's).
+        log_history, best_step: the Trainer's log of the training and the step of the checkpoint it kept as best
+            (each, when not given, trainer_state.json's).
         train_text: the training text (a ``datasets.Dataset`` with columns sentence[, fraternal]): its size, token
             statistics and first rows; train_size: its size otherwise (default the results' ``train_samples``).
+        tokenizers: the encoder's tokenizer and the fraternal column's, for the token statistics (default: the saved
+            folder's).
     """
+    from configuration_ifcl import IFCLConfig
     from ifcl.objectives import DEFAULT_OBJECTIVE, objective_class
     from ifcl.publishing import read_base
 
-    given_base = base_model or setting(config, "encoder_name_or_path")
+    if not isinstance(config, IFCLConfig):  # config.json's layout: IFCLConfig.from_dict reads it
+        config = IFCLConfig.from_dict(config.to_dict())
+    given_base = base_model or config.encoder_name_or_path
     if base_model_path is None and given_base and os.path.isdir(given_base):
         base_model_path = given_base  # a local folder: its card gives license, language and Hub id
     base_model = public_name(given_base, base_model_path)
     sts_sources = sts_sources or {}
     tasks = sts_tasks_of(results)
     datasets = [dataset] if isinstance(dataset, str) else list(dataset or [])
-    objective = objective_class(setting(config, "objective") or DEFAULT_OBJECTIVE)
+    objective = objective_class(config.objective or DEFAULT_OBJECTIVE)
     # How SentenceTransformer(folder) embeds; None: the folder has no modules.json.
     view = read_base(output_dir) if os.path.isfile(os.path.join(output_dir, "modules.json")) else None
     base_facts = base_model_card_data(base_model_path)
-    state = trainer_state(output_dir)
-    best = state.get("best_global_step")  # the checkpoint the Trainer kept as best (None: none kept)
-    log = list(log_history if log_history is not None else state.get("log_history") or [])
-    rows = log_rows(log, results, tasks, objective.loss_terms)
-    steps = results.get("train_steps", next((entry["step"] for entry in log if "train_runtime" in entry), None))
     size = len(train_text) if train_text is not None else train_size or results.get("train_samples")
     loss_name = "IFCLLoss" if objective.name == DEFAULT_OBJECTIVE else objective.__name__
     eval_results = hub_eval_results(results, tasks, sts_sources)
-    tags = sorted({"ifcl", objective.name}) + ["sentence-transformers"] * (view is not None)
-    tags += ["sentence-embeddings", "sentence-similarity", "feature-extraction"] + ["dense"] * (view is not None)
-    tags += ["generated_from_trainer"] * (training_args is not None) + [f"dataset_size:{size}"] * (size is not None)
     card_data = ModelCardData(
         model_name=model_name,
         library_name="sentence-transformers" if view is not None else "transformers",
         pipeline_tag="sentence-similarity",
-        tags=tags + [f"loss:{loss_name}"],
+        tags=card_tags(objective.name, loss_name, view is not None, training_args is not None, size),
         base_model=base_model if looks_like_hub_id(base_model) else None,
         datasets=[d for d in datasets if looks_like_hub_id(d)] or None,
         language=base_facts.get("language"),
@@ -561,6 +605,9 @@ def write_model_card(
     similarity_name = (view or {}).get("similarity_fn_name") or "cosine"
     all_hyperparameters, changed_hyperparameters = hyperparameters(training_args) if training_args else ({}, {})
     training_data, data_licenses = training_data_licenses(datasets)
+    data = (
+        training_data_facts(train_text, tokenizers or saved_tokenizers(output_dir)) if train_text is not None else None
+    )
     card = ModelCard.from_template(
         card_data,
         template_path=TEMPLATE_PATH,
@@ -572,8 +619,7 @@ def write_model_card(
         base_model=base_model,
         training_data=training_data,
         dataset_title=", ".join(map(public_name, datasets)) or "Unnamed Dataset",
-        training=training_description(steps, training_args, best, rows),
-        dimension=encoder_setting(config, "hidden_size"),
+        dimension=config.encoder_config.get("hidden_size"),
         max_seq_length=(view or {}).get("max_seq_length"),
         similarity=SIMILARITY_NAMES.get(similarity_name, similarity_name),
         model_string=model_string,
@@ -586,18 +632,15 @@ def write_model_card(
         ),
         results_table=results_table(results, tasks) if tasks else "No STS evaluation was run.",
         dataset_size=size,
-        data=training_data_facts(train_text, output_dir) if train_text is not None else None,
+        data=data,
         settings_table=settings_table(config, objective),
         all_hyperparameters=all_hyperparameters,
         changed_hyperparameters=changed_hyperparameters,
-        log_table=log_table(rows, objective.loss_terms, best) if rows else None,
-        hide_log=len(rows) > 100,
-        curves=os.path.isfile(os.path.join(output_dir, "training_curves.png")),
-        training_time=training_time(log),
+        **training_record(output_dir, results, tasks, objective.loss_terms, training_args, log_history, best_step),
         repo=model_name if "/" in model_name else f"<user>/{model_name}",
-        encoder_model_type=encoder_setting(config, "model_type"),
-        fraternal_tokenizer=setting(config, "fraternal_model_name_or_path") is not None,
-        train_max_seq_length=setting(config, "max_seq_length"),
+        encoder_model_type=config.encoder_config.get("model_type"),
+        fraternal_tokenizer=config.fraternal_model_name_or_path is not None,
+        train_max_seq_length=config.max_seq_length,
         sentence_transformers=view,
         sentence_transformers_versions=SENTENCE_TRANSFORMERS_VERSIONS,
         versions=framework_versions(),
@@ -614,22 +657,25 @@ def write_card_and_curves(
 ) -> None:
     """What ``run_ifcl.py`` writes beside a trained model (its ``DataArguments``, the log of the training, the base
     model's path and the training text): training_curves.png (the step-0 evaluation joins the curve) and the model
-    card, README.md."""
+    card, README.md, with the best step and the tokenizers the trainer holds."""
+    from ifcl.objectives import unwrap_model
+    from ifcl.objectives.ifcl import fraternal_tokenizer
     from ifcl.plots import plot_training_curves
 
     training_args, task = trainer.args, data_args.sts_task_name
-    start = all_metrics.get(f"init_eval_{task}_spearman")
-    history = [{"step": 0, f"eval_{task}_spearman": start}] if start is not None else []
     plot_training_curves(
-        history + training_log,
+        initial_evaluation(all_metrics, [task]) + training_log,
         os.path.join(training_args.output_dir, "training_curves.png"),
         loss_terms=trainer.objective.loss_terms,
         sts_metric=f"eval_{task}_spearman",
     )
+    model = unwrap_model(trainer.model)
     trainer.create_model_card(
         dataset=data_args.dataset_name or data_args.train_file or TRANS_DE_EN,
         base_model_path=base if os.path.isdir(base) else None,
         sts_sources={"eval": data_args.validation_file or BUILTIN_STSB, "test": data_args.test_file or BUILTIN_STSB},
         log_history=training_log,
+        best_step=trainer.state.best_global_step,
         train_text=train_text,
+        tokenizers=(model.tokenizer, fraternal_tokenizer(model)),
     )

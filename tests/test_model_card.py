@@ -22,7 +22,7 @@ from transformers import BertConfig, TrainingArguments
 
 import ifcl
 from configuration_ifcl import IFCLConfig
-from ifcl.model_card import BUILTIN_STSB, SENTENCE_TRANSFORMERS_VERSIONS, write_model_card
+from ifcl.model_card import BUILTIN_STSB, SENTENCE_TRANSFORMERS_VERSIONS, initial_evaluation, write_model_card
 from ifcl.plots import plot_training_curves
 
 RESULTS = {"eval_stsb_spearman": 87.31, "test_stsb_spearman": 82.74, "init_test_stsb_spearman": 82.03}
@@ -232,6 +232,20 @@ def test_the_best_step_is_the_trainers_and_a_last_step_model_says_so(tmp_path):
     )
 
 
+def test_the_evaluation_before_training_is_the_logs_step_0(tmp_path):
+    """The results' ``init_eval_<task>_spearman`` joins the log as a step-0 entry, which the curves share; it counts
+    as no evaluation during training. A best step given (the Trainer's) needs no trainer_state.json."""
+    log = [{"step": 4, "epoch": 0.5, "loss": 1.0, "eval_stsb_spearman": 70.0}, {"step": 4, "train_runtime": 9.0}]
+    results = {**RESULTS, "init_eval_stsb_spearman": 60.0}
+    assert initial_evaluation(results, ["stsb"]) == [{"step": 0, "epoch": 0.0, "eval_stsb_spearman": 60.0}]
+    assert initial_evaluation(RESULTS, ["stsb"]) == []
+    args = best_checkpoint_args(tmp_path)
+    text = flat(write(tmp_path, results=results, training_args=args, log_history=log, best_step=4))
+    assert "| 0.0000 | 0 | - | 60.00 | | **0.5000** | **4** | **1** | **70.00** |" in text
+    assert "evaluated on the dev set at step 4," in text and "(`load_best_model_at_end`), step 4." in text
+    assert "4 optimizer steps" in text and "- **Training**: 9.0 seconds" in text
+
+
 def test_the_hyperparameters_are_listed_without_paths_or_secrets(tmp_path):
     args = best_checkpoint_args(
         tmp_path / "out",
@@ -356,6 +370,8 @@ def test_settings_under_the_ifcl_key_of_an_encoder_config_are_read(tmp_path):
     assert "| `queue_size` | `2` | `4` |" in text and "| `max_seq_length` | `40` | `32` |" in text
     assert "(`model_type`: `bert`)" in text and "Training truncated sentences at 40 tokens" in text
     assert "- **Output Dimensionality:** 64 dimensions" in text
+    # A setting the entry leaves out is IFCLConfig's default, as the model loaded from that config has it.
+    assert "| `forgetting_rate` | `0.1` | `0.1` |" in text and "| `pooler_type` | `avg` | `avg` |" in text
 
 
 def test_a_peer_objectives_settings_are_read_from_its_own_entry(tmp_path):
