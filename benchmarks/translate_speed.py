@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import random
 import sys
 import tempfile
@@ -28,7 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from runs import write_record  # noqa: E402
+from runs import cpu, package_versions, write_record  # noqa: E402
 
 OPUS_MT_EN_DE = {"d_model": 512, "layers": 6, "heads": 8, "ffn": 2048, "vocab_size": 58101, "positions": 512}
 WORDS = (
@@ -155,24 +154,14 @@ def measure(runners: dict[str, Any], sentences: list[str], rounds: int) -> dict[
     return report
 
 
-def machine() -> dict[str, Any]:
-    """The machine and the versions that made the figures."""
-    import ctranslate2
-    import transformers
-
-    cpu_model = ""
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as handle:
-            cpu_model = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), "")
+def machine_record() -> dict[str, Any]:
+    """The machine, its threads and the versions that made the figures."""
     return {
-        "cpu": f"{os.cpu_count()}-core {platform.machine()} CPU ({cpu_model})",
+        "cpu": cpu(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "torch_threads": torch.get_num_threads(),
         "ctranslate2_intra_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "ctranslate2": ctranslate2.__version__,
-        "python": platform.python_version(),
+        **package_versions("ctranslate2"),
     }
 
 
@@ -190,7 +179,7 @@ def main() -> None:
 
     sentences = make_sentences(args.sentences)
     report: dict[str, Any] = {
-        "machine": machine(),
+        "machine": machine_record(),
         "model": OPUS_MT_EN_DE,
         "settings": {k: v for k, v in vars(args).items() if k != "output"} | {"beam": 1},
     }
