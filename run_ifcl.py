@@ -374,9 +374,10 @@ def main(argv: list[str] | None = None):
 
 def load_model(model_args: ModelArguments, path: str, saved: dict | None, settings: dict):
     """The IFCL model to train: continued from a saved one with this command's settings (its queue kept only when its
-    shape is unchanged), or built from a plain encoder; its weights checked finite."""
+    shape is unchanged), or built from a plain encoder; its weights checked finite, and its tokenizer as the
+    sentence-transformers base embeds (``adopt_base``) before the training text is tokenized."""
     from ifcl.objectives import fit_model
-    from ifcl.publishing import public_name
+    from ifcl.publishing import adopt_base, public_name
     from modeling_ifcl import IFCLModel
 
     if saved is not None:
@@ -384,6 +385,7 @@ def load_model(model_args: ModelArguments, path: str, saved: dict | None, settin
         queue_shape = {name: saved.get(name, 0) for name in ("queue_size", "queue_batch_size")}
         model = IFCLModel.from_pretrained(path, config=IFCLConfig.from_dict({**saved, **settings, **queue_shape}))
         fit_model(model, queue_size=settings["queue_size"], queue_batch_size=settings["queue_batch_size"])
+        adopt_base(model)  # from_encoder adopts its base itself
     else:
         fraternal_model = model_args.fraternal_model_name_or_path
         model = IFCLModel.from_encoder(

@@ -8,8 +8,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +19,8 @@ from transformers.trainer_utils import get_last_checkpoint, speed_metrics
 from ifcl.data import check_text_dataset, is_text_dataset
 from ifcl.evaluation import STSEvaluator
 from ifcl.objectives import Objective, build_objective, unwrap_model
+from ifcl.objectives.base import tokenizer_fingerprint
+from ifcl.publishing import adopt_base, without_training_state
 
 logger = logging.getLogger(__name__)
 
@@ -36,19 +37,6 @@ class ObjectiveDataCollator:
         return self.objective.collate(features, self.tokenizer)
 
 
-def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> Any:
-    """What a tokenizer's output depends on, for cache fingerprints: its vocabulary and rules (a fast tokenizer's
-    JSON without the truncation and padding a call sets), special tokens and class, so a tokenizer rewritten in the
-    same folder gives new caches."""
-    if getattr(tokenizer, "is_fast", False):
-        rules = json.loads(tokenizer.backend_tokenizer.to_str())
-        rules.pop("truncation", None)
-        rules.pop("padding", None)
-    else:
-        rules = sorted(tokenizer.get_vocab().items())
-    return [type(tokenizer).__name__, tokenizer.name_or_path, len(tokenizer), rules, tokenizer.all_special_tokens]
-
-
 def tokenize_training_text(
     dataset, objective: Objective, tokenizer: PreTrainedTokenizerBase, max_length: int, num_proc=None, on_the_fly=False
 ):
@@ -57,28 +45,21 @@ def tokenize_training_text(
 
     Once, with ``map``: a file-backed dataset gets its features cached beside it (datasets' ``cache-*.arrow``), read
     again by later runs and by the other processes. The fingerprint is made from what the features depend on (the
-    objective's name and settings, its tokenizers and ``max_length``): datasets would otherwise pickle the objective's
-    modules to make it. With ``on_the_fly`` nothing is written: each row is tokenized when the data loader reads it
-    (``with_transform``), for corpora whose token cache would not fit on disk; the features are the same.
+    objective's name and :meth:`~ifcl.objectives.Objective.feature_key`, the tokenizer and ``max_length``): datasets
+    would otherwise pickle the objective's modules to make it, and a setting the tokens do not depend on (IFCL's
+    queue, forgetting rate, loss weights) keeps the cache. With ``on_the_fly`` nothing is written: each row is
+    tokenized when the data loader reads it (``with_transform``), for corpora whose token cache would not fit on
+    disk; the features are the same.
     """
     from datasets.fingerprint import Hasher
-
-    from ifcl.objectives import settings_as_dict
 
     def tokenize(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
         return objective.tokenize(batch, tokenizer, max_length)
 
     if on_the_fly:
         return dataset.with_transform(tokenize)
-    tokenizers = [tokenizer] + [v for v in vars(objective).values() if isinstance(v, PreTrainedTokenizerBase)]
     fingerprint = Hasher.hash(
-        [
-            dataset._fingerprint,
-            objective.name,
-            settings_as_dict(objective.settings),
-            [tokenizer_fingerprint(t) for t in tokenizers],
-            max_length,
-        ]
+        [dataset._fingerprint, objective.name, objective.feature_key(), tokenizer_fingerprint(tokenizer), max_length]
     )
     return dataset.map(
         tokenize,
@@ -115,14 +96,14 @@ class NonFiniteLossError(FloatingPointError):
 class ObjectiveStepCallback(TrainerCallback):
     """After each optimizer step: pushes the step's rows into the objective's queue (once per step, not per
     micro-batch) and runs the objective's own step-end work (momentum updates); before a checkpoint is written,
-    makes sure no loss term went NaN or infinite since the last check."""
+    makes sure no loss term went NaN or infinite since the last check (the step's log does, when one comes first)."""
 
     def __init__(self, trainer: IFCLTrainer) -> None:
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):
         self.trainer.objective.on_step_end(unwrap_model(self.trainer.model), self.trainer.gather_rows)
-        if control.should_save:
+        if control.should_save and not control.should_log:  # else the step's log, before the save, checks
             self.trainer.check_finite_loss(state.global_step)
 
 
@@ -151,9 +132,7 @@ class IFCLTrainer(Trainer):
     def __init__(self, model=None, args=None, *rest, objective: Objective | None = None, **kwargs) -> None:
         if model is None:
             raise ValueError("IFCLTrainer needs a model (an IFCLModel); model_init is not supported.")
-        from ifcl.publishing import adopt_base
-
-        if not hasattr(model, "sentence_transformers_base"):
+        if not hasattr(model, "sentence_transformers_base"):  # from_encoder and run_ifcl.py adopt it as they build
             adopt_base(model)  # the base's truncation and lowercasing, and the facts of the view save_model writes
         kwargs.setdefault("processing_class", model.tokenizer)  # saved with checkpoints and the published model
         self.objective = objective if objective is not None else build_objective(model)
@@ -226,18 +205,27 @@ class IFCLTrainer(Trainer):
         capacity = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
         return gather_rows_in_one_collective(self.accelerator, rows, capacity)
 
-    def check_finite_loss(self, step: int) -> None:
+    def reduced_loss_sums(self) -> tuple[list[str], torch.Tensor]:
+        """The loss terms' names and their sums since the last training log, summed over processes (one
+        collective)."""
+        names = sorted(self._loss_sums)
+        sums = torch.stack([self._loss_sums[name] for name in names])
+        return names, self.accelerator.reduce(sums, reduction="sum")
+
+    def check_finite_loss(self, step: int, sums: dict[str, float] | None = None) -> None:
         """Stop with a message naming the step and the loss term when a term went NaN or infinite.
 
-        Called at logging and before checkpoints (one host sync there, none per step), so the newest checkpoint
-        on disk is always one trained on finite losses.
+        Called at logging and before checkpoints no log precedes (one collective and host sync there, none per
+        step), so the newest checkpoint on disk is always one trained on finite losses. ``sums``: the terms' sums
+        over processes when the caller has them (:meth:`log`), else reduced here.
         """
         if not self._loss_count:
             return
         first_unchecked, self._last_checked_step = self._last_checked_step + 1, step
-        names = sorted(self._loss_sums)
-        sums = self.accelerator.reduce(torch.stack([self._loss_sums[name] for name in names]), reduction="sum")
-        bad = [f"{name} = {value}" for name, value in zip(names, sums.tolist()) if not math.isfinite(value)]
+        if sums is None:
+            names, reduced = self.reduced_loss_sums()
+            sums = dict(zip(names, reduced.tolist()))
+        bad = [f"{name} = {value}" for name, value in sums.items() if not math.isfinite(value)]
         if bad:
             checkpoint = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
             kept = (
@@ -254,11 +242,13 @@ class IFCLTrainer(Trainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Adds the mean of each loss term since the last training log, averaged over processes."""
         if "loss" in logs and self._loss_count:
-            self.check_finite_loss(self.state.global_step)
-            names = sorted(self._loss_sums)
-            means = torch.stack([self._loss_sums[name] for name in names]) / self._loss_count
-            means = self.accelerator.reduce(means, reduction="mean")
-            logs.update(dict(zip(names, means.tolist())))
+            # One collective and one host sync: every process runs as many micro-batches, so the mean over
+            # processes of each one's mean is the summed total over count × processes.
+            names, sums = self.reduced_loss_sums()
+            means = sums / (self._loss_count * self.accelerator.num_processes)
+            sums_list, means_list = torch.stack([sums, means]).tolist()
+            self.check_finite_loss(self.state.global_step, dict(zip(names, sums_list)))
+            logs.update(dict(zip(names, means_list)))
             self._loss_sums.clear()
             self._loss_count = 0
         super().log(logs, start_time)
@@ -291,20 +281,11 @@ class IFCLTrainer(Trainer):
 
     # ---------------------------------------------------------------- publishing
 
-    @contextmanager
-    def published_model(self) -> Iterator[torch.nn.Module]:
-        """The model without what only training needs, restored after: the objective's own modules (heads, peer
-        network, momentum encoder) and its training state (IFCL's queue: a loaded model starts it empty).
-        Checkpoints keep both, for exact resume."""
-        model = unwrap_model(self.model)
-        modules = dict(model._modules)
-        for name in ("training_objective", *self.objective.training_state):
-            model._modules.pop(name, None)
-        try:
-            yield model
-        finally:
-            model._modules.clear()
-            model._modules.update(modules)  # in their order
+    def published_model(self) -> AbstractContextManager[torch.nn.Module]:
+        """The model without what only training needs (``ifcl.publishing.TRAINING_ONLY``), restored after: the
+        objective's own modules (heads, peer network, momentum encoder) and IFCL's queue (a loaded model starts it
+        empty). Checkpoints keep both, for exact resume."""
+        return without_training_state(unwrap_model(self.model))
 
     def finish_from_checkpoint(self, checkpoint: str) -> None:
         """Take up a run whose training had ended when it stopped (before its results were written): the Trainer's

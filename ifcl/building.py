@@ -9,7 +9,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from configuration_ifcl import IFCLConfig
 from ifcl.checks import check_model_path
-from ifcl.publishing import public_name
+from ifcl.publishing import adopt_base, public_name
 from modeling_ifcl import drop_pooler_head, word_table_of
 
 
@@ -41,7 +41,9 @@ def scaled_orthogonal_projection(
 
 def build_from_encoder(model_class, encoder_name_or_path: str, fraternal_model_name_or_path: str | None, **settings):
     """``IFCLModel.from_encoder``: the encoder's weights and tokenizer, BEL_F from the fraternal model's word table
-    (and its tokenizer) or the encoder's own, the config from both and ``settings``."""
+    (and its tokenizer) or the encoder's own, the config from both and ``settings``. The tokenizer embeds as a
+    sentence-transformers base encoder does (:func:`~ifcl.publishing.adopt_base`: its truncation and lowercasing)
+    before anything is tokenized for training."""
     check_model_path("encoder_name_or_path", encoder_name_or_path)
     check_model_path("fraternal_model_name_or_path", fraternal_model_name_or_path)
     encoder = drop_pooler_head(AutoModel.from_pretrained(encoder_name_or_path))
@@ -73,4 +75,5 @@ def build_from_encoder(model_class, encoder_name_or_path: str, fraternal_model_n
             )
     model.name_or_path = encoder_name_or_path  # where its tokenizer and sentence-transformers settings come from
     model._tokenizer, model.fraternal_tokenizer = tokenizer, fraternal_tokenizer
+    adopt_base(model)
     return model

@@ -14,15 +14,16 @@ training machine.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-from ifcl.cli import read_json
+from ifcl.cli import read_json, write_json_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,10 @@ ST_NORMALIZE = "sentence_transformers.base.modules.normalize.Normalize"
 # Each evaluation pooler's Pooling mode, and whether SimCSE's MLP follows as a Dense module (avg_first_last and
 # avg_top2 have no sentence-transformers module: no view is written for them).
 POOLING_MODES = {"avg": ("mean", False), "cls_before_pooler": ("cls", False), "cls": ("cls", True)}
+# The model's sub-modules that only training needs: checkpoints keep them (exact resume), published folders leave
+# them out. An objective's own modules (heads, peer network, momentum encoder) and IFCL's hippocampus queue (a
+# loaded model starts it empty).
+TRAINING_ONLY = ("training_objective", "queue")
 
 
 def public_model_name(folder: str) -> str:
@@ -139,24 +144,28 @@ def adopt_base(model) -> dict[str, Any] | None:
     return base
 
 
-def write_json(path: str, content: Any, indent: int = 2) -> None:
-    """``content`` as JSON at ``path``, its folder made."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(content, f, indent=indent, sort_keys=True)
+@contextmanager
+def without_training_state(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``model`` without its :data:`TRAINING_ONLY` sub-modules for the ``with`` block, restored after in their
+    order."""
+    modules = dict(model._modules)
+    for name in TRAINING_ONLY:
+        model._modules.pop(name, None)
+    try:
+        yield model
+    finally:
+        model._modules.clear()
+        model._modules.update(modules)
 
 
 def save_published(model, folder: str) -> None:
-    """Save ``model`` as a published folder: weights (without the queue, training state), config, remote code,
-    tokenizers and the sentence-transformers view (what ``IFCLTrainer.save_model`` writes, for a model trained
-    otherwise)."""
+    """Save ``model`` as a published folder: weights (without :data:`TRAINING_ONLY`: the queue and an objective a
+    Trainer attached), config, remote code, tokenizers and the sentence-transformers view (what
+    ``IFCLTrainer.save_model`` writes, for a model trained otherwise)."""
     if not hasattr(model, "sentence_transformers_base"):
         adopt_base(model)
-    queue = model._modules.pop("queue", None)  # training state: a loaded model starts it empty
-    try:
+    with without_training_state(model):
         model.save_pretrained(folder)
-    finally:
-        model._modules["queue"] = queue
     model.tokenizer.save_pretrained(folder)
     save_extras(model, folder)
 
@@ -183,8 +192,9 @@ def save_view(model, folder: str) -> bool:
     pooler = POOLING_MODES.get(model.config.eval_pooler_type)
     if pooler is None:
         return False
-    base = getattr(model, "sentence_transformers_base", None)
-    if base is None:
+    if hasattr(model, "sentence_transformers_base"):  # adopt_base's facts, None for a plain encoder: not read again
+        base = model.sentence_transformers_base or {}
+    else:
         base = read_base(model.name_or_path) or {}
     transformer = {
         "transformer_task": "feature-extraction",
@@ -193,12 +203,14 @@ def save_view(model, folder: str) -> bool:
     }
     if "add_pooling_layer" in inspect.signature(type(model.encoder).__init__).parameters:
         transformer["model_kwargs"] = {"add_pooling_layer": False}  # saved without its pooler head, built so
-    write_json(os.path.join(folder, "sentence_bert_config.json"), transformer, indent=4)
+    # Written as sentence-transformers writes them: a module's config indented by 4, its own files by 2.
+    write_json_atomically(os.path.join(folder, "sentence_bert_config.json"), transformer, sort_keys=True, indent=4)
     modules = [("", ST_TRANSFORMER)]
 
     def add_module(name: str, module_type: str, config: dict[str, Any]) -> str:
         path = f"{len(modules)}_{name}"
-        write_json(os.path.join(folder, path, "config.json"), config, indent=4)
+        os.makedirs(os.path.join(folder, path), exist_ok=True)
+        write_json_atomically(os.path.join(folder, path, "config.json"), config, sort_keys=True, indent=4)
         modules.append((path, module_type))
         return os.path.join(folder, path)
 
@@ -220,9 +232,10 @@ def save_view(model, folder: str) -> bool:
         )
     if base.get("normalize"):
         add_module("Normalize", ST_NORMALIZE, embedding)
-    write_json(
+    write_json_atomically(
         os.path.join(folder, "modules.json"),
         [{"idx": i, "name": str(i), "path": path, "type": kind} for i, (path, kind) in enumerate(modules)],
+        sort_keys=True,
     )
     versions = {"pytorch": torch.__version__, "transformers": transformers.__version__}
     try:
@@ -236,5 +249,5 @@ def save_view(model, folder: str) -> bool:
         "prompts": {"query": "", "document": ""} | base.get("prompts", {}),
         "similarity_fn_name": base.get("similarity_fn_name") or "cosine",
     }
-    write_json(os.path.join(folder, "config_sentence_transformers.json"), settings)
+    write_json_atomically(os.path.join(folder, "config_sentence_transformers.json"), settings, sort_keys=True)
     return True

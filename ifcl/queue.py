@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ifcl.losses import forgetting_coefficients
 from modeling_ifcl import QueueBuffers
 
 
@@ -45,6 +46,14 @@ def entries(queue: QueueBuffers) -> tuple[torch.Tensor, torch.Tensor]:
     """
     ages = slot_ages(queue).unsqueeze(1) * queue.valid
     return queue.embeddings.flatten(0, 1), ages.flatten()
+
+
+def negatives(queue: QueueBuffers, forgetting_rate: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """All k·N rows, as the losses take them as extra negatives, and the log of each row's Eq. 4 weight
+    (:func:`ifcl.losses.forgetting_coefficients`; λ = 0: every filled row weighs 1); −inf for an empty row, which
+    so takes no part."""
+    rows, ages = entries(queue)
+    return rows, forgetting_coefficients(ages, forgetting_rate).log()
 
 
 def newest_first(queue: QueueBuffers) -> tuple[torch.Tensor, torch.Tensor]:

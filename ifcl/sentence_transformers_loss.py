@@ -24,7 +24,7 @@ from ifcl import queue as ring
 from ifcl.building import scaled_orthogonal_projection
 from ifcl.checks import check_model_path
 from ifcl.data import check_text_dataset, check_training_data_size
-from ifcl.losses import IFCLTerms, forgetting_coefficients
+from ifcl.losses import IFCLTerms
 from modeling_ifcl import QueueBuffers, mean_pool, twin_views, word_table_of
 
 logger = logging.getLogger(__name__)
@@ -163,8 +163,7 @@ class IFCLLoss(nn.Module):
         twins = twin_views(self.encode_views, self.encoder.get_input_embeddings(), tokens, fraternal)
         queue_rows = queue_log_weights = None
         if self.queue is not None:
-            queue_rows, ages = ring.entries(self.queue)
-            queue_log_weights = forgetting_coefficients(ages, self.settings.forgetting_rate).log()
+            queue_rows, queue_log_weights = ring.negatives(self.queue, self.settings.forgetting_rate)
         terms = self.terms.terms(twins, queue_rows, queue_log_weights)
         if self.training and self.settings.queue_size > 0:
             self.pending_anchors = twins.anchor.detach().float()

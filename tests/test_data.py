@@ -385,14 +385,15 @@ def test_tokenizing_on_the_fly_gives_the_cached_features(tmp_path: Path, tiny_en
     from conftest import ENGLISH, GERMAN
 
     from ifcl.objectives import build_objective
+    from ifcl.objectives.base import tokenizer_fingerprint
     from modeling_ifcl import IFCLModel
-    from trainer_ifcl import tokenize_training_text, tokenizer_fingerprint
+    from trainer_ifcl import tokenize_training_text
 
     lines = [f"{english}\t{german}" for english, german in zip(ENGLISH, GERMAN)]
     text = load_train_dataset(write(tmp_path / "pairs.txt", "\n".join(lines) + "\n"))
     model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
     objective = build_objective(model)
-    arguments = (objective, model.tokenizer, model.fraternal_tokenizer, 8)
+    arguments = (objective, model.tokenizer, 8)
     fingerprint = tokenizer_fingerprint(model.tokenizer)
     cached = tokenize_training_text(text, *arguments)
     assert cached.cache_files and "input_ids" in cached.column_names
@@ -401,6 +402,37 @@ def test_tokenizing_on_the_fly_gives_the_cached_features(tmp_path: Path, tiny_en
     assert not is_text_dataset(on_the_fly) and is_text_dataset(text)
     assert [on_the_fly[i] for i in range(len(text))] == [cached[i] for i in range(len(text))]
     assert on_the_fly[2:5] == cached[2:5]
+    assert max(len(ids) for ids in cached["input_ids"]) == 8  # max_length reaches the tokenizer, which truncates
+
+
+def test_the_token_cache_is_kept_for_loss_settings_and_redone_for_what_the_tokens_depend_on(
+    tmp_path: Path, tiny_encoder_dir: Path, tiny_fraternal_dir: Path
+) -> None:
+    """IFCL's features depend on its text columns, the tokenizers and ``max_length``: a change of the queue, the
+    forgetting or fusion rate or a loss weight reads the same token cache; a fraternal tokenizer, another column set
+    or another ``max_length`` makes a new one."""
+    from conftest import ENGLISH, GERMAN
+
+    from ifcl.objectives import build_objective
+    from modeling_ifcl import IFCLModel
+    from trainer_ifcl import tokenize_training_text
+
+    lines = [f"{english}\t{german}" for english, german in zip(ENGLISH, GERMAN)]
+    text = load_train_dataset(write(tmp_path / "pairs.txt", "\n".join(lines) + "\n"))
+
+    def cache_file(max_length: int = 16, fraternal_model: str | None = None, **settings) -> str:
+        model = IFCLModel.from_encoder(str(tiny_encoder_dir), fraternal_model, **settings)
+        features = tokenize_training_text(text, build_objective(model), model.tokenizer, max_length)
+        return features.cache_files[0]["filename"]
+
+    default = cache_file(queue_size=2)
+    loss_settings = {"queue_size": 4, "forgetting_rate": 0.2, "fusion_rate": 0.5, "twins_loss_weight": 0.5}
+    assert cache_file(**loss_settings) == default
+    assert cache_file(queue_size=2, freeze_word_embeddings=False) == default
+    assert cache_file(max_length=8, queue_size=2) != default
+    assert cache_file(queue_size=2, fraternal_model=str(tiny_fraternal_dir)) != default
+    without_twins = {"queue_size": 2, "fraternal_loss_weight": 0.0, "twins_loss_weight": 0.0}
+    assert cache_file(**without_twins) != default  # no fraternal column read
 
 
 # ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from torch import nn
 
 from ifcl import queue as ring
 from ifcl.objectives import OBJECTIVES, build_objective, objective_class, pad_features
-from ifcl.objectives.ifcl import WITHOUT_IFCL, IFCLObjective
+from ifcl.objectives.ifcl import WITHOUT_IFCL, IFCLObjective, freeze_word_tables
 from ifcl.objectives.simcse import SimCSEObjective
 from modeling_ifcl import IFCLModel, IFCLTwinsOutput
 from trainer_ifcl import IFCLTrainer, ObjectiveDataCollator
@@ -216,6 +216,65 @@ def test_build_objective_reads_the_objective_from_the_config(tiny_encoder_dir):
     assert model.config.objective == "simcse" and isinstance(build_objective(model), SimCSEObjective)  # again
     ifcl = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)  # no objective named: IFCL
     assert ifcl.config.objective is None and isinstance(build_objective(ifcl), IFCLObjective)
+
+
+def test_ifcl_settings_have_one_source_the_configs_own_fields(tiny_encoder_dir):
+    """IFCL's settings are the config's own fields, whatever ``objective_settings`` holds (a config from a peer's
+    run), and its loss weights are those settings' (given ones too)."""
+    from configuration_ifcl import IFCLSettings
+
+    model = IFCLModel.from_encoder(
+        str(tiny_encoder_dir),
+        objective="ifcl",
+        objective_settings={"micse_queue_size": 4},
+        queue_size=2,
+        forgetting_rate=0.3,
+        fraternal_loss_weight=0.4,
+        twins_loss_weight=0.0,
+    )
+    objective = build_objective(model)
+    assert objective.settings == IFCLObjective.stored_settings(model.config)
+    assert objective.settings.forgetting_rate == 0.3 and objective.settings.fraternal_loss_weight == 0.4
+    assert objective.terms.fraternal_loss_weight == 0.4 and objective.terms.twins_loss_weight == 0.0
+
+    given = IFCLObjective(model, IFCLSettings(queue_size=2, fraternal_loss_weight=0.7, twins_loss_weight=0.2))
+    assert (given.terms.fraternal_loss_weight, given.terms.twins_loss_weight) == (0.7, 0.2)
+
+
+def test_a_peer_objective_given_to_the_trainer_trains_without_ifcls_parts(
+    tiny_encoder_dir, tiny_fraternal_dir, tmp_path
+):
+    """The Trainer's ``prepare`` applies the objective's ``model_settings``, as ``build_objective`` does: a model built
+    with IFCL's queue, BEL_F and a frozen BEL_S trains a peer objective with none of them, and publishes no queue."""
+    from datasets import Dataset
+
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), str(tiny_fraternal_dir), queue_size=2)
+    freeze_word_tables(model)  # as IFCL trains it
+    assert model.config.freeze_word_embeddings and not model.get_input_embeddings().weight.requires_grad
+    assert model.queue is not None and model.fraternal_embeddings is not None
+    objective = SimCSEObjective(model)
+    args = cpu_training_args(tmp_path / "out", max_steps=1, per_device_train_batch_size=4)
+    trainer = IFCLTrainer(
+        model=model, args=args, train_dataset=Dataset.from_dict({"sentence": ENGLISH[:8]}), objective=objective
+    )
+    assert model.queue is None and model.fraternal_embeddings is None
+    assert {name: getattr(model.config, name) for name in WITHOUT_IFCL} == WITHOUT_IFCL
+    assert model.get_input_embeddings().weight.requires_grad  # BEL_S trains, as the config now says
+    trainer.save_model(str(tmp_path / "published"))
+    assert not [key for key in saved_weight_names(tmp_path / "published") if key.startswith("queue.")]
+
+
+def test_save_published_leaves_out_what_a_trainer_attached(tiny_encoder_dir, tmp_path):
+    """``save_published`` leaves out the same training-only modules as ``IFCLTrainer.save_model``: the objective a
+    Trainer attached (its own weights) and the queue; the model keeps both, in their order."""
+    from ifcl.publishing import TRAINING_ONLY, save_published
+
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), objective="simcse", **WITHOUT_IFCL)
+    model.training_objective = ProjectedSimCSE(model)
+    order = list(model._modules)
+    save_published(model, tmp_path / "published")
+    assert not [key for key in saved_weight_names(tmp_path / "published") if key.split(".")[0] in TRAINING_ONLY]
+    assert list(model._modules) == order and isinstance(model.training_objective, ProjectedSimCSE)
 
 
 def test_simcse_objective_end_to_end(tiny_encoder_dir, english_sts_data, tmp_path):

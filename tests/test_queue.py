@@ -77,6 +77,23 @@ def test_short_batch_fills_only_its_rows():
     assert torch.equal(ring.newest_first(queue)[0], torch.cat([batch(4.0), batch(3.0)]))
 
 
+def test_negatives_are_the_entries_with_the_log_of_eq4_weights():
+    """What every loss reads (IFCL's objective, IFCLLoss, miCSE): all rows, and log p_m by age; −inf for an empty
+    row. With λ = 0 (miCSE's queue) every filled row weighs 1: log 0."""
+    queue = QueueBuffers(3, N, DIM)
+    ring.push(queue, batch(1.0))
+    ring.push(queue, batch(2.0))
+    rows, log_weights = ring.negatives(queue, LAMBDA)
+    stored, ages = ring.entries(queue)
+    assert torch.equal(rows, stored) and rows.data_ptr() == queue.embeddings.data_ptr()  # no copy
+    assert log_weights.tolist() == pytest.approx(forgetting_coefficients(ages, LAMBDA).log().tolist())
+    by_age = {1: math.log(1 - LAMBDA), 2: math.log(1 - 2 * LAMBDA), 0: -math.inf}
+    assert log_weights.tolist() == pytest.approx([by_age[age] for age in ages.tolist()])
+    _, unweighted = ring.negatives(queue)
+    assert unweighted.dtype == torch.float32
+    assert torch.equal(unweighted, torch.zeros(3 * N).masked_fill(ages == 0, -math.inf))
+
+
 def test_entries_match_newest_first_as_sets():
     """The losses read the entries in storage order: the same rows with the same ages as the paper's order."""
     queue = QueueBuffers(K, N, DIM)

@@ -332,3 +332,56 @@ def test_push_to_hub_offline_keeps_everything_and_says_how_to_push_later(
     with pytest.raises(RunFailure, match="push it later with: hf upload someone/x"):
         run_ifcl.main([*args, "--load_best_model_at_end", "false", "--push_to_hub", "--hub_model_id", "someone/x"])
     assert (output / "all_results.json").is_file() and (output / "model.safetensors").is_file()
+
+
+# ---------------------------------------------------------------- the model as the script loads it
+
+
+def cased_lowercasing_base(tiny_encoder_dir: Path, folder: Path) -> Path:
+    """The tiny encoder as a sentence-transformers model whose tokenizer keeps case but whose
+    sentence_bert_config.json says ``do_lower_case`` (as older sentence-transformers models do)."""
+    import shutil
+
+    from tokenizers import normalizers
+    from transformers import AutoTokenizer
+
+    shutil.copytree(tiny_encoder_dir, folder)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_encoder_dir))
+    tokenizer.backend_tokenizer.normalizer = normalizers.BertNormalizer(lowercase=False)
+    tokenizer.save_pretrained(str(folder))
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules), encoding="utf-8")
+    (folder / "sentence_bert_config.json").write_text('{"max_seq_length": 20, "do_lower_case": true}', "utf-8")
+    return folder
+
+
+def test_the_script_tokenizes_its_training_text_with_the_tokenizer_of_the_base(tiny_encoder_dir, tmp_path):
+    """``load_model`` gives the tokenizer the base's lowercasing and truncation before the training text is tokenized,
+    so the script trains on the tokens it evaluates and publishes with, as the Python API does; an IFCL folder
+    continued takes its base's facts too."""
+    from datasets import Dataset
+
+    from configuration_ifcl import ifcl_config_dict
+    from ifcl.checks import read_config
+    from ifcl.objectives import build_objective
+    from ifcl.publishing import read_base, save_published
+    from trainer_ifcl import tokenize_training_text
+
+    base = cased_lowercasing_base(tiny_encoder_dir, tmp_path / "base")
+    settings = {"queue_size": 2, "queue_batch_size": 4, "fraternal_loss_weight": 0.0, "twins_loss_weight": 0.0}
+    model_args = run_ifcl.ModelArguments(model_name_or_path=str(base))
+    model = run_ifcl.load_model(model_args, str(base), None, settings)
+    text = Dataset.from_dict({"sentence": [sentence.upper() for sentence in ENGLISH[:4]]})
+    features = tokenize_training_text(text, build_objective(model), model.tokenizer, 32, on_the_fly=True)
+    lowercased = model.tokenizer([sentence.lower() for sentence in ENGLISH[:4]])["input_ids"]
+    assert [features[i]["input_ids"] for i in range(4)] == lowercased
+    assert model.tokenizer.unk_token_id not in lowercased[0] and model.tokenizer.model_max_length == 20
+
+    save_published(model, tmp_path / "published")
+    folder = tmp_path / "published"
+    continued = run_ifcl.load_model(model_args, str(folder), ifcl_config_dict(read_config(str(folder))), settings)
+    assert continued.sentence_transformers_base == read_base(str(folder))
+    assert continued.tokenizer.model_max_length == 20

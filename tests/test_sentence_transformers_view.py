@@ -165,6 +165,31 @@ def test_view_of_a_plain_encoder_loads_cleanly_without_normalize(tiny_encoder_di
     assert (model.encode(SENTENCES) - view.encode(SENTENCES, convert_to_tensor=True)).abs().max() <= 1e-5
 
 
+def test_a_plain_encoders_base_is_read_once_and_the_view_leaves_no_temporary_file(
+    tiny_encoder_dir, tmp_path, monkeypatch
+):
+    """``from_encoder`` reads the base as it builds (None: a plain encoder); the view does not look it up again. Its
+    JSON files are written whole (through a temporary file renamed over each), and none is left behind."""
+    from ifcl import publishing
+
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
+    assert model.sentence_transformers_base is None
+    monkeypatch.setattr(publishing, "read_base", lambda name: pytest.fail(f"{name}'s base read again"))
+    save_published(model, tmp_path / "saved")
+    assert module_types(tmp_path / "saved") == [publishing.ST_TRANSFORMER, publishing.ST_POOLING]
+    assert not [path.name for path in (tmp_path / "saved").rglob("*.tmp-*")]
+
+
+def test_the_view_of_a_model_that_never_adopted_its_base_reads_it(st_base_dir, tmp_path):
+    from ifcl.publishing import ST_NORMALIZE, save_view
+
+    model = IFCLModel.from_encoder(str(st_base_dir), queue_size=0)
+    del model.sentence_transformers_base  # a model adopt_base never saw
+    model.save_pretrained(tmp_path / "saved")
+    assert save_view(model, tmp_path / "saved")
+    assert module_types(tmp_path / "saved")[-1] == ST_NORMALIZE
+
+
 def test_a_loaded_model_writes_the_same_view_and_embeds_the_same(st_base_dir, tmp_path):
     model = IFCLModel.from_encoder(str(st_base_dir), queue_size=0)
     save_published(model, tmp_path / "first")

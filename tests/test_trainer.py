@@ -147,6 +147,37 @@ def test_non_finite_loss_stops_naming_step_and_term_and_keeps_the_last_good_chec
     assert (out / "checkpoint-2").is_dir() and not (out / "checkpoint-4").exists()
 
 
+def test_a_step_that_logs_and_saves_reduces_the_loss_sums_once_and_logs_their_means(tiny_encoder_dir, tmp_path):
+    """One collective (and one host sync) per log, not one for the check, one for the means and one more before the
+    checkpoint; the logged terms are still each term's mean over the step's micro-batches."""
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
+    dataset = tokenized(model, with_fraternal=True)
+    trainer = make_trainer(model, dataset, tmp_path, max_steps=2, save_strategy="steps", save_steps=1)
+    reduce, reductions = trainer.accelerator.reduce, []
+
+    def counted(*args, **kwargs):
+        reductions.append(kwargs.get("reduction"))
+        return reduce(*args, **kwargs)
+
+    trainer.accelerator.reduce = counted
+    forward, components = trainer.objective.forward, []
+
+    def recorded(*args, **kwargs):
+        output = forward(*args, **kwargs)
+        components.append({name: value.item() for name, value in output.components.items()})
+        return output
+
+    trainer.objective.forward = recorded
+    trainer.train()
+    assert reductions == ["sum", "sum"]  # steps 1 and 2, each logged and checkpointed
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    for step, entry in enumerate(logged):
+        micro_batches = components[2 * step : 2 * step + 2]  # 2 accumulated micro-batches per step
+        for name in ("loss_identical", "loss_fraternal", "loss_twins"):
+            expected = sum(batch[name] for batch in micro_batches) / 2
+            assert entry[name] == pytest.approx(expected, rel=1e-6), (step, name)
+
+
 @pytest.mark.parametrize("objective", ["ifcl", "simcse", "pcl"])
 def test_trainer_takes_a_text_dataset_as_it_is(tiny_encoder_dir, tiny_fraternal_dir, tmp_path, objective):
     """The Python API: a text Dataset, TrainingArguments and the model; the trainer tokenizes with the objective's

@@ -9,10 +9,7 @@ objective it was trained with.
 
 from __future__ import annotations
 
-from dataclasses import asdict, fields, is_dataclass
-from typing import Any
-
-from .base import Objective, ObjectiveOutput, pad_features, unwrap_model
+from .base import Objective, ObjectiveOutput, pad_features, settings_as_dict, unwrap_model
 from .conisi import ConIsIObjective
 from .ifcl import IFCLObjective, fit_model
 from .micse import MiCSEObjective
@@ -40,11 +37,6 @@ def settings_classes() -> list[type]:
     return [cls for cls in classes if cls is not None]
 
 
-def settings_as_dict(settings: Any) -> dict[str, Any]:
-    """A settings dataclass as the dict the model config stores (``IFCLConfig.objective_settings``)."""
-    return asdict(settings) if is_dataclass(settings) else {}
-
-
 def build_objective(model) -> Objective:
     """The objective ``model.config.objective`` names (None: IFCL), with its settings.
 
@@ -53,18 +45,12 @@ def build_objective(model) -> Objective:
             encoder alone: no fraternal table, no queue, both word tables trained).
 
     Returns:
-        The objective. A peer's settings are the config's ``objective_settings`` (those a config written by an older
-        version lacks take their defaults); IFCL's are the config's own fields.
+        The objective, with its settings as the config stores them (``Objective.stored_settings``: a peer's under
+        ``objective_settings``, IFCL's in the config's own fields).
     """
     cls = objective_class(getattr(model.config, "objective", None) or DEFAULT_OBJECTIVE)
-    if cls.model_settings:
-        fit_model(model, **cls.model_settings)
-    stored = getattr(model.config, "objective_settings", None) or {}
-    settings = None
-    if cls.settings_class is not None and stored:
-        known = {f.name for f in fields(cls.settings_class)}
-        settings = cls.settings_class(**{k: v for k, v in stored.items() if k in known})
-    return cls(model, settings)
+    fit_model(model, **cls.model_settings)
+    return cls(model, cls.stored_settings(model.config))
 
 
 __all__ = [

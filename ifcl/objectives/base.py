@@ -9,8 +9,9 @@ optimizer, data parallelism and checkpoints take them like any weight; the publi
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -24,6 +25,15 @@ RowGather = Callable[[torch.Tensor], torch.Tensor]
 # Fields of a tokenized feature that are padded per group: "<prefix>input_ids" leads its group.
 TOKEN_FIELDS = ("input_ids", "attention_mask", "token_type_ids")
 
+# IFCL's parts switched off: no fraternal table, no queue, both word tables trained. The peer objectives train so.
+WITHOUT_IFCL: dict[str, Any] = {
+    "queue_size": 0,
+    "fraternal_loss_weight": 0.0,
+    "twins_loss_weight": 0.0,
+    "freeze_word_embeddings": False,
+    "freeze_fraternal_embeddings": False,
+}
+
 
 def no_gather(local: torch.Tensor) -> tuple[torch.Tensor, int]:
     """The one-process :data:`Gather`: the rows themselves, starting at 0."""
@@ -33,6 +43,24 @@ def no_gather(local: torch.Tensor) -> tuple[torch.Tensor, int]:
 def no_row_gather(local: torch.Tensor) -> torch.Tensor:
     """The one-process :data:`RowGather`: the rows themselves."""
     return local
+
+
+def settings_as_dict(settings: Any) -> dict[str, Any]:
+    """A settings dataclass as the dict the model config stores (``IFCLConfig.objective_settings``)."""
+    return asdict(settings) if is_dataclass(settings) else {}
+
+
+def tokenizer_fingerprint(tokenizer) -> Any:
+    """What a tokenizer's output depends on, for cache fingerprints: its vocabulary and rules (a fast tokenizer's
+    JSON without the truncation and padding a call sets), special tokens and class, so a tokenizer rewritten in the
+    same folder gives new caches."""
+    if getattr(tokenizer, "is_fast", False):
+        rules = json.loads(tokenizer.backend_tokenizer.to_str())
+        rules.pop("truncation", None)
+        rules.pop("padding", None)
+    else:
+        rules = sorted(tokenizer.get_vocab().items())
+    return [type(tokenizer).__name__, tokenizer.name_or_path, len(tokenizer), rules, tokenizer.all_special_tokens]
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -101,10 +129,9 @@ class Objective(nn.Module):
     card_settings: ClassVar[tuple[str, ...]] = ()
     # The command-line settings this objective alone reads beyond ``settings_class`` (refused with another objective).
     own_arguments: ClassVar[tuple[str, ...]] = ()
-    # Model-config settings this objective trains with, whatever the model was built with (build_objective sets them).
-    model_settings: ClassVar[dict[str, Any]] = {}
-    # The model's sub-modules that are training state: checkpoints keep them, the published model leaves them out.
-    training_state: ClassVar[tuple[str, ...]] = ()
+    # Model-config settings this objective trains with, whatever the model was built with (:meth:`prepare` sets
+    # them): by default the encoder alone, as the peer objectives train.
+    model_settings: ClassVar[dict[str, Any]] = WITHOUT_IFCL
 
     def __init__(self, model: nn.Module, settings: Any = None) -> None:
         super().__init__()
@@ -113,6 +140,17 @@ class Objective(nn.Module):
         self.settings = settings
         # Rows this process's micro-batches queued since the last optimizer step (see :meth:`queue_rows`).
         self.pending_rows: list[torch.Tensor] = []
+
+    @classmethod
+    def stored_settings(cls, config) -> Any:
+        """This objective's settings as the model ``config`` stores them: the fields of ``settings_class`` under the
+        config's ``objective_settings`` (those a config written by an older version lacks take their defaults); None
+        for an objective without settings. The one place that says where they are stored."""
+        if cls.settings_class is None:
+            return None
+        stored = getattr(config, "objective_settings", None) or {}
+        known = {f.name for f in fields(cls.settings_class)}
+        return cls.settings_class(**{k: v for k, v in stored.items() if k in known})
 
     # ------------------------------------------------------------------ data
 
@@ -125,6 +163,11 @@ class Objective(nn.Module):
         """``datasets.map`` hook: the features of a batch of training text (:attr:`text_columns`), each sentence
         truncated at ``max_length`` (``--max_seq_length``)."""
         return dict(tokenizer(batch["sentence"], truncation=True, max_length=max_length))
+
+    def feature_key(self) -> Any:
+        """What :meth:`tokenize`'s output depends on beyond the encoder's tokenizer and ``max_length``: part of the
+        token cache's fingerprint, so a change of it tokenizes again. By default all the objective's settings."""
+        return settings_as_dict(self.settings)
 
     def collate(self, features: list[dict[str, Any]], tokenizer) -> dict[str, torch.Tensor]:
         """Data-collator hook: features → a batch of tensors. Augmentations made per batch go here."""
@@ -139,8 +182,12 @@ class Objective(nn.Module):
         check_training_data_size(num_rows, global_batch, queue_size=0)
 
     def prepare(self, model: nn.Module, global_batch: int) -> None:
-        """Fit the unwrapped ``model`` to the training run before its first step (e.g. queues to the global batch).
-        Nothing by default."""
+        """Fit the unwrapped ``model`` to the training run before its first step: it takes :attr:`model_settings`
+        (whether the objective came from ``build_objective`` or was given to the Trainer); subclasses add their own
+        (e.g. queues to the global batch)."""
+        from .ifcl import fit_model
+
+        fit_model(model, **self.model_settings)
 
     # ------------------------------------------------------------------ training
 

@@ -29,7 +29,6 @@ from torch import nn
 from ifcl.losses import float32_region, info_nce
 
 from .base import Gather, Objective, ObjectiveOutput, Paper, no_gather, pad_features, unwrap_model
-from .ifcl import WITHOUT_IFCL
 from .wordnet import DEFAULT_WORDNET_PATH, AntonymLexicon, check_wordnet_folder, load_antonym_lexicon
 
 STRATEGIES = ("s", "o1", "o2")
@@ -341,7 +340,6 @@ class ConIsIObjective(Objective):
     )
     loss_terms = ("loss_contrastive", "loss_interactive")
     settings_class = ConIsISettings
-    model_settings = WITHOUT_IFCL
 
     def __init__(self, model: nn.Module, settings: ConIsISettings | None = None) -> None:
         super().__init__(model, settings)

@@ -8,15 +8,16 @@ The loss terms are in ``ifcl/losses.py``; the fraternal word table and the queue
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from configuration_ifcl import IFCLSettings
 from ifcl import queue as ring
-from ifcl.losses import IFCLTerms, forgetting_coefficients
+from ifcl.losses import IFCLTerms
 
+from .base import WITHOUT_IFCL as WITHOUT_IFCL  # where it was defined before: a peer objective's model_settings
 from .base import (
     Gather,
     Objective,
@@ -26,21 +27,13 @@ from .base import (
     no_gather,
     no_row_gather,
     pad_features,
+    tokenizer_fingerprint,
     unwrap_model,
 )
 
 logger = logging.getLogger(__name__)
 
 FRATERNAL_TOKENIZER = "fraternal_tokenizer"  # the sub-folder of a saved model that holds the fraternal tokenizer
-
-# IFCL's parts switched off: no fraternal table, no queue, both word tables trained. The peer objectives train so.
-WITHOUT_IFCL = {
-    "queue_size": 0,
-    "fraternal_loss_weight": 0.0,
-    "twins_loss_weight": 0.0,
-    "freeze_word_embeddings": False,
-    "freeze_fraternal_embeddings": False,
-}
 
 
 def fit_model(model: nn.Module, **settings: Any) -> None:
@@ -54,7 +47,7 @@ def fit_model(model: nn.Module, **settings: Any) -> None:
     queue_shape = (config.queue_size, config.queue_batch_size)
     for name, value in changed.items():
         setattr(config, name, value)
-    IFCLSettings(**{name: getattr(config, name) for name in IFCLSettings.__dataclass_fields__})
+    IFCLObjective.stored_settings(config)  # checks them
     if (config.queue_size, config.queue_batch_size) != queue_shape:
         if ring.size(model.queue):
             logger.warning(f"The hippocampus queue held {ring.size(model.queue)} rows; it starts empty.")
@@ -114,14 +107,19 @@ class IFCLObjective(Objective):
     settings_class = IFCLSettings
     card_settings = (*IFCLSettings.__dataclass_fields__, "queue_batch_size", "fraternal_model_name_or_path")
     own_arguments = ("fraternal_model_name_or_path", "fraternal_column")
-    training_state = ("queue",)
+    model_settings: ClassVar[dict[str, Any]] = {}  # IFCL trains with the model's own IFCL settings
+
+    @classmethod
+    def stored_settings(cls, config) -> IFCLSettings:
+        """IFCL's settings are the config's own fields, not ``objective_settings``."""
+        return IFCLSettings(**{name: getattr(config, name) for name in IFCLSettings.__dataclass_fields__})
 
     def __init__(self, model: nn.Module, settings: IFCLSettings | None = None) -> None:
         config = model.config
-        super().__init__(
-            model, settings or IFCLSettings(**{f: getattr(config, f) for f in IFCLSettings.__dataclass_fields__})
+        super().__init__(model, settings if settings is not None else self.stored_settings(config))
+        self.terms = IFCLTerms(
+            config.contrastive_temperature, self.settings.fraternal_loss_weight, self.settings.twins_loss_weight
         )
-        self.terms = IFCLTerms(config.contrastive_temperature, config.fraternal_loss_weight, config.twins_loss_weight)
         self.fraternal_pad_token_id = config.fraternal_pad_token_id or 0
         # A fraternal model's own tokenizer reads the fraternal text; without one, the encoder's does.
         self.fraternal_tokenizer = fraternal_tokenizer(model) if config.fraternal_model_name_or_path else None
@@ -140,6 +138,12 @@ class IFCLObjective(Objective):
             features["fraternal_attention_mask"] = fraternal["attention_mask"]
         return features
 
+    def feature_key(self) -> Any:
+        """The features depend on the text columns and the fraternal model's tokenizer alone, not on the loss's
+        settings (queue, forgetting rate, fusion rate, loss weights, frozen tables)."""
+        fraternal = tokenizer_fingerprint(self.fraternal_tokenizer) if self.fraternal_tokenizer is not None else None
+        return [self.text_columns, fraternal]
+
     def collate(self, features: list[dict[str, Any]], tokenizer) -> dict[str, torch.Tensor]:
         return pad_features(features, {"": tokenizer.pad_token_id or 0, "fraternal_": self.fraternal_pad_token_id})
 
@@ -152,6 +156,7 @@ class IFCLObjective(Objective):
     def prepare(self, model: nn.Module, global_batch: int) -> None:
         """Freeze the word tables as the settings say; the hippocampus queue takes one slot of N rows per optimizer
         step, N the global batch."""
+        super().prepare(model, global_batch)
         freeze_word_tables(model)
         if model.queue is not None and model.config.queue_batch_size != global_batch:
             logger.info(f"Hippocampus queue: {model.config.queue_size} slots of the global batch N = {global_batch}.")
@@ -169,8 +174,7 @@ class IFCLObjective(Objective):
         queue = unwrap_model(model).queue
         queue_rows = queue_log_weights = None
         if queue is not None:
-            queue_rows, ages = ring.entries(queue)
-            queue_log_weights = forgetting_coefficients(ages, self.settings.forgetting_rate).log()
+            queue_rows, queue_log_weights = ring.negatives(queue, self.settings.forgetting_rate)
         identical_candidates, label_offset = gather(twins.identical)
         fraternal_candidates = gather(twins.fraternal)[0] if twins.fraternal is not None else None
         loss, components = self.terms(

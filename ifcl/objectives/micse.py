@@ -37,7 +37,6 @@ from .base import (
     no_row_gather,
     unwrap_model,
 )
-from .ifcl import WITHOUT_IFCL
 
 LAYERS_SETTING = "micse_attention_layers"
 
@@ -326,7 +325,6 @@ class MiCSEObjective(Objective):
     )
     loss_terms = ("loss_contrastive", "loss_attention", "attention_mutual_information")
     settings_class = MiCSESettings
-    model_settings = WITHOUT_IFCL
 
     def __init__(self, model: nn.Module, settings: MiCSESettings | None = None) -> None:
         super().__init__(model, settings)
@@ -386,8 +384,7 @@ class MiCSEObjective(Objective):
         candidates, label_offset = gather(second_views)
         queue = queue_log_weights = None
         if self.queue is not None:  # every filled row weighs the same, an empty one takes no part
-            queue, ages = ring.entries(self.queue)
-            queue_log_weights = torch.zeros_like(queue[:, 0]).masked_fill(ages == 0, float("-inf"))
+            queue, queue_log_weights = ring.negatives(self.queue)
         # L_C, Eq. 2: InfoNCE of the first views against the second views and Q. The in-batch terms are SimCSE's (the
         # denominator takes every second view, the positive too: Section 2's "standard InfoNCE"; Eq. 2 writes j ≠ i).
         loss_contrastive = info_nce(first_views, candidates, self.temperature, queue, queue_log_weights, label_offset)

@@ -24,7 +24,6 @@ from ifcl.losses import float32_region
 from modeling_ifcl import max_input_length
 
 from .base import TOKEN_FIELDS, Gather, Objective, ObjectiveOutput, Paper, no_gather, unwrap_model
-from .ifcl import WITHOUT_IFCL
 
 # The five augmentations of Section 3.2 / Appendix A. "dropout" is the continuous one (Δ^(c)), the others are
 # discrete (Δ^(d)) and change the token ids.
@@ -383,7 +382,6 @@ class PCLObjective(Objective):
     )
     loss_terms = ("loss_kl_peer_peer", "loss_kl_peer_main", "loss_contrastive_main", "loss_contrastive_peer")
     settings_class = PCLSettings
-    model_settings = WITHOUT_IFCL
 
     def __init__(self, model: nn.Module, settings: PCLSettings | None = None) -> None:
         super().__init__(model, settings)

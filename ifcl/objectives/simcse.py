@@ -15,7 +15,6 @@ from torch import nn
 from ifcl.losses import info_nce
 
 from .base import Gather, Objective, ObjectiveOutput, Paper, no_gather
-from .ifcl import WITHOUT_IFCL
 
 
 class SimCSEObjective(Objective):
@@ -33,7 +32,6 @@ class SimCSEObjective(Objective):
 }""",
     )
     loss_terms = ("loss_contrastive",)
-    model_settings = WITHOUT_IFCL
 
     def __init__(self, model: nn.Module, settings=None) -> None:
         super().__init__(model, settings)
