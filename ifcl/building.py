@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
 from configuration_ifcl import IFCLConfig
 from ifcl.checks import check_model_path
@@ -39,6 +39,12 @@ def scaled_orthogonal_projection(
     projection.bias.copy_(source.mean(dim=0) - weight @ fraternal_mean)
 
 
+def load_fraternal(name_or_path: str) -> tuple[torch.Tensor, PreTrainedTokenizerBase]:
+    """BEL_F's starting table, the fraternal model's word table (checked as the encoder's is), and its tokenizer."""
+    table = word_table_of(AutoModel.from_pretrained(name_or_path), name_or_path).weight
+    return table, AutoTokenizer.from_pretrained(name_or_path)
+
+
 def build_from_encoder(model_class, encoder_name_or_path: str, fraternal_model_name_or_path: str | None, **settings):
     """``IFCLModel.from_encoder``: the encoder's weights and tokenizer, BEL_F from the fraternal model's word table
     (and its tokenizer) or the encoder's own, the config from both and ``settings``. The tokenizer embeds as a
@@ -51,9 +57,7 @@ def build_from_encoder(model_class, encoder_name_or_path: str, fraternal_model_n
     tokenizer = AutoTokenizer.from_pretrained(encoder_name_or_path)
     fraternal_tokenizer = None
     if fraternal_model_name_or_path is not None:
-        fraternal_model = AutoModel.from_pretrained(fraternal_model_name_or_path)
-        fraternal_table = word_table_of(fraternal_model, fraternal_model_name_or_path).weight
-        fraternal_tokenizer = AutoTokenizer.from_pretrained(fraternal_model_name_or_path)
+        fraternal_table, fraternal_tokenizer = load_fraternal(fraternal_model_name_or_path)
     config = IFCLConfig(
         encoder_config=encoder.config.to_dict(),
         encoder_name_or_path=public_name(encoder_name_or_path),

@@ -63,26 +63,9 @@ class IFCLLoss(nn.Module):
         words = word_table_of(self.encoder, "IFCLLoss")
         words.weight.requires_grad_(not self.settings.freeze_word_embeddings)
         self.fraternal_model_name_or_path = fraternal_model_name_or_path
-        self.fraternal_tokenizer = None
-        table, pad_token_id = words.weight.detach(), self.encoder.config.pad_token_id
-        if fraternal_model_name_or_path is not None:
-            from transformers import AutoModel, AutoTokenizer
-
-            table = AutoModel.from_pretrained(fraternal_model_name_or_path).get_input_embeddings().weight.detach()
-            self.fraternal_tokenizer = AutoTokenizer.from_pretrained(fraternal_model_name_or_path)
-            pad_token_id = self.fraternal_tokenizer.pad_token_id
-        self.fraternal_pad_token_id = pad_token_id or 0
-        frozen = self.settings.freeze_word_embeddings and self.settings.freeze_fraternal_embeddings
-        if fraternal_model_name_or_path is None and frozen:
-            self.fraternal_embeddings = words  # BEL_F is BEL_S itself, as in IFCLModel (IFCLConfig.shares_word_table)
-        else:
-            self.fraternal_embeddings = nn.Embedding.from_pretrained(
-                table.clone(), freeze=self.settings.freeze_fraternal_embeddings, padding_idx=pad_token_id
-            )
-        self.fraternal_projection = None
-        if table.shape[1] != words.embedding_dim:
-            self.fraternal_projection = nn.Linear(table.shape[1], words.embedding_dim)
-            scaled_orthogonal_projection(self.fraternal_projection, words.weight, self.fraternal_embeddings.weight)
+        self.fraternal_tokenizer = self.fraternal_embeddings = self.fraternal_projection = None
+        if self.settings.uses_fraternal_twins:  # else no BEL_F at all, as in IFCLModel
+            self.set_up_fraternal_table(words)
         self.to(words.weight.device)
         self.collated_by_name = False  # set by data_collator()'s collator at each batch
         self.warned_about_positions = False
@@ -93,6 +76,28 @@ class IFCLLoss(nn.Module):
     def encoder(self) -> nn.Module:
         """The transformers model inside the SentenceTransformer's first module."""
         return self.model[0].auto_model
+
+    def set_up_fraternal_table(self, words: nn.Embedding) -> None:
+        """BEL_F: the fraternal model's word table (and its tokenizer for the fraternal column), else BEL_S itself when
+        both tables are frozen (as ``IFCLConfig.shares_word_table``), else a copy of it; projected to BEL_S's width
+        when narrower or wider."""
+        table, pad_token_id = words.weight.detach(), self.encoder.config.pad_token_id
+        if self.fraternal_model_name_or_path is not None:
+            from ifcl.building import load_fraternal
+
+            table, self.fraternal_tokenizer = load_fraternal(self.fraternal_model_name_or_path)
+            table, pad_token_id = table.detach(), self.fraternal_tokenizer.pad_token_id
+        self.fraternal_pad_token_id = pad_token_id or 0
+        frozen = self.settings.freeze_word_embeddings and self.settings.freeze_fraternal_embeddings
+        if self.fraternal_model_name_or_path is None and frozen:
+            self.fraternal_embeddings = words
+        else:
+            self.fraternal_embeddings = nn.Embedding.from_pretrained(
+                table.clone(), freeze=self.settings.freeze_fraternal_embeddings, padding_idx=pad_token_id
+            )
+        if table.shape[1] != words.embedding_dim:
+            self.fraternal_projection = nn.Linear(table.shape[1], words.embedding_dim)
+            scaled_orthogonal_projection(self.fraternal_projection, words.weight, self.fraternal_embeddings.weight)
 
     def data_collator(self, train_dataset=None, **kwargs: Any) -> IFCLDataCollator:
         """The collator for ``SentenceTransformerTrainer(data_collator=...)``: the columns ``sentence`` and
@@ -172,7 +177,7 @@ class IFCLLoss(nn.Module):
     def get_config_dict(self) -> dict[str, Any]:
         """The loss's settings, for the model card sentence-transformers generates (the fraternal model by a public
         name, never a path of this machine)."""
-        from ifcl.model_card import public_name
+        from ifcl.publishing import public_name
 
         return {
             **asdict(self.settings),

@@ -130,6 +130,16 @@ def test_settings_are_checked_and_a_single_column_is_refused(tiny_encoder_dir):
         loss([features], None)
     simcse = IFCLLoss(st_model, fraternal_loss_weight=0, twins_loss_weight=0, queue_size=0)
     assert set(simcse([features], None)) == {"loss_identical"}
+    assert simcse.fraternal_embeddings is None and simcse.text_columns == ("sentence",)  # no BEL_F, as IFCLModel
+
+
+def test_without_fraternal_twins_the_fraternal_model_is_not_loaded(tiny_encoder_dir, tiny_fraternal_dir, monkeypatch):
+    import ifcl.building
+
+    monkeypatch.setattr(ifcl.building, "load_fraternal", lambda name: pytest.fail(f"{name} loaded"))
+    settings = {"fraternal_loss_weight": 0, "twins_loss_weight": 0, "freeze_word_embeddings": False}
+    loss = IFCLLoss(sentence_transformer_of(tiny_encoder_dir), str(tiny_fraternal_dir), **settings)
+    assert loss.fraternal_embeddings is None and loss.fraternal_tokenizer is None
 
 
 def test_its_collator_takes_the_columns_by_name_and_a_missing_fraternal_model_is_named(tiny_encoder_dir, tmp_path):
