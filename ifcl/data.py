@@ -48,11 +48,13 @@ def _format_error(path: str | os.PathLike, message: str, line: int | None = None
     return DataFormatError(f"{where}: {message}")
 
 
-def _check_columns(path: str, wanted: Iterable[str], found: list[str], line: int | None = None) -> None:
+def _check_columns(
+    path: str, wanted: Iterable[str], found: list[str], line: int | None = None, hint: str = ""
+) -> None:
     """Refuse a file (or a line of it) whose columns ``found`` lack one of ``wanted``, listing both."""
     missing = [column for column in wanted if column not in found]
     if missing:
-        raise _format_error(path, f"missing column(s) {missing}; found columns {found}", line)
+        raise _format_error(path, f"missing column(s) {missing}; found columns {found}{hint}", line)
 
 
 def _check_file(path: str, what: str, extensions: tuple[str, ...]) -> None:
@@ -328,32 +330,36 @@ def _canonical_train_rows(batch: dict[str, list[Any]], wanted: dict[str, str]) -
     return {name: [value for value, kept in zip(values, keep) if kept] for name, values in texts.items()}
 
 
-def _load_train_table(
-    path: str, builder: str, sentence_column: str, fraternal_column: str | None
-) -> tuple[datasets.Dataset, int]:
-    """A csv/json(l) file as a memory-mapped Dataset of the canonical columns (datasets' cache), and the count of
-    rows dropped for an empty cell. A damaged datasets cache, which datasets reads as it is, is named in one line."""
+def _canonical_rows(table: datasets.Dataset, source: str, wanted: dict[str, str]) -> datasets.Dataset:
+    """The ``wanted`` columns of ``table`` (read from ``source``) under their canonical names (sentence[, fraternal]),
+    cells as stripped text, rows with an empty cell dropped with a warning; a missing column named."""
     from datasets.fingerprint import Hasher
 
-    wanted = {SENTENCE: sentence_column}
-    if fraternal_column is not None:
-        wanted[FRATERNAL] = fraternal_column
+    hint = " (--sentence_column and --fraternal_column name them)"
+    _check_columns(source, wanted.values(), table.column_names, hint=hint)
+    rows = table.map(
+        _canonical_train_rows,
+        batched=True,
+        fn_kwargs={"wanted": wanted},
+        remove_columns=table.column_names,
+        features=datasets.Features(dict.fromkeys(wanted, datasets.Value("string"))),
+        new_fingerprint=Hasher.hash([_TRAIN_CACHE_VERSION, table._fingerprint, wanted]),
+        desc="Reading training rows",
+    )
+    if len(rows) < len(table):
+        logger.warning("%s: dropped %d row(s) with an empty sentence or translation", source, len(table) - len(rows))
+    return rows
+
+
+def _load_train_table(path: str, builder: str, wanted: dict[str, str]) -> datasets.Dataset:
+    """A csv/json(l) file as a memory-mapped Dataset of the canonical columns (datasets' cache). A damaged datasets
+    cache, which datasets reads as it is, is named in one line."""
     folder = os.path.join(str(datasets.config.HF_DATASETS_CACHE), builder)  # until the builder names its own
     try:
         loader = datasets.load_dataset_builder(builder, data_files=path)
         folder = loader.cache_dir
         loader.download_and_prepare()
-        table = loader.as_dataset(split="train")
-        _check_columns(path, wanted.values(), table.column_names)
-        rows = table.map(
-            _canonical_train_rows,
-            batched=True,
-            fn_kwargs={"wanted": wanted},
-            remove_columns=table.column_names,
-            features=datasets.Features(dict.fromkeys(wanted, datasets.Value("string"))),
-            new_fingerprint=Hasher.hash([_TRAIN_CACHE_VERSION, table._fingerprint, wanted]),
-            desc="Reading training rows",
-        )
+        return _canonical_rows(loader.as_dataset(split="train"), path, wanted)
     except DataFormatError:
         raise
     except (OSError, json.JSONDecodeError, pyarrow.ArrowException) as damage:
@@ -366,7 +372,11 @@ def _load_train_table(
         raise _format_error(
             path, f"could not load as {builder} (empty or malformed?): {type(error).__name__}: {error}"
         ) from error
-    return rows, len(table) - len(rows)
+
+
+def _wanted_columns(sentence_column: str, fraternal_column: str | None) -> dict[str, str]:
+    """The canonical column names and the columns of the user's data they come from."""
+    return {SENTENCE: sentence_column, **({FRATERNAL: fraternal_column} if fraternal_column is not None else {})}
 
 
 def load_train_dataset(
@@ -386,9 +396,7 @@ def load_train_dataset(
             logger.warning("%s: skipped %d empty line(s)", path, skipped)
     else:
         builder = "csv" if path.lower().endswith(".csv") else "json"
-        dataset, skipped = _load_train_table(path, builder, sentence_column, fraternal_column)
-        if skipped:
-            logger.warning("%s: dropped %d row(s) with an empty sentence or translation", path, skipped)
+        dataset = _load_train_table(path, builder, _wanted_columns(sentence_column, fraternal_column))
     if dataset is None or not len(dataset):
         raise _format_error(path, "no training rows")
     return dataset
@@ -614,17 +622,8 @@ def load_training_text(data_args, needs_fraternal: bool) -> datasets.Dataset:
         dataset = datasets.load_dataset(
             data_args.dataset_name, data_args.dataset_config_name, split=data_args.dataset_split
         )
-        renames = {data_args.sentence_column: SENTENCE}
-        if fraternal_column:
-            renames[fraternal_column] = FRATERNAL
-        missing = [c for c in renames if c not in dataset.column_names]
-        if missing:
-            raise DataFormatError(
-                f"Dataset {data_args.dataset_name} ({data_args.dataset_split}) has no column(s) {missing}; "
-                f"found {dataset.column_names}. Set --sentence_column / --fraternal_column."
-            )
-        dataset = dataset.select_columns(list(renames)).rename_columns({k: v for k, v in renames.items() if k != v})
-        return dataset.filter(lambda row: all(row[c] and str(row[c]).strip() for c in renames.values()))
+        source = f"--dataset_name {data_args.dataset_name} ({data_args.dataset_split})"
+        return _canonical_rows(dataset, source, _wanted_columns(data_args.sentence_column, fraternal_column))
     dataset = load_trans_de_en_dataset()
     return dataset if needs_fraternal else dataset.remove_columns(FRATERNAL)
 

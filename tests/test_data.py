@@ -602,3 +602,23 @@ def test_sts_scores_outside_the_scale_are_warned_about_with_their_lines(tmp_path
         load_sts_file(path, score_range=(-1.0, 50.0))
         load_sts_file(path, score_range=None)
     assert not caplog.records
+
+
+def test_a_hub_dataset_is_read_as_a_training_file_is(monkeypatch, caplog):
+    """--dataset_name: the named columns under the canonical names, cells as stripped text, rows with an empty cell
+    dropped with a warning, a missing column named with the flags that choose it."""
+    from types import SimpleNamespace
+
+    hub = Dataset.from_dict({"text": [" a ", "", "c", "b"], "de": ["x", "y", "z", None], "id": [1, 2, 3, 4]})
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: hub)
+    arguments = {"train_file": None, "dataset_name": "someone/pairs", "dataset_config_name": None}
+    data_args = SimpleNamespace(**arguments, dataset_split="train", sentence_column="text", fraternal_column="de")
+    with caplog.at_level(logging.WARNING, logger="ifcl.data"):
+        rows = data_ifcl.load_training_text(data_args, needs_fraternal=True)
+    assert rows.to_dict() == {"sentence": ["a", "c"], "fraternal": ["x", "z"]}
+    assert "--dataset_name someone/pairs (train): dropped 2 row(s)" in caplog.text
+    data_args.sentence_column = "id"
+    assert data_ifcl.load_training_text(data_args, needs_fraternal=False)["sentence"] == ["1", "2", "3", "4"]
+    data_args.sentence_column = "sentence"
+    with pytest.raises(DataFormatError, match=r"missing column\(s\) \['sentence'\].*--sentence_column"):
+        data_ifcl.load_training_text(data_args, needs_fraternal=True)
