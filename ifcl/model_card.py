@@ -139,21 +139,28 @@ def sts_source_name(task: str, source: str | None) -> str:
     return os.path.basename(source) if source else task
 
 
+def markdown_table(header: list[str], rows: list[list[Any]], align: str | list[str] = "---") -> str:
+    """A Markdown table of cells as they are to show; ``align``: the separator of every column, or of each."""
+    aligns = [align] * len(header) if isinstance(align, str) else align
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(aligns) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
+
+
 def results_table(results: dict[str, Any], tasks: list[str]) -> str:
     """Markdown table of the STS figures × 100 before and after training, per task, split and metric."""
 
     def figure(value: float | None) -> str:
         return "–" if value is None else f"{value:.2f}"
 
-    rows = ["| STS set | split | metric | before training | after training |", "|---|---|---|---|---|"]
+    rows = []
     for task in tasks:
         for split, label in (("eval", "dev"), ("test", "test")):
             for name, metric_type, _ in HUB_METRICS:
                 after = results.get(f"{split}_{task}_{name}")
                 before = results.get(f"init_{split}_{task}_{name}")
                 if after is not None or before is not None:
-                    rows.append(f"| {task} | {label} | {metric_type} | {figure(before)} | {figure(after)} |")
-    return "\n".join(rows)
+                    rows.append([task, label, metric_type, figure(before), figure(after)])
+    return markdown_table(["STS set", "split", "metric", "before training", "after training"], rows)
 
 
 def sts_tasks_of(results: dict[str, Any]) -> list[str]:
@@ -217,10 +224,10 @@ def settings_table(config: IFCLConfig, objective_class) -> str:
     model_fields = {f.name: f for f in fields(ModelSettings)}
     for name in (*(name for name in objective_class.card_settings if name not in own), "max_seq_length"):
         rows.append((name, getattr(config, name), default_of(model_fields[name]), MODEL_SETTING_HELP[name]))
-    lines = ["| setting | value | default | meaning |", "|---|---|---|---|"]
+    cells = []
     for name, value, default, meaning in rows:
-        lines.append(f"| `{name}` | `{public_value(value)}` | `{default}` | {meaning.replace('|', '&#124;')} |")
-    return "\n".join(lines)
+        cells.append([f"`{name}`", f"`{public_value(value)}`", f"`{default}`", meaning.replace("|", "&#124;")])
+    return markdown_table(["setting", "value", "default", "meaning"], cells)
 
 
 def trainer_state(output_dir: str) -> dict[str, Any]:
@@ -277,9 +284,7 @@ def log_table(rows: list[dict[str, Any]], loss_terms: tuple[str, ...], best: int
             text = f"{value:.4g}"
         return f"**{text}**" if row["Step"] == best else text
 
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(":---:" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(cell(row, name) for name in columns) + " |" for row in rows]
-    return "\n".join(lines)
+    return markdown_table(columns, [[cell(row, name) for name in columns] for row in rows], ":---:")
 
 
 def steps_phrase(steps: list[int]) -> str:
@@ -385,23 +390,24 @@ def training_data_facts(
     fraternal column's, when given) and its first rows as a Markdown table."""
     columns = list(train_text.column_names)
     head = train_text.select(range(min(STATISTICS_ROWS, len(train_text))))
-    samples = ["| " + " | ".join(columns) + " |", "|" + "|".join(":---" for _ in columns) + "|"]
-    for row in head.select(range(min(SAMPLE_ROWS, len(head)))):
-        samples.append("| " + " | ".join(markdown_cell(row[column]) for column in columns) + " |")
+    first_rows = head.select(range(min(SAMPLE_ROWS, len(head))))
+    samples = [[markdown_cell(row[column]) for column in columns] for row in first_rows]
     statistics = None
     if tokenizers is not None:
         tokenizer, fraternal = tokenizers
-        statistics = ["| column | min tokens | mean tokens | max tokens |", "|:---|---:|---:|---:|"]
+        counts = []
         for column in columns:
             counting = fraternal if column == "fraternal" else tokenizer
             lengths = [len(ids) for ids in counting(list(head[column]), verbose=False)["input_ids"]]
             mean = sum(lengths) / len(lengths)
-            statistics.append(f"| {column} | {min(lengths)} | {mean:.2f} | {max(lengths)} |")
+            counts.append([column, min(lengths), f"{mean:.2f}", max(lengths)])
+        header = ["column", "min tokens", "mean tokens", "max tokens"]
+        statistics = markdown_table(header, counts, [":---", "---:", "---:", "---:"])
     return {
         "columns": " and ".join(f"`{column}`" for column in columns),
         "statistics_rows": len(head),
-        "statistics": "\n".join(statistics) if statistics else None,
-        "samples": "\n".join(samples),
+        "statistics": statistics,
+        "samples": markdown_table(columns, samples, ":---"),
     }
 
 

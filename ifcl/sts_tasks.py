@@ -219,13 +219,20 @@ def read_generic(path: str) -> Columns:
     return columns_of(load_sts_file(path))
 
 
+def read_stsbenchmark(path: str) -> Columns:
+    """SentEval's copy of the STS Benchmark, read as :func:`ifcl.data.load_stsb` reads the package's, its sentences
+    whitespace-normalised as SentEval's other sets."""
+    sentences1, sentences2, scores = columns_of(load_stsb("test", path))
+    return list(map(normalise_whitespace, sentences1)), list(map(normalise_whitespace, sentences2)), scores
+
+
 # Each task's original layout under --data_dir (a folder for STS12–STS16, else a file) and its reader.
 ORIGINAL_LAYOUTS: dict[str, tuple[str, Callable[[str], tuple]]] = {
     **{
         name: (f"STS/{folder}", functools.partial(read_senteval_sts_year, subsets=subsets))
         for name, (folder, subsets) in SENTEVAL_STS_SUBSETS.items()
     },
-    "stsb": ("STS/STSBenchmark/sts-test.csv", functools.partial(read_tab_columns, columns=(5, 6, 4))),
+    "stsb": ("STS/STSBenchmark/sts-test.csv", read_stsbenchmark),
     "sickr": ("SICK/SICK_test_annotated.txt", read_sick),
     "cstsb": (
         "senteval_cn/STS-B/STS-B.test.data",
