@@ -1,13 +1,18 @@
-"""Shared fixtures: tiny random-weight encoders and tokenizers built in the test session (no downloads)."""
+"""Shared fixtures: tiny random-weight encoders and tokenizers built in the test session (no downloads), and the
+helpers the test modules share (no test module imports from another)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# Where the README's default run saves its model: docs blocks and the MTEB snippet read a published model there.
+DEFAULT_RUN = "outputs/ifcl-all-MiniLM-L6-v2-trans-de-en"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -200,6 +205,18 @@ def model(tiny_encoder_dir, tiny_fraternal_dir):
 
 
 @pytest.fixture(scope="session")
+def published_dir(tiny_model, tmp_path_factory) -> Path:
+    """``tiny_model`` as a published folder (weights, tokenizer, the sentence-transformers view), as a training run
+    saves one; for tests that only read it. A test that needs it at a given path, or changes it, copies it there
+    (``shutil.copytree``)."""
+    from ifcl.publishing import save_published
+
+    folder = tmp_path_factory.mktemp("published")
+    save_published(tiny_model, str(folder))
+    return folder
+
+
+@pytest.fixture(scope="session")
 def english_sts_data(tmp_path_factory) -> Path:
     """``train.txt`` (the English sentences, one per line, three times) and ``sts.tsv`` (pairs of them, made-up
     scores): the data of the objectives' tiny runs, which need no translations."""
@@ -277,6 +294,34 @@ def objective_run_args(
     return [*(item for pair in pairs for item in pair), "--use_cpu", *extra]
 
 
+def run_script(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``script`` of the repository as a command in a fresh interpreter, in ``cwd`` (also its HOME), offline, with
+    a bare environment and one OpenMP thread."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(cwd), "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
+
+
+def launch(args: list[str], processes: int = 1, script: str = "run_ifcl.py") -> subprocess.CompletedProcess:
+    """``accelerate launch`` on CPU. Several CPU processes go through torchrun (``--multi_gpu`` with
+    ``--use_cpu``): accelerate's own ``--cpu --num_processes 2`` starts one process unless mpirun is set up."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes)]
+    if processes > 1:
+        command += ["--multi_gpu"]
+        args = [*args, "--use_cpu"]
+    else:
+        command += ["--cpu"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [*command, str(ROOT / script), *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
+    )
+
+
 def saved_weight_names(folder: Path) -> set[str]:
     """The tensor names in ``folder/model.safetensors``."""
     from safetensors import safe_open
@@ -312,9 +357,40 @@ def one_cpu_thread():
 
 
 # ---- translation fixtures ----
-# Tiny random-weight translation models built in the session (no downloads), shared by test_prepare_fraternal.py and
-# test_translation_engines.py.
+# Tiny random-weight translation models built in the session (no downloads) and the tool's helpers, shared by
+# test_prepare_fraternal.py and test_translation_engines.py.
 TRANSLATION_SENTENCES = ENGLISH + GERMAN  # 24 sentences of different lengths
+TOOL_BATCH_SIZE, TOOL_BATCHES_PER_CHUNK = 4, 2  # tool_args: chunks of 8 sentences, so 3 chunks and 6 batches
+
+
+class SimulatedCrash(Exception):
+    """Raised by a patched translate_batch to interrupt a run."""
+
+
+def tool_args(input_path: Path, output_path: Path, model: Path, *extra: str) -> list[str]:
+    """``prepare_fraternal.py``'s arguments: ``model`` on the CPU, greedy, batches of :data:`TOOL_BATCH_SIZE`,
+    chunks of :data:`TOOL_BATCHES_PER_CHUNK` batches, at most 12 tokens; ``extra`` after them."""
+    options = {
+        "batch_size": TOOL_BATCH_SIZE,
+        "batches_per_chunk": TOOL_BATCHES_PER_CHUNK,
+        "max_length": 12,
+        "num_beams": 1,
+    }
+    arguments = ["--input_file", str(input_path), "--output_file", str(output_path)]
+    arguments += ["--model_name_or_path", str(model), "--device", "cpu"]
+    for name, value in options.items():
+        arguments += [f"--{name}", str(value)]
+    return [*arguments, *extra]
+
+
+def read_pairs(path: Path) -> list[tuple[str, str]]:
+    """The (sentence, translation) lines of a training file the tool wrote."""
+    return [tuple(line.split("\t")) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def folder_state(folder: Path) -> dict[str, bytes]:
+    """Every file of ``folder`` (recursively) and its bytes."""
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
 
 
 def build_word_tokenizer(sentences: list[str]):

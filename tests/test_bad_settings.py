@@ -4,15 +4,14 @@ loads, with exit code 2, no traceback, and a message ``<script>: error: ...`` th
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import shutil
 
 import pytest
-from conftest import ENGLISH, GERMAN, ROOT, cpu_training_args, write_sts_file
+from conftest import ENGLISH, GERMAN, cpu_training_args, run_script, write_sts_file
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory, tiny_encoder_dir):
+def files(tmp_path_factory, published_dir):
     folder = tmp_path_factory.mktemp("bad")
     lines = [f"{e}\t{d}\n" for e, d in zip(ENGLISH, GERMAN)] * 3  # 36 pairs
     (folder / "train.txt").write_text("".join(lines), encoding="utf-8")
@@ -23,10 +22,7 @@ def files(tmp_path_factory, tiny_encoder_dir):
     (folder / "args.json").write_text('{"learning_rate": 1e-5,', encoding="utf-8")
     (folder / "good_args.json").write_text(json.dumps({"objective": "simcse", "queue_size": 2}), encoding="utf-8")
     # A saved IFCL model whose weights file was cut short (a full disk, an interrupted copy).
-    from ifcl.publishing import save_published
-    from modeling_ifcl import IFCLModel
-
-    save_published(IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0), str(folder / "cut_model"))
+    shutil.copytree(published_dir, folder / "cut_model")
     weights = folder / "cut_model" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     return folder
@@ -74,17 +70,6 @@ CASES = [
     ("prepare_fraternal.py", ["--device", "cuda:99"], "--device cuda:99: not on this machine"),
     ("prepare_fraternal.py", ["--device", "gpu"], "--device gpu: not a device name torch understands"),
 ]
-
-
-def run_script(args: list[str], tmp_path, script: str = "run_ifcl.py") -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / script), *args],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
-        timeout=300,
-    )
 
 
 def base_arguments(script: str, files, tiny_encoder_dir, tmp_path) -> list[str]:
@@ -165,7 +150,7 @@ def test_bad_setting_stops_with_a_message_naming_it(files, tiny_encoder_dir, tmp
 )
 def test_the_commands_end_with_one_line_and_exit_code_2(files, tiny_encoder_dir, tmp_path, script, extra, named):
     base = base_arguments(script, files, tiny_encoder_dir, tmp_path)
-    result = run_script([*base, *(a.replace("{files}", str(files)) for a in extra)], tmp_path, script)
+    result = run_script(script, *base, *(a.replace("{files}", str(files)) for a in extra), cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and named in result.stderr, result.stderr[-2000:]
     assert result.stderr.startswith(f"{script}: error:")

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import DEFAULT_RUN, ROOT
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "ifcl/metrics/sts_spearman/README.md"]
-DEFAULT_RUN = "outputs/ifcl-all-MiniLM-L6-v2-trans-de-en"
 
 
 def python_blocks() -> list[tuple[str, str]]:
@@ -31,13 +31,10 @@ BLOCKS = python_blocks()
 
 
 @pytest.fixture(scope="module")
-def user_folder(tmp_path_factory, tiny_encoder_dir):
+def user_folder(tmp_path_factory, published_dir):
     """A folder of the user's own, holding a tiny published model where the default run would have saved one."""
-    from ifcl.publishing import save_published
-    from modeling_ifcl import IFCLModel
-
     folder = tmp_path_factory.mktemp("user")
-    save_published(IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0), str(folder / DEFAULT_RUN))
+    shutil.copytree(published_dir, folder / DEFAULT_RUN)
     return folder
 
 

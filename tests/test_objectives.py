@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ENGLISH, cpu_training_args, objective_run_args, saved_weight_names, train_and_resume
+from conftest import ENGLISH, cpu_training_args, launch, objective_run_args, saved_weight_names, train_and_resume
 from torch import nn
 
 from ifcl import queue as ring
@@ -394,8 +394,6 @@ def test_two_processes_keep_the_objective_modules_in_sync(
 ):
     """Under DDP every rank ends with the same weights, the objective's own modules included (their gradients are
     averaged although they run outside the encoder's forward), and the same momentum queue."""
-    from test_run import launch
-
     output = tmp_path / objective
     args = objective_run_args(tiny_encoder_dir, english_sts_data, output, objective, *extra)
     args = [a for a in args if a != "--use_cpu"]  # launch adds it for several processes

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import losses_by_step, objective_run_args
+from conftest import losses_by_step, objective_run_args, run_script
 from safetensors.torch import load_file, save_file
 
 import run_ifcl
@@ -101,16 +101,14 @@ def test_overwrite_refuses_a_folder_holding_what_the_run_reads(tiny_encoder_dir,
 
 
 def test_the_working_folder_is_never_overwritten(tiny_encoder_dir, english_sts_data, tmp_path):
-    from test_bad_settings import run_script
-
     work = tmp_path / "work"
     shutil.copytree(english_sts_data, work)
     (work / "other_data.csv").write_text("a,b\n1,2\n")
     args = objective_run_args(tiny_encoder_dir, work, work, "simcse")
     args[args.index("--output_dir") + 1] = "."
-    first = run_script(args, work)
+    first = run_script("run_ifcl.py", *args, cwd=work)
     assert first.returncode == 0, first.stderr[-2000:]
-    second = run_script([*args, "--overwrite_output_dir"], work)
+    second = run_script("run_ifcl.py", *args, "--overwrite_output_dir", cwd=work)
     assert second.returncode == 2, second.stderr[-2000:]
     assert "Traceback" not in second.stderr and "working folder" in second.stderr
     assert (work / "train.txt").exists() and (work / "other_data.csv").exists() and (work / "sts.tsv").exists()

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ENGLISH, GERMAN, TRANSLATION_SENTENCES
+from conftest import ENGLISH, GERMAN, TRANSLATION_SENTENCES, SimulatedCrash, folder_state, read_pairs, tool_args
 
 import ifcl.cli
 import ifcl.translation as prepare_fraternal
@@ -25,26 +25,12 @@ from ifcl.cli import RunFailure
 from ifcl.data import DataFormatError, load_train_dataset
 from ifcl.translation import PrepareFraternalArguments, SettingsError, Translator
 
-SENTENCES = TRANSLATION_SENTENCES
-BATCH_SIZE, BATCHES_PER_CHUNK = 4, 2  # chunks of 8 sentences: 3 chunks, 6 batches
+SENTENCES = TRANSLATION_SENTENCES  # tool_args: chunks of 8 sentences, so 3 chunks and 6 batches
 UNPATCHED_TRANSLATE_BATCH = Translator.translate_batch
 UNPATCHED_COUNT_FINISHED_LINES = prepare_fraternal.count_finished_lines
 
 # The models are tiny: one thread is fastest, and far faster than two on a busy machine (conftest.py).
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
-
-
-class SimulatedCrash(Exception):
-    """Raised by a patched translate_batch to interrupt a run."""
-
-
-def tool_args(input_path: Path, output_path: Path, model: Path, *extra: str) -> list[str]:
-    options = {"batch_size": BATCH_SIZE, "batches_per_chunk": BATCHES_PER_CHUNK, "max_length": 12, "num_beams": 1}
-    arguments = ["--input_file", str(input_path), "--output_file", str(output_path)]
-    arguments += ["--model_name_or_path", str(model), "--device", "cpu"]
-    for name, value in options.items():
-        arguments += [f"--{name}", str(value)]
-    return [*arguments, *extra]
 
 
 @pytest.fixture(scope="module")
@@ -56,17 +42,8 @@ def reference_output(tiny_marian_dir, sentences_file, tmp_path_factory) -> Path:
     return output
 
 
-def read_pairs(path: Path) -> list[tuple[str, str]]:
-    return [tuple(line.split("\t")) for line in path.read_text(encoding="utf-8").splitlines()]
-
-
 def work_folder(output: Path) -> Path:
     return Path(str(output.resolve()) + ".parts")
-
-
-def folder_state(folder: Path) -> dict[str, bytes]:
-    """Every file of ``folder`` (recursively) and its bytes."""
-    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
 
 
 @pytest.fixture

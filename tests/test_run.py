@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import CANTONESE, ENGLISH, GERMAN, MANDARIN, ROOT, build_tiny_bert, objective_run_args, write_sts_file
+from conftest import (
+    CANTONESE,
+    ENGLISH,
+    GERMAN,
+    MANDARIN,
+    ROOT,
+    build_tiny_bert,
+    launch,
+    objective_run_args,
+    write_sts_file,
+)
 
 import run_ifcl
 
@@ -31,21 +38,6 @@ def tiny_args(encoder: Path, fraternal: Path, data: Path, output: Path, *extra: 
     """A 6-step IFCL run with a fraternal model and a queue of k = 2 (conftest's one argument builder)."""
     queue = ("--queue_size", "2", "--forgetting_rate", "0.2")
     return objective_run_args(encoder, data, output, "ifcl", *queue, *extra, fraternal=fraternal, max_steps=6)
-
-
-def launch(args: list[str], processes: int = 1, script: str = "run_ifcl.py") -> subprocess.CompletedProcess:
-    """``accelerate launch`` on CPU. Several CPU processes go through torchrun (``--multi_gpu`` with
-    ``--use_cpu``): accelerate's own ``--cpu --num_processes 2`` starts one process unless mpirun is set up."""
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes)]
-    if processes > 1:
-        command += ["--multi_gpu"]
-        args = [*args, "--use_cpu"]
-    else:
-        command += ["--cpu"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [*command, str(ROOT / script), *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
-    )
 
 
 @pytest.mark.slow

@@ -207,34 +207,64 @@ def test_a_loaded_model_writes_the_same_view_and_embeds_the_same(st_base_dir, tm
 
 
 @pytest.mark.slow
-def test_through_remote_code_a_published_model_embeds_as_in_training(st_base_dir, tmp_path):
-    """What a Hub user does: AutoModel with remote code (the project not importable), then encode with a prompt:
-    the embeddings of the trained model, truncated at its base's 20 tokens."""
+def test_through_remote_code_a_published_model_embeds_as_in_training(st_base_dir, tiny_fraternal_dir, tmp_path):
+    """What a Hub user does: AutoModel with remote code in a fresh interpreter (the project not importable), then
+    encode, with a prompt too: the embeddings of the trained model, truncated at its base's 20 tokens; the fraternal
+    model's tokenizer loads from the folder and reads as in training."""
     import os
     import subprocess
     import sys
     import textwrap
 
-    model = IFCLModel.from_encoder(str(st_base_dir), queue_size=0)
-    save_published(model, tmp_path / "first")
-    torch.save(model.encode(SENTENCES, prompt="query: ", normalize_embeddings=True), tmp_path / "expected.pt")
+    from ifcl.objectives.ifcl import fraternal_tokenizer
+
+    model = IFCLModel.from_encoder(
+        str(st_base_dir), str(tiny_fraternal_dir), fusion_rate=0.3, queue_size=2, queue_batch_size=4
+    )
+    folder = tmp_path / "first"
+    save_published(model, folder)
+    assert (folder / "modeling_ifcl.py").is_file() and (folder / "configuration_ifcl.py").is_file()
+    assert (folder / "fraternal_tokenizer" / "tokenizer_config.json").is_file()
+    assert max_input_length(model.tokenizer, model.encoder.config) == 20
+    assert len(model.tokenizer(LONG)["input_ids"]) > 20  # LONG is truncated
+    torch.save(model.encode(SENTENCES), tmp_path / "expected.pt")
+    torch.save(model.encode(SENTENCES, prompt="query: ", normalize_embeddings=True), tmp_path / "prompted.pt")
     script = textwrap.dedent(
         f"""
-        import json, torch
-        from transformers import AutoModel
-        model = AutoModel.from_pretrained({str(tmp_path / "first")!r}, trust_remote_code=True)
-        embeddings = model.encode({SENTENCES!r}, prompt="query: ", normalize_embeddings=True)
+        import json, sys, torch
+        from transformers import AutoModel, AutoTokenizer
+        model = AutoModel.from_pretrained({str(folder)!r}, trust_remote_code=True)
+        embeddings = model.encode({SENTENCES!r})
+        prompted = model.encode({SENTENCES!r}, prompt="query: ", normalize_embeddings=True)
         expected = torch.load({str(tmp_path / "expected.pt")!r})
-        print(json.dumps({{"module": type(model).__module__, "diff": (embeddings - expected).abs().max().item()}}))
+        expected_prompted = torch.load({str(tmp_path / "prompted.pt")!r})
+        german = AutoTokenizer.from_pretrained({str(folder)!r}, subfolder="fraternal_tokenizer")({GERMAN[:1]!r})
+        print(json.dumps({{
+            "class": type(model).__name__,
+            "module": type(model).__module__,
+            "max_abs_diff": (embeddings - expected).abs().max().item(),
+            "diff": (prompted - expected_prompted).abs().max().item(),
+            "max_length": sys.modules[type(model).__module__].max_input_length(model.tokenizer, model.encoder.config),
+            "base_model_is_encoder": model.base_model is model.encoder,
+            "fusion_rate": model.config.fusion_rate,
+            "german_ids": german["input_ids"],
+        }}))
         """
     )
+    # A fresh interpreter that cannot import the project's files: only the saved folder's remote code.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"HF_HUB_OFFLINE": "1"}
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["class"] == "IFCLModel"
     assert report["module"].startswith("transformers_modules") and report["diff"] <= 1e-5
+    assert report["max_abs_diff"] <= 1e-5
+    assert report["max_length"] == 20  # the base's truncation, read back by the remote code
+    assert report["base_model_is_encoder"]
+    assert report["fusion_rate"] == 0.3
+    assert report["german_ids"] == fraternal_tokenizer(model)(GERMAN[:1])["input_ids"]
 
 
 def test_the_encoder_is_stored_once_under_its_own_names(st_base_dir, tmp_path):

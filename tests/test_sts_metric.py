@@ -17,7 +17,6 @@ from torch.nn import functional as F
 
 from ifcl.data import load_sts_file
 from ifcl.evaluation import STSEvaluator, sts_correlations
-from modeling_ifcl import IFCLModel
 
 evaluate = pytest.importorskip("evaluate")
 
@@ -35,11 +34,6 @@ PEARSON = 95.24270754767991
 @pytest.fixture(scope="module")
 def metric():
     return evaluate.load(str(METRIC), keep_in_memory=True)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_encoder_dir):
-    return IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
 
 
 def test_the_metric_is_a_real_file_of_the_package_that_imports_the_evaluators_code():
@@ -64,20 +58,22 @@ def test_five_pairs_by_hand(metric):
     assert results == sts_correlations(PREDICTIONS, REFERENCES)
 
 
-def test_the_metric_gives_the_evaluators_figures_on_a_tiny_encoder(metric, model, tmp_path):
+def test_the_metric_gives_the_evaluators_figures_on_a_tiny_encoder(metric, tiny_model, tmp_path):
     write_sts_file(tmp_path / "sts.tsv")
     dataset = load_sts_file(tmp_path / "sts.tsv")  # what run_ifcl.py's --validation_file gives the Trainer
     evaluator = STSEvaluator.from_dataset(dataset, name="sts")
-    expected = evaluator(model)  # what the Trainer logs as eval_sts_spearman / eval_sts_pearson
+    expected = evaluator(tiny_model)  # what the Trainer logs as eval_sts_spearman / eval_sts_pearson
     assert math.isfinite(expected["spearman"]) and math.isfinite(expected["pearson"])
 
-    similarities = evaluator.similarities(model)
+    similarities = evaluator.similarities(tiny_model)
     results = metric.compute(predictions=similarities, references=dataset["score"])
     assert results["spearman"] == pytest.approx(expected["spearman"], abs=1e-9)
     assert results["pearson"] == pytest.approx(expected["pearson"], abs=1e-9)
 
     # A user's own cosines (each column encoded on its own, other batches and padding): the same ranking.
-    cosines = F.cosine_similarity(model.encode(dataset["sentence1"]), model.encode(dataset["sentence2"]), dim=-1)
+    cosines = F.cosine_similarity(
+        tiny_model.encode(dataset["sentence1"]), tiny_model.encode(dataset["sentence2"]), dim=-1
+    )
     assert len(cosines) == len(ENGLISH)
     mine = metric.compute(predictions=cosines.tolist(), references=list(dataset["score"]))
     assert mine["spearman"] == pytest.approx(expected["spearman"], abs=1e-4)
@@ -96,12 +92,12 @@ class OneVector:
     [([0.5] * 5, REFERENCES, OneVector()), (PREDICTIONS, [3.0] * 5, None)],
     ids=["constant predictions", "constant references"],
 )
-def test_a_constant_input_gives_nan_as_the_evaluator_does(metric, model, predictions, references, encoder):
+def test_a_constant_input_gives_nan_as_the_evaluator_does(metric, tiny_model, predictions, references, encoder):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # scipy's ConstantInputWarning
         results = metric.compute(predictions=predictions, references=references)
         evaluation = STSEvaluator(ENGLISH[:5], ENGLISH[5:10], references).evaluate(
-            encoder or model, show_progress_bar=False
+            encoder or tiny_model, show_progress_bar=False
         )
     assert math.isnan(results["spearman"]) and math.isnan(results["pearson"])
     assert math.isnan(evaluation.spearman) and math.isnan(evaluation.pearson)

@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TRANSLATION_SENTENCES
-from test_prepare_fraternal import SimulatedCrash, folder_state, read_pairs, tool_args
+from conftest import ROOT, TRANSLATION_SENTENCES, SimulatedCrash, folder_state, read_pairs, tool_args
 
 import ifcl.translation as prepare_fraternal
 from ifcl import ctranslate2_engine

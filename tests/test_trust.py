@@ -3,12 +3,9 @@ says ``trust_remote_code``; and a model folder with broken weights ends ``evalua
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
-from conftest import ROOT, write_sts_file
+from conftest import run_script, write_sts_file
 from safetensors.torch import load_file, save_file
 
 SENTINEL_CODE = "import pathlib; pathlib.Path({path!r}).write_text('ran')\n"
@@ -28,17 +25,6 @@ def poison(folder, sentinel) -> None:
     """Make every ``.py`` file the folder carries write ``sentinel`` when imported."""
     for code in folder.glob("*.py"):
         code.write_text(SENTINEL_CODE.format(path=str(sentinel)) + code.read_text(encoding="utf-8"), encoding="utf-8")
-
-
-def run_script(script: str, *args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / script), *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(cwd), "OMP_NUM_THREADS": "1"},
-        timeout=300,
-    )
 
 
 @pytest.mark.slow
