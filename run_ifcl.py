@@ -229,14 +229,15 @@ def main(argv: list[str] | None = None):
 
     # 2. The settings, checked before anything loads: the model's config as this command plans it.
     checks.check_training_settings(training_args)
-    global_batch = training_args.per_device_train_batch_size * training_args.world_size
+    from trainer_ifcl import global_batch_size
+
     settings = {
         **asdict(ifcl_settings),
         "contrastive_temperature": shared.temperature,
         "pooler_type": shared.pooler_type,
         "eval_pooler_type": shared.eval_pooler_type,
         "max_seq_length": data_args.max_seq_length,
-        "queue_batch_size": global_batch * training_args.gradient_accumulation_steps,
+        "queue_batch_size": global_batch_size(training_args),
         "objective": run_args.objective,
         "objective_settings": settings_as_dict(objective_settings),
         **objective_class(run_args.objective).model_settings,

@@ -56,15 +56,17 @@ def checkpoint_folders(folder: str) -> list[str]:
     return sorted(steps, key=steps.__getitem__, reverse=True)
 
 
-def weights_problem(weights_file: str) -> str | None:
-    """What is wrong with a safetensors file, read in full one tensor at a time: ``"cannot be read (...)"`` or
-    ``"holds NaN or infinite values (...)"``; None when nothing is."""
+def weights_problem(weights_file: str, values: bool = True) -> str | None:
+    """What is wrong with a safetensors file, read in full one tensor at a time (with ``values`` False only its header
+    and length: a cut file): ``"cannot be read (...)"`` or ``"holds NaN or infinite values (...)"``; None when nothing
+    is."""
     import torch
     from safetensors import safe_open
 
     try:
         with safe_open(weights_file, framework="pt") as weights:
-            broken = [name for name in weights.keys() if not bool(torch.isfinite(weights.get_tensor(name)).all())]
+            names = weights.keys() if values else []
+            broken = [name for name in names if not bool(torch.isfinite(weights.get_tensor(name)).all())]
     except Exception as error:  # safetensors raises its own error type for a cut or damaged file
         return f"cannot be read ({str(error).splitlines()[0]})"
     return f"holds NaN or infinite values ({listed(broken, 3)})" if broken else None

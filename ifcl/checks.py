@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from transformers import TrainingArguments
 
+from configuration_ifcl import IFCLConfig
 from ifcl.arguments import strategy_name
 from ifcl.checkpoints import weights_problem
 from ifcl.cli import listed, read_json
@@ -129,8 +130,6 @@ def check_max_seq_length(model_name_or_path: str, max_seq_length: int, objective
     if saved is None:
         encoder_config = AutoConfig.from_pretrained(model_name_or_path)
     else:
-        from configuration_ifcl import IFCLConfig
-
         encoder_config = IFCLConfig.from_dict(saved).build_encoder_config()
     # Given the encoder's config, AutoTokenizer does not read config.json (an IFCL model's would need remote code).
     tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, config=encoder_config)
@@ -199,14 +198,14 @@ def check_continued_model(
             f"own fraternal word table (from {saved_fraternal or 'its encoder'}) training continues with. Drop "
             "--fraternal_model_name_or_path, or start from a plain encoder."
         )
-    has_table = saved.get("fraternal_loss_weight", 1.0) > 0 or saved.get("twins_loss_weight", 1.0) > 0
-    if wanted.uses_fraternal_twins and not has_table:
+    if wanted.uses_fraternal_twins and not IFCLConfig.from_dict(saved).uses_fraternal_twins:
         raise ValueError(
             f"--model_name_or_path {path} has no fraternal word table (it was trained with --fraternal_loss_weight 0 "
             "and --twins_loss_weight 0): continue it with both at 0, or start from a plain encoder."
         )
     weights = os.path.join(path, "model.safetensors")
-    problem = weights_problem(weights) if os.path.isfile(weights) else None
+    # A cut file is named here; NaN values once the model is loaded (check_finite_weights): one read of the values.
+    problem = weights_problem(weights, values=False) if os.path.isfile(weights) else None
     if problem is not None:
         raise OSError(f"{weights} {problem}: save or copy the model again, or train from a sound copy.")
 

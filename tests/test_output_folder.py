@@ -388,13 +388,18 @@ def test_a_full_disk_after_training_ends_with_exit_code_1(tiny_encoder_dir, engl
     assert (folder / RUN_IN_PROGRESS_FILE).exists() and not record(folder).finished
 
 
-def test_nan_in_the_weights_to_train_from_is_named_before_training(tiny_encoder_dir, english_sts_data, tmp_path):
+@pytest.mark.parametrize(
+    "source, objective, data",
+    [("tiny_encoder_dir", "simcse", "english_sts_data"), ("published_dir", "ifcl", "pairs_data")],
+    ids=["plain encoder", "IFCL model continued"],
+)
+def test_nan_in_the_weights_to_train_from_is_named_before_training(source, objective, data, request, tmp_path):
     broken = tmp_path / "broken-encoder"
-    shutil.copytree(tiny_encoder_dir, broken)
+    shutil.copytree(request.getfixturevalue(source), broken)
     tensors = load_file(str(broken / "model.safetensors"))
     name = sorted(n for n in tensors if "encoder.layer.0" in n and n.endswith("weight"))[0]
     tensors[name].view(-1)[0] = float("nan")
     save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match="weights hold NaN or infinite values"):
-        run_ifcl.main(objective_run_args(broken, english_sts_data, tmp_path / "run", "simcse"))
+        run_ifcl.main(objective_run_args(broken, request.getfixturevalue(data), tmp_path / "run", objective))
     assert not (tmp_path / "run").exists()
