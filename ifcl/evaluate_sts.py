@@ -1,8 +1,7 @@
 #!/usr/bin/env python
 """Evaluate a sentence encoder on the STS tasks of the IFCL paper (Tables 1 and 3) and on your own STS files.
 
-Without ``--tasks`` it scores every task whose data it can reach and names the others. Every figure comes from
-``ifcl.STSEvaluator``, the Trainer's evaluator; results go to one folder per model. docs/evaluation.md tells the rest.
+With ``ifcl.STSEvaluator``, the Trainer's evaluator; docs/evaluation.md tells the rest.
 """
 
 from __future__ import annotations
@@ -20,12 +19,22 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
+from transformers import HfArgumentParser
 
 from configuration_ifcl import POOLER_TYPES
+from ifcl.arguments import command_line
 from ifcl.checks import check_model_path
 from ifcl.cli import failures_of_the_run, run_command, write_json_atomically
+from ifcl.data import load_train_dataset
 from ifcl.evaluation import STSEvaluator
-from ifcl.sts_encoders import MODEL_TYPES, consecutive_batches, mutual_information
+from ifcl.sts_encoders import (
+    MODEL_TYPES,
+    MutualInformationEvaluator,
+    consecutive_batches,
+    load_encoder,
+    mutual_information,
+)
 from ifcl.sts_tasks import (
     ALL_TASKS,
     CHINESE_TASKS,
@@ -154,10 +163,6 @@ class MutualInformationArguments:
 
 def parse_arguments(argv: list[str]) -> tuple[ModelArguments, EvaluationArguments, MutualInformationArguments]:
     """Command line (or one .json file of arguments) → the three argument dataclasses."""
-    from transformers import HfArgumentParser
-
-    from ifcl.arguments import command_line
-
     parser = HfArgumentParser(
         (ModelArguments, EvaluationArguments, MutualInformationArguments), description=__doc__.split("\n")[0]
     )
@@ -251,8 +256,7 @@ def english_average(results: dict[str, dict[str, Any]]) -> float | None:
 
 
 def markdown_tables(label: str, results: dict[str, dict[str, Any]]) -> str:
-    """Spearman × 100 in the paper's layouts: Table 1 (English, always its eight columns, '–' where a task was not
-    run, so rows of several runs stack), Table 3 (Chinese), then user sets; a set with a note gets a footnote."""
+    """sts_results.md: Spearman × 100 in the layouts of docs/evaluation.md; a set with a note gets a footnote."""
 
     def row(cells: list[str]) -> str:
         return "| " + " | ".join(cells) + " |"
@@ -308,9 +312,8 @@ def scatter_plot(path: str, data: STSData, similarities: np.ndarray, spearman: f
 def task_mutual_information(
     encoder, data: STSData, batch_size: int | None, temperature: float, encode_batch_size: int
 ) -> dict[str, Any] | None:
-    """MI_task of Table 4: Eq. 10 between the two sentences of the pairs with the top gold score (5.0 on STS-B),
-    evaluation embeddings. ``batch_size`` None: all those pairs form one batch (Table 4's values lie just below
-    log 97, the 97 pairs of STS-B test scored 5.0); a number: :func:`consecutive_batches` of at most N."""
+    """MI_task of Table 4 (docs/evaluation.md): Eq. 10 between the two sentences of the top-gold-score pairs,
+    evaluation embeddings; ``batch_size`` None: all of them as one batch, else :func:`consecutive_batches` of N."""
     top = max(data.scores)
     rows = [i for i, score in enumerate(data.scores) if score == top]
     if len(rows) < 2:
@@ -368,10 +371,6 @@ def evaluate_sts_set(encoder, data: STSData, eval_args, output_dir: str, label: 
 
 def evaluate_mutual_information(encoder, mi_pairs, sts_sets, mi_args, eval_args) -> dict[str, Any]:
     """MI(h, h⁺) and MI(h, h⁻) (Eq. 10) over the ``--mutual_information`` pairs, and MI_task when STS-B is scored."""
-    import torch
-
-    from ifcl.sts_encoders import MutualInformationEvaluator
-
     torch.manual_seed(mi_args.seed)
     fraternals = list(mi_pairs["fraternal"]) if "fraternal" in mi_pairs.column_names else None
     mi_evaluator = MutualInformationEvaluator(
@@ -413,8 +412,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         logger.warning("docs/evaluation.md says where the files of the skipped tasks go; --tasks chooses the tasks.")
     mi_pairs = None
     if mi_args.mutual_information is not None:
-        from ifcl.data import load_train_dataset
-
         mi_pairs = load_train_dataset(mi_args.mutual_information)
         logger.info(f"Mutual information: {len(mi_pairs)} sentence pairs from {mi_args.mutual_information}")
     if not sts_sets and mi_pairs is None:
@@ -428,10 +425,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
 
     # 2. The model (a damaged weights file is still bad input: one line, exit code 2).
-    import torch
-
-    from ifcl.sts_encoders import load_encoder
-
     dtype = torch.bfloat16 if eval_args.bf16 else torch.float16 if eval_args.fp16 else None
     loaded = load_encoder(
         model_args.model_name_or_path,

@@ -83,9 +83,6 @@ class STSEvaluator:
         """From a ``datasets.Dataset`` with columns sentence1, sentence2, score."""
         return cls(dataset["sentence1"], dataset["sentence2"], dataset["score"], name=name, batch_size=batch_size)
 
-    def __len__(self) -> int:
-        return len(self.scores)
-
     def similarities(
         self, model: SentenceEncoder, batch_size: int | None = None, show_progress_bar: bool = True
     ) -> np.ndarray:
@@ -120,7 +117,7 @@ class STSEvaluator:
         """Correlations and the cosine of every pair."""
         predicted = self.similarities(model, batch_size, show_progress_bar)
         figures = sts_correlations(predicted, self.scores)
-        return STSEvaluation(figures["spearman"], figures["pearson"], predicted, len(self))
+        return STSEvaluation(figures["spearman"], figures["pearson"], predicted, len(self.scores))
 
     def __call__(
         self, model: SentenceEncoder, batch_size: int | None = None, show_progress_bar: bool = True

@@ -15,10 +15,12 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+from tqdm.auto import tqdm
+from transformers import AutoModel, AutoTokenizer
 
 from configuration_ifcl import POOLER_TYPES, ifcl_config_dict
 from ifcl.cli import read_json
-from modeling_ifcl import ALL_LAYER_POOLERS, embed_sorted_by_length, max_input_length, pool_hidden_states
+from modeling_ifcl import ALL_LAYER_POOLERS, IFCLModel, embed_sorted_by_length, max_input_length, pool_hidden_states
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +39,6 @@ def training_mode(module: nn.Module, training: bool) -> Iterator[nn.Module]:
         yield module
     finally:
         module.train(was_training)
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 class Encoder:
@@ -75,18 +73,10 @@ class Encoder:
         with training_mode(self.model, True):
             return self.training_views(list(sentences), fraternals)
 
-    def embed(self, sentences: list[str], batch_size: int, show_progress_bar: bool, description: str) -> torch.Tensor:
-        raise NotImplementedError
-
-    def training_views(self, sentences: list[str], fraternals: Sequence[str] | None) -> Views:
-        raise NotImplementedError
-
 
 class TransformersEncoder(Encoder):
-    """A plain ``transformers`` encoder (``AutoModel``) with a pooler chosen by name, batched by length as
-    ``IFCLModel.encode`` is. There is no MLP, so ``cls`` is the model's own ``pooler_output`` (BERT's dense+tanh); a
-    model without a pooler head falls back to ``cls_before_pooler`` with a warning.
-    """
+    """A plain ``transformers`` encoder (``AutoModel``) with a pooler chosen by name (``cls``: its ``pooler_output``),
+    batched by length as ``IFCLModel.encode`` is; without a pooler head ``cls`` falls back to ``cls_before_pooler``."""
 
     def __init__(self, model: nn.Module, tokenizer, pooler_type: str = "avg", max_length: int | None = None) -> None:
         if pooler_type == "cls" and getattr(model, "pooler", "no pooler attribute") is None:
@@ -110,13 +100,11 @@ class TransformersEncoder(Encoder):
         trust_remote_code: bool = False,
         subfolder: str = "",
     ) -> TransformersEncoder:
-        """Load ``AutoModel`` and ``AutoTokenizer`` from a folder or Hub id, in eval mode on ``device``."""
-        from transformers import AutoModel, AutoTokenizer
-
+        """Load ``AutoModel`` and ``AutoTokenizer`` from a folder or Hub id, in eval mode on ``device`` (None: the CPU)."""
         options = {"trust_remote_code": trust_remote_code, "subfolder": subfolder}
         model = AutoModel.from_pretrained(name_or_path, **options)
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, **options)
-        model.to(device=device or default_device(), dtype=dtype).eval()
+        model.to(device=device, dtype=dtype).eval()
         return cls(model, tokenizer, pooler_type, max_length)
 
     def embed_batch(self, batch) -> torch.Tensor:
@@ -156,10 +144,9 @@ class SentenceTransformerEncoder(Encoder):
 
     def training_views(self, sentences: list[str], fraternals: Sequence[str] | None) -> Views:
         """Anchors and identical twins: two forward passes (no fraternal view)."""
-        features = {
-            name: value.to(self.device) if isinstance(value, torch.Tensor) else value
-            for name, value in self.model.preprocess(sentences).items()
-        }
+        from sentence_transformers.util import batch_to_device
+
+        features = batch_to_device(self.model.preprocess(sentences), self.device)
         # The modules add their outputs to the dict they are given: each pass gets its own copy.
         anchors = self.model(dict(features))["sentence_embedding"].float().cpu()
         identical = self.model(dict(features))["sentence_embedding"].float().cpu()
@@ -269,11 +256,9 @@ def load_encoder(
                 f"{name_or_path} is a sentence-transformers model, and sentence-transformers cannot be imported "
                 f"({error}): pip install sentence-transformers, or read its encoder with --model_type transformers."
             ) from None
-    device = device or default_device()
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         if model_type == "ifcl":
-            from modeling_ifcl import IFCLModel
-
             model = IFCLModel.from_pretrained(name_or_path)
             if pooler_type is not None and pooler_type != model.config.eval_pooler_type:
                 if pooler_type == "cls" and model.mlp is None:
@@ -341,9 +326,8 @@ def consecutive_batches(count: int, size: int) -> list[range]:
 
 
 class MutualInformationEvaluator:
-    """MI(h, h⁺) and MI(h, h⁻) of the paper's Table 4 over a set of sentences (and their translations): Eq. 10
-    averaged over :func:`consecutive_batches` of N sentences (file order), each encoded with dropout on (the
-    training views, no gradient)."""
+    """MI(h, h⁺) and MI(h, h⁻) of Table 4 (docs/evaluation.md): Eq. 10 averaged over :func:`consecutive_batches` of
+    N sentences (and their translations), each encoded with dropout on (the training views, no gradient)."""
 
     def __init__(
         self,
@@ -372,8 +356,6 @@ class MutualInformationEvaluator:
         size = len(ranges[0])
         identical_values, fraternal_values = [], []
         if show_progress_bar:
-            from tqdm.auto import tqdm
-
             ranges = tqdm(ranges, desc="Mutual information", unit="batch")
         for rows in ranges:
             fraternals = self.fraternals[rows.start : rows.stop] if self.fraternals is not None else None

