@@ -4,13 +4,13 @@ docs/translation.md gives how the folder is recorded, checked and converted agai
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ifcl.cli import read_json, write_json_atomically
 from ifcl.data import file_sha256
 
 logger = logging.getLogger(__name__)
@@ -87,8 +87,7 @@ def read_conversion_record(model_dir: str, model_name_or_path: str) -> dict[str,
             f"{CONVERSION_RECORD}); {hint}."
         )
     try:
-        with open(record_file, encoding="utf-8") as handle:
-            record = json.load(handle)
+        record = read_json(model_dir, CONVERSION_RECORD)
         if not isinstance(record, dict):
             raise ValueError("not a JSON object")
     except ValueError as error:
@@ -163,8 +162,7 @@ def convert_model(model_name_or_path: str, model_dir: str) -> None:
         record["files"] = {
             name: {"size": os.path.getsize(path), "sha256": file_sha256(path)} for name, path in paths.items()
         }
-        with open(os.path.join(temporary, CONVERSION_RECORD), "w", encoding="utf-8") as handle:
-            json.dump(record, handle, indent=2)
+        write_json_atomically(os.path.join(temporary, CONVERSION_RECORD), record)
         os.rename(temporary, model_dir)
     finally:
         if os.path.exists(temporary):
@@ -191,10 +189,8 @@ def check_compute_type(compute_type: str, device: str, setting: str = "--compute
     """``compute_type`` must be one CTranslate2 computes in on ``device`` (cpu or cuda); the error names the
     ``setting`` it came from (``--compute_type``, or ``--dtype`` when that is not given)."""
     ctranslate2 = import_ctranslate2()
-    if compute_type in ("default", "auto"):
-        return
     supported = sorted(ctranslate2.get_supported_compute_types(device))
-    if compute_type in supported:
+    if compute_type in (*supported, "default", "auto"):
         return
     cannot = f"{setting} {compute_type}: CTranslate2 {ctranslate2.__version__} cannot compute in it on {device} here"
     can = f"{', '.join(supported)} (or default, auto)"
@@ -256,8 +252,7 @@ class CTranslate2Translator:
         self.beam_size = num_beams if num_beams is not None else (generation.num_beams or 1)
         # The target prefix follows CTranslate2's own decoder start token; a converted model without one (mBART-25)
         # is given the Hugging Face model's first. generate counts the forced token among its max_new_tokens.
-        with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as handle:
-            has_start_token = json.load(handle).get("decoder_start_token") is not None
+        has_start_token = read_json(model_dir, "config.json").get("decoder_start_token") is not None
         start_id = getattr(config, "decoder_start_token_id", None)
         start = [] if has_start_token or start_id is None else [start_id]
         forced = [] if forced_bos_token_id is None else [forced_bos_token_id]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import json
 import logging
 import os
 import shutil
@@ -18,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 from transformers import TrainerCallback
 
-from ifcl.cli import exclusive_lock, listed, write_json_atomically
+from ifcl.cli import exclusive_lock, listed, read_json, write_json_atomically
 
 from .checkpoints import ResumePoint, resume_point
 
@@ -96,12 +95,10 @@ class RunRecord:
         """The record of the run in ``folder``: the unfinished one's while ``run_in_progress.json`` exists, else the
         finished one's; None for a folder no run recorded itself in."""
         for name, finished in ((RUN_IN_PROGRESS_FILE, False), (RUN_RECORD_FILE, True)):
-            path = os.path.join(folder, name)
-            if not os.path.isfile(path):
+            if not os.path.isfile(os.path.join(folder, name)):
                 continue
             try:
-                with open(path, encoding="utf-8") as handle:
-                    content = json.load(handle)
+                content = read_json(folder, name)
             except (OSError, ValueError):
                 content = {}
             content = content if isinstance(content, dict) else {}

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import itertools
-import json
 import logging
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -24,6 +22,7 @@ from ifcl.cli import (
     atomic_path,
     exclusive_lock,
     failures_of_the_run,
+    read_json,
     run_command,
     write_json_atomically,
 )
@@ -512,23 +511,22 @@ def length_sorted_batches(
     texts: Sequence[str],
     batch_size: int,
     max_batch_tokens: int | None = None,
-    token_count: Callable[[Sequence[str]], list[int]] | None = None,
+    token_counts: Sequence[int] | None = None,
 ) -> list[list[int]]:
     """The positions of ``texts`` in batches of ``batch_size``, longest first, so that similar lengths share a batch;
-    with ``max_batch_tokens``, a batch also holds at most that many source tokens, padding included (``token_count``
+    with ``max_batch_tokens``, a batch also holds at most that many source tokens, padding included (``token_counts``
     gives each text's)."""
     order = sorted(range(len(texts)), key=lambda position: len(texts[position]), reverse=True)
     if max_batch_tokens is None:
         return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-    counts = dict(zip(order, token_count([texts[position] for position in order])))
     batches: list[list[int]] = []
     longest = 0
-    for position in sorted(order, key=counts.__getitem__, reverse=True):  # a batch's first text is its longest
+    for position in sorted(order, key=token_counts.__getitem__, reverse=True):  # a batch's first text is its longest
         if batches and len(batches[-1]) < batch_size and (len(batches[-1]) + 1) * longest <= max_batch_tokens:
             batches[-1].append(position)
         else:
             batches.append([position])
-            longest = counts[position]
+            longest = token_counts[position]
     return batches
 
 
@@ -580,8 +578,7 @@ def finished_shards(work_folder: str, manifest: dict[str, Any], overwrite: bool)
     if not os.path.exists(work_folder):
         return None
     try:
-        with open(os.path.join(work_folder, MANIFEST), encoding="utf-8") as handle:
-            found = json.load(handle)
+        found = read_json(work_folder, MANIFEST)
     except (OSError, ValueError):
         found = None
     if not isinstance(found, dict) or found.get("made_by") != MADE_BY:
@@ -657,8 +654,8 @@ def translate_chunk(sentences: list[InputSentence], translator: Any, args: Prepa
     """The translations of one chunk's sentences, in their order, made in length-sorted batches; a batch that comes
     back mostly empty means the model gives no text: RunFailure saying what to check."""
     texts = [sentence.text for sentence in sentences]
-    token_count = functools.partial(source_token_counts, translator)
-    batches = length_sorted_batches(texts, args.batch_size, args.max_batch_tokens, token_count)
+    counts = source_token_counts(translator, texts) if args.max_batch_tokens else None
+    batches = length_sorted_batches(texts, args.batch_size, args.max_batch_tokens, counts)
     translations = [""] * len(texts)
     for batch, outputs in zip(batches, translator.translate_batches([[texts[i] for i in batch] for batch in batches])):
         for position, text in zip(batch, outputs, strict=True):

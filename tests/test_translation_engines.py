@@ -209,7 +209,7 @@ def test_token_batches_are_sorted_longest_first():
         ["a b c", "a", "a b", "a b c d"],
         3,
         max_batch_tokens=8,
-        token_count=lambda texts: [len(t.split()) for t in texts],
+        token_counts=[3, 1, 2, 4],
     )
     assert batches == [[3, 0], [2, 1]]
 
