@@ -83,6 +83,10 @@ class STSEvaluator:
         """From a ``datasets.Dataset`` with columns sentence1, sentence2, score."""
         return cls(dataset["sentence1"], dataset["sentence2"], dataset["score"], name=name, batch_size=batch_size)
 
+    def __len__(self) -> int:
+        """The number of pairs (the Trainer's speed metrics count them)."""
+        return len(self.scores)
+
     def similarities(
         self, model: SentenceEncoder, batch_size: int | None = None, show_progress_bar: bool = True
     ) -> np.ndarray:
@@ -117,7 +121,7 @@ class STSEvaluator:
         """Correlations and the cosine of every pair."""
         predicted = self.similarities(model, batch_size, show_progress_bar)
         figures = sts_correlations(predicted, self.scores)
-        return STSEvaluation(figures["spearman"], figures["pearson"], predicted, len(self.scores))
+        return STSEvaluation(figures["spearman"], figures["pearson"], predicted, len(self))
 
     def __call__(
         self, model: SentenceEncoder, batch_size: int | None = None, show_progress_bar: bool = True
