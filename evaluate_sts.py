@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Evaluate a sentence encoder on STS sets: the command line of ``ifcl.evaluate_sts`` (``ifcl-evaluate-sts``)."""
+"""Evaluate a sentence encoder on STS sets: the command line of ``ifcl.sts.command`` (``ifcl-evaluate-sts``)."""
 
-from ifcl.evaluate_sts import cli
+from ifcl.sts.command import cli
 
 if __name__ == "__main__":
     cli()

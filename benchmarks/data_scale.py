@@ -144,7 +144,6 @@ def tokenize_file(path_kind: str, train_file: str) -> None:
     from ifcl.data import embedded_model_path, load_train_dataset
     from ifcl.objectives import build_objective
     from modeling_ifcl import IFCLModel
-    from trainer_ifcl import tokenize_training_text
 
     model = IFCLModel.from_encoder(embedded_model_path())
     objective = build_objective(model)
@@ -156,7 +155,7 @@ def tokenize_file(path_kind: str, train_file: str) -> None:
             text = datasets.Dataset.from_dict(old_read_train_txt(train_file))
         else:
             text = load_train_dataset(train_file)
-        features = tokenize_training_text(text, objective, model.tokenizer, 32)
+        features = objective.tokenize_dataset(text, model.tokenizer, 32)
         rows = len(features)
     report(baseline, anonymous.peak, time.perf_counter() - start, rows=rows)
 

@@ -10,7 +10,7 @@
    ``TransformersEncoder.encode`` (the suite's plain-encoder path, mean pooling) and ``IFCLModel.encode`` (an IFCL
    model built from the same weights, mean pooling, the same truncation length). Ratio = sentence-transformers'
    median / ours (> 1: ours is faster); the paired ratio is the median over chunks of the same quotient.
-2. Agreement: the suite's STS-B test figure (``evaluate_sts.main``, plain encoder, ``--pooler_type avg``) against
+2. Agreement: the suite's STS-B test figure (``ifcl.sts.command.main``, plain encoder, ``--pooler_type avg``) against
    ``EmbeddingSimilarityEvaluator`` on the SentenceTransformer model.
 
 Prints a table and writes ``benchmarks/results/encode_speed.json``.
@@ -64,8 +64,8 @@ def build_encoders(args: BenchmarkArguments, model_path: str) -> tuple[dict, dic
     length."""
     from sentence_transformers import SentenceTransformer
 
-    from ifcl.objectives.ifcl import WITHOUT_IFCL
-    from ifcl.sts_encoders import IFCLEncoder, TransformersEncoder
+    from ifcl.objectives.base import WITHOUT_IFCL
+    from ifcl.sts.encoders import IFCLEncoder, TransformersEncoder
     from modeling_ifcl import IFCLModel
 
     st_model = SentenceTransformer(model_path, device=args.device)
@@ -154,11 +154,11 @@ def time_encoders(
 
 
 def stsb_agreement(model_path: str, st_model, args: BenchmarkArguments) -> dict:
-    """The suite's STS-B test Spearman (evaluate_sts.main) and EmbeddingSimilarityEvaluator's, same model."""
+    """The suite's STS-B test Spearman (ifcl.sts.command.main) and EmbeddingSimilarityEvaluator's, same model."""
     from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
 
-    from ifcl import evaluate_sts
     from ifcl.data import load_stsb
+    from ifcl.sts import command as evaluate_sts
 
     with tempfile.TemporaryDirectory() as output_dir:
         summary = evaluate_sts.main(

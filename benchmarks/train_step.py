@@ -36,7 +36,7 @@ from runs import DEFAULT_MODEL_NAME, default_model, machine, package_versions, w
 from ifcl import queue as ring  # noqa: E402
 from ifcl.data import parse_trans_de_en  # noqa: E402
 from ifcl.losses import IFCLTerms  # noqa: E402
-from ifcl.objectives.ifcl import freeze_word_tables  # noqa: E402
+from ifcl.objectives import fit_model  # noqa: E402
 from modeling_ifcl import IFCLModel  # noqa: E402
 
 # Dense bf16 peak of the GPUs this project measures on, for model FLOPs utilisation.
@@ -97,7 +97,7 @@ class IFCLStep:
 
     def __init__(self, model_path: str, device, batch_size: int, dtype, **settings) -> None:
         self.model = IFCLModel.from_encoder(model_path, queue_batch_size=batch_size, **settings).to(device).train()
-        freeze_word_tables(self.model)  # as the IFCL objective does before training
+        fit_model(self.model)  # as the IFCL objective does before training
         config = self.model.config
         self.loss = IFCLTerms(config.contrastive_temperature, config.fraternal_loss_weight, config.twins_loss_weight)
         self.optimizer = trainer_optimizer(self.model)

@@ -14,7 +14,7 @@ from typing import Any
 from transformers import AutoConfig, AutoModel
 
 from configuration_ifcl import IFCLConfig, IFCLSettings, SharedSettings
-from ifcl.evaluation import STSEvaluator
+from ifcl.sts.evaluator import STSEvaluator
 from modeling_ifcl import IFCLModel
 
 __version__ = "0.2.0"
@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 # The ``evaluate`` metric of the STS protocol: ``evaluate.load(ifcl.STS_METRIC_PATH)``.
-STS_METRIC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics", "sts_spearman")
+STS_METRIC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sts", "metric", "sts_spearman")
 
 AutoConfig.register(IFCLConfig.model_type, IFCLConfig, exist_ok=True)
 AutoModel.register(IFCLConfig, IFCLModel, exist_ok=True)

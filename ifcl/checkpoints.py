@@ -10,7 +10,8 @@ import zipfile
 from dataclasses import dataclass
 from typing import Any
 
-from ifcl.cli import listed, read_json
+from ifcl.failures import listed
+from ifcl.files import read_json
 
 logger = logging.getLogger(__name__)
 

@@ -6,15 +6,18 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import TrainingArguments
+from transformers import PretrainedConfig, PreTrainedTokenizerBase, TrainingArguments
 
-from configuration_ifcl import IFCLConfig
+from configuration_ifcl import IFCLConfig, ifcl_config_dict
 from ifcl.arguments import strategy_name
 from ifcl.checkpoints import weights_problem
-from ifcl.cli import listed, read_json
+from ifcl.failures import listed
+from ifcl.files import read_json
+from modeling_ifcl import check_model_path, max_input_length
 
 
 def check_training_settings(training_args: TrainingArguments) -> None:
@@ -106,48 +109,61 @@ def check_report_to(report_to: list[str]) -> None:
         )
 
 
-def check_model_path(option: str, path: str | None) -> None:
-    """Name a model path that is neither a folder here nor a Hub id (``name`` or ``owner/name``)."""
-    looks_local = path is not None and (path.startswith((".", "/", "~")) or path.count("/") > 1)
-    if looks_local and not os.path.isdir(os.path.expanduser(path)):
-        raise FileNotFoundError(f"{option} {path}: no such folder (and not a Hub id of the form owner/name).")
-
-
 def check_model_paths(model_args) -> None:
     """The encoder's and the fraternal model's paths: local folders that exist, or Hub ids."""
     for name in ("model_name_or_path", "fraternal_model_name_or_path"):
         check_model_path(f"--{name}", getattr(model_args, name))
 
 
-def check_max_seq_length(model_name_or_path: str, max_seq_length: int, objective: str, saved: dict | None) -> None:
-    """``--max_seq_length`` within the encoder's limit, read from its config and tokenizer (no weights loaded);
-    ConIsI's sentence pairs are about twice as long. ``saved``: the config of an IFCL model, whose encoder's own
-    config it holds."""
-    from transformers import AutoConfig, AutoTokenizer
+@dataclass
+class StartingModel:
+    """The model a run starts from, read once before any weights load, for the checks and the loader: its folder or
+    Hub id, its encoder's config and tokenizer, and, for an IFCL model this project saved, its config."""
 
-    from modeling_ifcl import max_input_length
+    path: str
+    encoder_config: PretrainedConfig
+    tokenizer: PreTrainedTokenizerBase
+    saved: IFCLConfig | None = None
 
-    if saved is None:
-        encoder_config = AutoConfig.from_pretrained(model_name_or_path)
-    else:
-        encoder_config = IFCLConfig.from_dict(saved).build_encoder_config()
-    # Given the encoder's config, AutoTokenizer does not read config.json (an IFCL model's would need remote code).
-    tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, config=encoder_config)
-    limit = max_input_length(tokenizer, encoder_config)
+    @classmethod
+    def read(cls, path: str) -> StartingModel:
+        """Read ``path``'s config.json (a folder, or a Hub id from the cache when offline) and tokenizer."""
+        from transformers import AutoConfig, AutoTokenizer
+
+        try:
+            config = read_json(path, "config.json")
+        except (OSError, ValueError):
+            config = None  # not readable here: AutoConfig says why
+        saved_dict = ifcl_config_dict(config) if isinstance(config, dict) else None
+        saved = None
+        if saved_dict is not None:
+            try:
+                saved = IFCLConfig.from_dict(saved_dict)
+            except ValueError as error:
+                raise ValueError(f"{path}/config.json: {error}") from None
+        try:
+            encoder_config = saved.build_encoder_config() if saved else AutoConfig.from_pretrained(path)
+            # Given the encoder's config, AutoTokenizer does not read config.json (an IFCL model's needs remote code).
+            tokenizer = AutoTokenizer.from_pretrained(path, config=encoder_config)
+        except OSError as error:
+            raise OSError(f"{path}: its config or tokenizer cannot be read ({str(error).splitlines()[0]})") from None
+        return cls(path, encoder_config, tokenizer, saved)
+
+
+def check_max_seq_length(start: StartingModel, max_seq_length: int, objective_class) -> None:
+    """``--max_seq_length`` within the encoder's limit, read from its config and tokenizer (no weights loaded), for
+    the longest input ``objective_class`` makes of it (``Objective.longest_input``)."""
+    tokenizer = start.tokenizer
+    limit = max_input_length(tokenizer, start.encoder_config)
     special = tokenizer.num_special_tokens_to_add(pair=False)
     if max_seq_length <= special:
         raise ValueError(
-            f"--max_seq_length {max_seq_length}: the tokenizer of {model_name_or_path} adds {special} special "
+            f"--max_seq_length {max_seq_length}: the tokenizer of {start.path} adds {special} special "
             f"token(s) to every sentence, so no word would be left; give at least {special + 1}."
         )
-    length, what = max_seq_length, "--max_seq_length"
-    if objective == "conisi":
-        from ifcl.objectives.conisi import pair_max_length
-
-        length = pair_max_length(tokenizer, max_seq_length)
-        what = f"ConIsI's sentence pairs ({length} tokens for --max_seq_length {max_seq_length})"
+    length, what = objective_class.longest_input(tokenizer, max_seq_length)
     if length > limit:
-        raise ValueError(f"{what}: longer than the {limit} tokens {model_name_or_path} takes.")
+        raise ValueError(f"{what}: longer than the {limit} tokens {start.path} takes.")
 
 
 def check_finite_weights(model: torch.nn.Module, source: str) -> None:
@@ -178,27 +194,25 @@ def check_data_arguments(data_args) -> None:
         raise ValueError(f"--max_train_samples must be ≥ 1, got {data_args.max_train_samples}.")
 
 
-def check_continued_model(
-    path: str, saved: dict[str, Any], objective: str, fraternal_model: str | None, wanted
-) -> None:
-    """Refuse continuing an IFCL model (``saved``: its config, in IFCLConfig's form) with another objective, another
-    fraternal model, fraternal twins it has no word table for (``wanted``: the IFCLConfig this command plans), or
-    weights that cannot be read."""
-    saved_objective = saved.get("objective") or "ifcl"
+def check_continued_model(start: StartingModel, objective: str, fraternal_model: str | None, wanted) -> None:
+    """Refuse continuing an IFCL model with another objective, another fraternal model, fraternal twins it has no word
+    table for (``wanted``: the IFCLConfig this command plans), or weights that cannot be read."""
+    path, saved = start.path, start.saved
+    saved_objective = saved.objective or "ifcl"
     if saved_objective != objective:
         raise ValueError(
             f"--model_name_or_path {path} is an IFCL model trained with --objective {saved_objective}, not --objective "
             f"{objective}: continue it with --objective {saved_objective}, or start --objective {objective} from a "
             "plain encoder."
         )
-    saved_fraternal = saved.get("fraternal_model_name_or_path")
+    saved_fraternal = saved.fraternal_model_name_or_path
     if fraternal_model is not None and fraternal_model != saved_fraternal:
         raise ValueError(
             f"--fraternal_model_name_or_path {fraternal_model}: --model_name_or_path {path} is an IFCL model, whose "
             f"own fraternal word table (from {saved_fraternal or 'its encoder'}) training continues with. Drop "
             "--fraternal_model_name_or_path, or start from a plain encoder."
         )
-    if wanted.uses_fraternal_twins and not IFCLConfig.from_dict(saved).uses_fraternal_twins:
+    if wanted.uses_fraternal_twins and not saved.uses_fraternal_twins:
         raise ValueError(
             f"--model_name_or_path {path} has no fraternal word table (it was trained with --fraternal_loss_weight 0 "
             "and --twins_loss_weight 0): continue it with both at 0, or start from a plain encoder."
@@ -208,13 +222,3 @@ def check_continued_model(
     problem = weights_problem(weights, values=False) if os.path.isfile(weights) else None
     if problem is not None:
         raise OSError(f"{weights} {problem}: save or copy the model again, or train from a sound copy.")
-
-
-def read_config(model_name_or_path: str) -> dict[str, Any] | None:
-    """A model's config.json (a folder, or a Hub id read from the cache when offline); None when it cannot be read
-    here (its loading then says why)."""
-    try:
-        config = read_json(model_name_or_path, "config.json")
-    except (OSError, ValueError):
-        return None
-    return config if isinstance(config, dict) else None

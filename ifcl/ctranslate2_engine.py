@@ -10,8 +10,8 @@ import shutil
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ifcl.cli import read_json, write_json_atomically
 from ifcl.data import file_sha256
+from ifcl.files import read_json, write_json_atomically
 
 logger = logging.getLogger(__name__)
 

@@ -406,11 +406,11 @@ def load_train_dataset(
 
 
 def is_text_dataset(dataset: Any) -> bool:
-    """Whether a training set is text still to be tokenized: a ``datasets.Dataset`` with a ``sentence`` column, no
-    ``input_ids`` yet and no transform that tokenizes it on the fly."""
+    """Whether a training set is text still to be tokenized (and checked): a ``datasets.Dataset`` without
+    ``input_ids`` and without a transform that tokenizes it on the fly."""
     columns = getattr(dataset, "column_names", None)
     on_the_fly = getattr(dataset, "format", {}).get("type") == "custom"
-    return isinstance(columns, list) and SENTENCE in columns and "input_ids" not in columns and not on_the_fly
+    return isinstance(columns, list) and "input_ids" not in columns and not on_the_fly
 
 
 def check_text_dataset(dataset: datasets.Dataset, columns: Sequence[str], reader: str) -> None:
@@ -446,16 +446,16 @@ def check_text_dataset(dataset: datasets.Dataset, columns: Sequence[str], reader
 
 
 def check_training_data_size(num_rows: int, global_batch: int, queue_size: int) -> None:
-    """Refuse (ValueError) ``num_rows`` training sentences fewer than one global batch N, or than the k·N rows of a
-    hippocampus queue of ``queue_size`` k slots (0: off), whose negatives would repeat the batch's own sentences.
-    The command line refuses such data; the Trainer and the sentence-transformers loss warn with the message."""
+    """Refuse (ValueError) ``num_rows`` training sentences fewer than one global batch N; warn of fewer than the k·N
+    rows of a hippocampus queue of ``queue_size`` k slots (0: off), whose negatives would then repeat the batch's own
+    sentences. Every route alike: ``run_ifcl.py``, ``IFCLTrainer`` and ``IFCLLoss``."""
     if num_rows < global_batch:
         raise ValueError(
             f"{num_rows} training sentences are fewer than one global batch of {global_batch} (per-device batch × "
             "processes × gradient accumulation): lower per_device_train_batch_size or give more data."
         )
     if queue_size > 0 and num_rows < queue_size * global_batch:
-        raise ValueError(
+        logger.warning(
             f"{num_rows} training sentences are fewer than the hippocampus queue holds (k·N = {queue_size} × "
             f"{global_batch}): its negatives would repeat the batch's own sentences. Lower queue_size or give more "
             "data."

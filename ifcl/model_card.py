@@ -5,6 +5,7 @@ dataset ids). It never names a path of the training machine.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import logging
@@ -19,9 +20,11 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from ifcl.publishing import looks_like_hub_id, public_name
 
 if TYPE_CHECKING:
-    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+    from datasets import Dataset
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase, TrainingArguments
 
     from configuration_ifcl import IFCLConfig
+    from ifcl.objectives import Objective
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +45,9 @@ TRANS_DE_EN_DESCRIPTION = (
     "Richter (its file `de-en`); license GPL-2+, in the package's copyright file's words: the GNU General Public "
     'License "either version 2 of the License, or (at your option) any later version"'
 )
-# Framework versions as sentence-transformers' cards name them: (name on the card, distribution).
+# IFCL's version, then the frameworks' as sentence-transformers' cards name them: (name on the card, distribution).
 FRAMEWORKS = (
+    ("IFCL", "ifcl"),
     ("Sentence Transformers", "sentence-transformers"),
     ("Transformers", "transformers"),
     ("PyTorch", "torch"),
@@ -93,6 +97,64 @@ SAMPLE_ROWS = 3  # training rows quoted on the card
 STATISTICS_ROWS = 100  # training rows the token statistics are taken from
 
 
+@dataclasses.dataclass
+class CardFacts:
+    """The facts of a run that its model card tells, in one record: :func:`write_model_card` writes the card from it.
+    ``config`` may be an ``IFCLConfig`` or config.json's layout; ``results``: all_results.json's figures; ``datasets``:
+    the training data as the run named it; ``sts_sources``: the STS file read for ``eval`` and ``test``, or
+    :data:`BUILTIN_STSB`; ``base_model_path``: a local folder of the base, whose card gives license, language and Hub
+    id. The base model, log, best step, training size and tokenizers default to what the config, trainer_state.json,
+    results and saved folder say; ``train_text`` gives the size, token statistics and first rows."""
+
+    output_dir: str
+    config: PretrainedConfig
+    results: dict[str, Any]
+    training_args: TrainingArguments | None = None
+    model_name: str = "ifcl-model"
+    base_model: str | None = None
+    datasets: str | list[str] | None = None
+    base_model_path: str | None = None
+    sts_sources: dict[str, str | None] | None = None
+    log_history: list[dict] | None = None
+    best_step: int | None = None
+    train_text: Dataset | None = None
+    train_size: int | None = None
+    tokenizers: tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase] | None = None
+    # Derived when the record is built: the objective the config names (IFCL's when none) and its loss as the card
+    # names it, how SentenceTransformer(output_dir) embeds (None: no modules.json), the base model as the card names
+    # it (its Hub id where known, never a path), and the STS tasks of the results' dev (eval) and test figures.
+    objective: type[Objective] = dataclasses.field(init=False)
+    loss_name: str = dataclasses.field(init=False)
+    view: dict[str, Any] | None = dataclasses.field(init=False)
+    base_name: str | None = dataclasses.field(init=False)
+    tasks: list[str] = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        """The config as an ``IFCLConfig``, the data named as a list, the defaults other facts give, and the rest."""
+        from configuration_ifcl import IFCLConfig
+        from ifcl.objectives import DEFAULT_OBJECTIVE, objective_class
+        from ifcl.publishing import read_base
+
+        if not isinstance(self.config, IFCLConfig):  # config.json's layout: IFCLConfig.from_dict reads it
+            self.config = IFCLConfig.from_dict(self.config.to_dict())
+        self.base_model = self.base_model or self.config.encoder_name_or_path
+        if self.base_model_path is None and self.base_model and os.path.isdir(self.base_model):
+            self.base_model_path = self.base_model  # a local folder: its card gives license, language and Hub id
+        self.datasets = [self.datasets] if isinstance(self.datasets, str) else list(self.datasets or [])
+        self.sts_sources = self.sts_sources or {}
+        if self.train_text is not None:
+            self.train_size = len(self.train_text)
+        elif not self.train_size:
+            self.train_size = self.results.get("train_samples")
+        self.objective = objective_class(self.config.objective or DEFAULT_OBJECTIVE)
+        self.loss_name = "IFCLLoss" if self.objective.name == DEFAULT_OBJECTIVE else self.objective.__name__
+        modules = os.path.isfile(os.path.join(self.output_dir, "modules.json"))
+        self.view = read_base(self.output_dir) if modules else None
+        self.base_name = public_name(self.base_model, self.base_model_path)
+        spearman = [key for key in self.results if key.startswith(("eval_", "test_")) and key.endswith("_spearman")]
+        self.tasks = sorted({key.split("_", 1)[1][: -len("_spearman")] for key in spearman})
+
+
 def public_value(value: Any) -> Any:
     """A setting as a card may show it: its strings, in lists and dicts too, as :func:`public_name` gives them."""
     if isinstance(value, dict):
@@ -116,13 +178,11 @@ def base_model_card_data(base_model_path: str | None) -> dict[str, Any]:
 
 def framework_versions() -> list[tuple[str, str]]:
     """Python, IFCL and the installed frameworks the model was trained and saved with, as sentence-transformers'
-    cards name them."""
+    cards name them; each as its installed distribution says, not imported (``ifcl`` imports this module)."""
     import platform
     from importlib import metadata
 
-    import ifcl
-
-    versions = [("Python", platform.python_version()), ("IFCL", ifcl.__version__)]
+    versions = [("Python", platform.python_version())]
     for name, distribution in FRAMEWORKS:
         try:
             versions.append((name, metadata.version(distribution)))
@@ -161,17 +221,6 @@ def results_table(results: dict[str, Any], tasks: list[str]) -> str:
                 if after is not None or before is not None:
                     rows.append([task, label, metric_type, figure(before), figure(after)])
     return markdown_table(["STS set", "split", "metric", "before training", "after training"], rows)
-
-
-def sts_tasks_of(results: dict[str, Any]) -> list[str]:
-    """The STS task names of ``<split>_<task>_spearman`` results, for split eval (dev) and test."""
-    return sorted(
-        {
-            key.split("_", 1)[1][: -len("_spearman")]
-            for key in results
-            if key.startswith(("eval_", "test_")) and key.endswith("_spearman")
-        }
-    )
 
 
 def hub_eval_results(results: dict[str, Any], tasks: list[str], sts_sources: dict) -> list[EvalResult]:
@@ -353,14 +402,16 @@ def training_time(log: list[dict]) -> list[tuple[str, str]]:
     ]
 
 
-def hyperparameters(training_args) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(every training argument, those that differ from ``TrainingArguments``' defaults), less where the run wrote,
-    logged, evaluated and saved, and secrets; paths by their base name."""
+def hyperparameters(training_args: TrainingArguments | None) -> dict[str, dict[str, Any]]:
+    """Every training argument and those that differ from ``TrainingArguments``' defaults (none without them), as
+    template variables, less where the run wrote, logged, evaluated and saved, and secrets; paths by base name."""
+    if training_args is None:
+        return {"all_hyperparameters": {}, "changed_hyperparameters": {}}
     given = training_args.to_dict()
     defaults = type(training_args)(output_dir=training_args.output_dir).to_dict()
     shown = {name: public_value(value) for name, value in given.items() if name not in NOT_HYPERPARAMETERS}
     changed = {name: value for name, value in shown.items() if name in defaults and given[name] != defaults[name]}
-    return shown, changed
+    return {"all_hyperparameters": shown, "changed_hyperparameters": changed}
 
 
 def markdown_cell(text: Any) -> str:
@@ -372,7 +423,7 @@ def markdown_cell(text: Any) -> str:
 def saved_tokenizers(output_dir: str) -> tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase] | None:
     """(the encoder's tokenizer, the fraternal column's) as the saved folder holds them: the fraternal model's from
     its ``fraternal_tokenizer/`` folder, else the encoder's own; None for a folder without a tokenizer."""
-    from ifcl.objectives.ifcl import FRATERNAL_TOKENIZER
+    from modeling_ifcl import FRATERNAL_TOKENIZER
 
     if not os.path.isfile(os.path.join(output_dir, "tokenizer_config.json")):
         return None
@@ -425,7 +476,7 @@ def architecture(output_dir: str, config: IFCLConfig, view: dict[str, Any] | Non
     the folder's files (or the IFCLModel's parts, for a folder without the view)."""
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
-    from ifcl.cli import read_json
+    from ifcl.files import read_json
 
     encoder = MODEL_MAPPING_NAMES.get(config.encoder_config.get("model_type") or "", "the encoder")
     if view is None:
@@ -496,164 +547,120 @@ def training_data_licenses(datasets: list[str]) -> tuple[str, str]:
     return description, "\n\n".join(covered) or "The run did not name its training data."
 
 
-def training_record(
-    output_dir: str,
-    results: dict[str, Any],
-    tasks: list[str],
-    loss_terms: tuple[str, ...],
-    training_args,
-    log_history: list[dict] | None,
-    best_step: int | None,
-) -> dict[str, Any]:
+def training_record(facts: CardFacts) -> dict[str, Any]:
     """The card's "Training" line, Training Logs (the evaluation before training at step 0) and Training Time, as
     template variables; the log and the best step default to trainer_state.json's."""
-    state = trainer_state(output_dir) if log_history is None or best_step is None else {}
-    best = best_step if best_step is not None else state.get("best_global_step")
-    log = initial_evaluation(results, tasks)
-    log += log_history if log_history is not None else state.get("log_history") or []
+    loss_terms = facts.objective.loss_terms
+    state = trainer_state(facts.output_dir) if facts.log_history is None or facts.best_step is None else {}
+    best = facts.best_step if facts.best_step is not None else state.get("best_global_step")
+    log = initial_evaluation(facts.results, facts.tasks)
+    log += facts.log_history if facts.log_history is not None else state.get("log_history") or []
     rows = log_rows(log, loss_terms)
-    steps = results.get("train_steps", next((entry["step"] for entry in log if "train_runtime" in entry), None))
+    steps = facts.results.get("train_steps", next((entry["step"] for entry in log if "train_runtime" in entry), None))
     return {
-        "training": training_description(steps, training_args, best, rows),
+        "training": training_description(steps, facts.training_args, best, rows),
         "log_table": log_table(rows, loss_terms, best) if rows else None,
         "hide_log": len(rows) > 100,
-        "curves": os.path.isfile(os.path.join(output_dir, "training_curves.png")),
+        "curves": os.path.isfile(os.path.join(facts.output_dir, "training_curves.png")),
         "training_time": training_time(log),
     }
 
 
-def card_tags(objective_name: str, loss_name: str, has_view: bool, from_trainer: bool, size: int | None) -> list[str]:
+def card_tags(facts: CardFacts) -> list[str]:
     """The metadata's tags: the objective, sentence-transformers and its ``dense`` module where the folder has the
     view, what the model does, ``generated_from_trainer``, the training data's size and the loss."""
-    tags = sorted({"ifcl", objective_name})
-    if has_view:
+    tags = sorted({"ifcl", facts.objective.name})
+    if facts.view is not None:
         tags.append("sentence-transformers")
     tags += ["sentence-embeddings", "sentence-similarity", "feature-extraction"]
-    if has_view:
+    if facts.view is not None:
         tags.append("dense")
-    if from_trainer:
+    if facts.training_args is not None:
         tags.append("generated_from_trainer")
-    if size is not None:
-        tags.append(f"dataset_size:{size}")
-    return tags + [f"loss:{loss_name}"]
+    if facts.train_size is not None:
+        tags.append(f"dataset_size:{facts.train_size}")
+    return tags + [f"loss:{facts.loss_name}"]
 
 
-def write_model_card(
-    output_dir: str,
-    config: PretrainedConfig,
-    results: dict[str, Any],
-    training_args=None,
-    model_name: str = "ifcl-model",
-    base_model: str | None = None,
-    dataset: str | list[str] | None = None,
-    base_model_path: str | None = None,
-    sts_sources: dict[str, str | None] | None = None,
-    log_history: list[dict] | None = None,
-    best_step: int | None = None,
-    train_text=None,
-    train_size: int | None = None,
-    tokenizers: tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase] | None = None,
-    **_: Any,
-) -> str:
-    """Write ``output_dir/README.md`` from ``templates/model_card.md`` and return its path.
-
-    Args:
-        output_dir: the saved model's folder (its sentence-transformers view, tokenizers, trainer_state.json and
-            training_curves.png are read from it when they are there).
-        config: the model's config (an ``IFCLConfig``, or config.json's layout: the encoder's own config with IFCL's
-            settings under ``ifcl``); results: the run's figures (all_results.json); training_args: its
-            ``TrainingArguments``.
-        base_model: the base model (default the config's ``encoder_name_or_path``); base_model_path: a local folder
-            of it, whose card gives license, language and Hub id.
-        dataset: the training data as the run named it (a Hub id, a path, ``trans-de-en``).
-        sts_sources: for ``eval`` and ``test``, the STS file read, or :data:`BUILTIN_STSB` (None: unknown).
-        log_history, best_step: the Trainer's log of the training and the step of the checkpoint it kept as best
-            (each, when not given, trainer_state.json's).
-        train_text: the training text (a ``datasets.Dataset`` with columns sentence[, fraternal]): its size, token
-            statistics and first rows; train_size: its size otherwise (default the results' ``train_samples``).
-        tokenizers: the encoder's tokenizer and the fraternal column's, for the token statistics (default: the saved
-            folder's).
-    """
-    from configuration_ifcl import IFCLConfig
-    from ifcl.objectives import DEFAULT_OBJECTIVE, objective_class
-    from ifcl.publishing import read_base
-
-    if not isinstance(config, IFCLConfig):  # config.json's layout: IFCLConfig.from_dict reads it
-        config = IFCLConfig.from_dict(config.to_dict())
-    given_base = base_model or config.encoder_name_or_path
-    if base_model_path is None and given_base and os.path.isdir(given_base):
-        base_model_path = given_base  # a local folder: its card gives license, language and Hub id
-    base_model = public_name(given_base, base_model_path)
-    sts_sources = sts_sources or {}
-    tasks = sts_tasks_of(results)
-    datasets = [dataset] if isinstance(dataset, str) else list(dataset or [])
-    objective = objective_class(config.objective or DEFAULT_OBJECTIVE)
-    # How SentenceTransformer(folder) embeds; None: the folder has no modules.json.
-    view = read_base(output_dir) if os.path.isfile(os.path.join(output_dir, "modules.json")) else None
-    base_facts = base_model_card_data(base_model_path)
-    size = len(train_text) if train_text is not None else train_size or results.get("train_samples")
-    loss_name = "IFCLLoss" if objective.name == DEFAULT_OBJECTIVE else objective.__name__
-    eval_results = hub_eval_results(results, tasks, sts_sources)
-    card_data = ModelCardData(
-        model_name=model_name,
-        library_name="sentence-transformers" if view is not None else "transformers",
+def card_metadata(facts: CardFacts) -> ModelCardData:
+    """The card's metadata: the library the folder loads in, the tags, the base model and training data by their Hub
+    ids only, the base model's license and language, the STS figures the Hub compares, the widget's sentences."""
+    base_facts = base_model_card_data(facts.base_model_path)
+    eval_results = hub_eval_results(facts.results, facts.tasks, facts.sts_sources)
+    return ModelCardData(
+        model_name=facts.model_name,
+        library_name="sentence-transformers" if facts.view is not None else "transformers",
         pipeline_tag="sentence-similarity",
-        tags=card_tags(objective.name, loss_name, view is not None, training_args is not None, size),
-        base_model=base_model if looks_like_hub_id(base_model) else None,
-        datasets=[d for d in datasets if looks_like_hub_id(d)] or None,
+        tags=card_tags(facts),
+        base_model=facts.base_name if looks_like_hub_id(facts.base_name) else None,
+        datasets=[d for d in facts.datasets if looks_like_hub_id(d)] or None,
         language=base_facts.get("language"),
         license=base_facts.get("license"),
         metrics=sorted({result.metric_type for result in eval_results}) or None,
         eval_results=eval_results or None,
-        widget=widget(train_text),
+        widget=widget(facts.train_text),
     )
-    model_string, similarities = architecture(output_dir, config, view)
+
+
+def model_variables(facts: CardFacts) -> dict[str, Any]:
+    """The template variables of the model: its method and loss, base, embedding, architecture, settings, how it
+    loads and the versions it was saved with."""
+    config, objective, view = facts.config, facts.objective, facts.view
+    model_string, similarities = architecture(facts.output_dir, config, view)
     similarity_name = (view or {}).get("similarity_fn_name") or "cosine"
-    all_hyperparameters, changed_hyperparameters = hyperparameters(training_args) if training_args else ({}, {})
-    training_data, data_licenses = training_data_licenses(datasets)
-    data = (
-        training_data_facts(train_text, tokenizers or saved_tokenizers(output_dir)) if train_text is not None else None
-    )
-    card = ModelCard.from_template(
-        card_data,
-        template_path=TEMPLATE_PATH,
-        model_name=model_name,
-        objective=card_title(config, objective),
-        paper=objective.paper,
-        loss_name=loss_name,
-        loss_class=f"{objective.__module__}.{objective.__qualname__}",
-        base_model=base_model,
-        training_data=training_data,
-        dataset_title=", ".join(map(public_name, datasets)) or "Unnamed Dataset",
-        dimension=config.encoder_config.get("hidden_size"),
-        max_seq_length=(view or {}).get("max_seq_length"),
-        similarity=SIMILARITY_NAMES.get(similarity_name, similarity_name),
-        model_string=model_string,
-        similarities=similarities,
-        examples=EXAMPLES,
-        sts_sources=" ".join(
+    return {
+        "model_name": facts.model_name,
+        "objective": card_title(config, objective),
+        "paper": objective.paper,
+        "loss_name": facts.loss_name,
+        "loss_class": f"{objective.__module__}.{objective.__qualname__}",
+        "base_model": facts.base_name,
+        "dimension": config.encoder_config.get("hidden_size"),
+        "max_seq_length": (view or {}).get("max_seq_length"),
+        "similarity": SIMILARITY_NAMES.get(similarity_name, similarity_name),
+        "model_string": model_string,
+        "similarities": similarities,
+        "examples": EXAMPLES,
+        "settings_table": settings_table(config, objective),
+        "repo": facts.model_name if "/" in facts.model_name else f"<user>/{facts.model_name}",
+        "encoder_model_type": config.encoder_config.get("model_type"),
+        "fraternal_tokenizer": config.fraternal_model_name_or_path is not None,
+        "train_max_seq_length": config.max_seq_length,
+        "sentence_transformers": view,
+        "sentence_transformers_versions": SENTENCE_TRANSFORMERS_VERSIONS,
+        "versions": framework_versions(),
+    }
+
+
+def run_variables(facts: CardFacts) -> dict[str, Any]:
+    """The template variables of the run: its training data and their licenses, STS figures, hyperparameters, and
+    the training line, log and time."""
+    tasks, sts_sources, train_text = facts.tasks, facts.sts_sources, facts.train_text
+    training_data, data_licenses = training_data_licenses(facts.datasets)
+    tokenizers = (facts.tokenizers or saved_tokenizers(facts.output_dir)) if train_text is not None else None
+    return {
+        "training_data": training_data,
+        "dataset_title": ", ".join(map(public_name, facts.datasets)) or "Unnamed Dataset",
+        "sts_sources": " ".join(
             f"`{task}`: dev from {sts_source_name(task, sts_sources.get('eval'))}, test from "
             f"{sts_source_name(task, sts_sources.get('test'))}."
             for task in tasks
         ),
-        results_table=results_table(results, tasks) if tasks else "No STS evaluation was run.",
-        dataset_size=size,
-        data=data,
-        settings_table=settings_table(config, objective),
-        all_hyperparameters=all_hyperparameters,
-        changed_hyperparameters=changed_hyperparameters,
-        **training_record(output_dir, results, tasks, objective.loss_terms, training_args, log_history, best_step),
-        repo=model_name if "/" in model_name else f"<user>/{model_name}",
-        encoder_model_type=config.encoder_config.get("model_type"),
-        fraternal_tokenizer=config.fraternal_model_name_or_path is not None,
-        train_max_seq_length=config.max_seq_length,
-        sentence_transformers=view,
-        sentence_transformers_versions=SENTENCE_TRANSFORMERS_VERSIONS,
-        versions=framework_versions(),
-        data_licenses=data_licenses,
-    )
-    path = os.path.join(output_dir, "README.md")
-    os.makedirs(output_dir, exist_ok=True)
+        "results_table": results_table(facts.results, tasks) if tasks else "No STS evaluation was run.",
+        "dataset_size": facts.train_size,
+        "data": training_data_facts(train_text, tokenizers) if train_text is not None else None,
+        **hyperparameters(facts.training_args),
+        **training_record(facts),
+        "data_licenses": data_licenses,
+    }
+
+
+def write_model_card(facts: CardFacts) -> str:
+    """Write ``README.md`` in the run's output folder from ``templates/model_card.md`` and return its path."""
+    variables = {**model_variables(facts), **run_variables(facts)}
+    card = ModelCard.from_template(card_metadata(facts), template_path=TEMPLATE_PATH, **variables)
+    path = os.path.join(facts.output_dir, "README.md")
+    os.makedirs(facts.output_dir, exist_ok=True)
     card.save(path)
     return path
 
@@ -665,7 +672,6 @@ def write_card_and_curves(
     model's path and the training text): training_curves.png (the step-0 evaluation joins the curve) and the model
     card, README.md, with the best step and the tokenizers the trainer holds."""
     from ifcl.objectives import unwrap_model
-    from ifcl.objectives.ifcl import fraternal_tokenizer
     from ifcl.plots import plot_training_curves
 
     training_args, task = trainer.args, data_args.sts_task_name
@@ -683,5 +689,5 @@ def write_card_and_curves(
         log_history=training_log,
         best_step=trainer.state.best_global_step,
         train_text=train_text,
-        tokenizers=(model.tokenizer, fraternal_tokenizer(model)),
+        tokenizers=(model.tokenizer, model.fraternal_tokenizer),
     )

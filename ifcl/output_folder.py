@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 
 from transformers import TrainerCallback
 
-from ifcl.cli import exclusive_lock, listed, read_json, write_json_atomically
+from ifcl.failures import listed
+from ifcl.files import exclusive_lock, read_json, write_json_atomically
 
 from .checkpoints import ResumePoint, resume_point
 

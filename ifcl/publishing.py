@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ifcl.cli import read_json, write_json_atomically
+from ifcl.files import read_json, write_json_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -116,13 +116,15 @@ KEPT = ("Transformer", "Pooling", "Normalize", "Dropout")
 def adopt_base(model) -> dict[str, Any] | None:
     """Make ``model`` embed as its sentence-transformers base does, read from ``model.name_or_path`` (the base
     encoder of ``IFCLModel.from_encoder``, or the IFCL folder loaded): its tokenizer truncates at the base's
-    ``max_seq_length`` (else at the encoder's own limit, which it is saved with) and lowercases when the base does.
-    Returns the facts, also kept as ``model.sentence_transformers_base``; modules the model leaves out are warned
-    about."""
+    ``max_seq_length`` (else at the encoder's own limit, which it is saved with) and lowercases when the base does;
+    the config names its base and fraternal model by :func:`public_name`. Returns the facts, also kept as
+    ``model.sentence_transformers_base``; modules the model leaves out are warned about."""
     from modeling_ifcl import max_input_length
 
     base = read_base(model.name_or_path)
     model.sentence_transformers_base = base
+    for name in ("encoder_name_or_path", "fraternal_model_name_or_path"):  # published files name no local path
+        setattr(model.config, name, public_name(getattr(model.config, name)))
     tokenizer = model.tokenizer
     if base is not None and base["max_seq_length"]:
         tokenizer.model_max_length = base["max_seq_length"]
@@ -172,10 +174,10 @@ def save_published(model, folder: str) -> None:
 
 def save_extras(model, folder: str) -> None:
     """The fraternal model's tokenizer (in ``fraternal_tokenizer/``) and the sentence-transformers view."""
-    from ifcl.objectives.ifcl import FRATERNAL_TOKENIZER, fraternal_tokenizer
+    from modeling_ifcl import FRATERNAL_TOKENIZER
 
     if model.config.fraternal_model_name_or_path is not None:
-        fraternal_tokenizer(model).save_pretrained(os.path.join(folder, FRATERNAL_TOKENIZER))
+        model.fraternal_tokenizer.save_pretrained(os.path.join(folder, FRATERNAL_TOKENIZER))
     save_view(model, folder)
 
 

@@ -21,11 +21,17 @@ from torch import nn
 
 from configuration_ifcl import IFCLSettings, SharedSettings
 from ifcl import queue as ring
-from ifcl.building import scaled_orthogonal_projection
-from ifcl.checks import check_model_path
 from ifcl.data import check_text_dataset, check_training_data_size
 from ifcl.losses import IFCLTerms
-from modeling_ifcl import QueueBuffers, mean_pool, twin_views, word_table_of
+from modeling_ifcl import (
+    QueueBuffers,
+    check_model_path,
+    load_fraternal,
+    mean_pool,
+    scaled_orthogonal_projection,
+    twin_views,
+    word_table_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +89,6 @@ class IFCLLoss(nn.Module):
         when narrower or wider."""
         table, pad_token_id = words.weight.detach(), self.encoder.config.pad_token_id
         if self.fraternal_model_name_or_path is not None:
-            from ifcl.building import load_fraternal
-
             table, self.fraternal_tokenizer = load_fraternal(self.fraternal_model_name_or_path)
             table, pad_token_id = table.detach(), self.fraternal_tokenizer.pad_token_id
         self.fraternal_pad_token_id = pad_token_id or 0
@@ -206,10 +210,7 @@ class IFCLDataCollator(SentenceTransformerDataCollator):
             rows = Dataset.from_list([{name: row.get(name) for name in columns} for row in features])
             check_text_dataset(rows, columns, reader="IFCLLoss")
         elif not self.loss.collated_by_name:  # the first batch: is the data larger than the queue?
-            try:
-                check_training_data_size(self.num_rows, len(features), self.loss.settings.queue_size)
-            except ValueError as problem:
-                logger.warning(f"IFCLLoss: {problem}")
+            check_training_data_size(self.num_rows, len(features), self.loss.settings.queue_size)
         self.loss.collated_by_name = True
         # The named columns first, in the loss's order: sentence_features follow the batch's keys.
         features = [{**{name: row[name] for name in columns}, **row} for row in features]

@@ -15,19 +15,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ifcl.checks import check_model_path
-from ifcl.cli import (
-    Interrupted,
-    RunFailure,
-    atomic_path,
-    exclusive_lock,
-    failures_of_the_run,
-    read_json,
-    run_command,
-    write_json_atomically,
-)
 from ifcl.ctranslate2_engine import COMPUTE_TYPES, MADE_BY, EngineSettingsError
 from ifcl.data import DataFormatError, _iter_lines, file_sha256
+from ifcl.failures import Interrupted, RunFailure, failures_of_the_run, run_command
+from ifcl.files import atomic_path, exclusive_lock, read_json, write_json_atomically
+from modeling_ifcl import check_model_path
 
 logger = logging.getLogger(__name__)
 

@@ -1,11 +1,12 @@
-"""How the scripts end (``ifcl.cli.run_command``): one line per error, exit 2 for bad input, 1 for a failure once the
+"""How the scripts end (``ifcl.failures.run_command``): one line per error, exit 2 for bad input, 1 for a failure once the
 work has begun, 130 for Ctrl-C with the way on, the traceback only with IFCL_DEBUG=1."""
 
 from __future__ import annotations
 
 import pytest
 
-from ifcl.cli import Interrupted, atomic_path, failures_of_the_run, run_command, write_json_atomically
+from ifcl.failures import Interrupted, failures_of_the_run, run_command
+from ifcl.files import atomic_path, write_json_atomically
 
 
 def fail_with(error: BaseException, running: bool = False):
@@ -101,7 +102,7 @@ def test_ctrl_c_names_the_newest_complete_checkpoint_and_the_resume_command(tmp_
 
 LAUNCHER = """
 import os, subprocess, sys
-child = "import sys; sys.path.insert(0, {root!r}); from ifcl.cli import launcher_chose_one_thread; print(launcher_chose_one_thread())"
+child = "import sys; sys.path.insert(0, {root!r}); from ifcl.processes import launcher_chose_one_thread; print(launcher_chose_one_thread())"
 env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_MIXED_PRECISION="no")
 print(subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True).stdout.strip())
 """

@@ -387,18 +387,16 @@ def test_tokenizing_on_the_fly_gives_the_cached_features(tmp_path: Path, tiny_en
     from ifcl.objectives import build_objective
     from ifcl.objectives.base import tokenizer_fingerprint
     from modeling_ifcl import IFCLModel
-    from trainer_ifcl import tokenize_training_text
 
     lines = [f"{english}\t{german}" for english, german in zip(ENGLISH, GERMAN)]
     text = load_train_dataset(write(tmp_path / "pairs.txt", "\n".join(lines) + "\n"))
     model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
     objective = build_objective(model)
-    arguments = (objective, model.tokenizer, 8)
     fingerprint = tokenizer_fingerprint(model.tokenizer)
-    cached = tokenize_training_text(text, *arguments)
+    cached = objective.tokenize_dataset(text, model.tokenizer, 8)
     assert cached.cache_files and "input_ids" in cached.column_names
     assert tokenizer_fingerprint(model.tokenizer) == fingerprint  # a call's truncation does not change it
-    on_the_fly = tokenize_training_text(text, *arguments, on_the_fly=True)
+    on_the_fly = objective.tokenize_dataset(text, model.tokenizer, 8, on_the_fly=True)
     assert not is_text_dataset(on_the_fly) and is_text_dataset(text)
     assert [on_the_fly[i] for i in range(len(text))] == [cached[i] for i in range(len(text))]
     assert on_the_fly[2:5] == cached[2:5]
@@ -415,14 +413,13 @@ def test_the_token_cache_is_kept_for_loss_settings_and_redone_for_what_the_token
 
     from ifcl.objectives import build_objective
     from modeling_ifcl import IFCLModel
-    from trainer_ifcl import tokenize_training_text
 
     lines = [f"{english}\t{german}" for english, german in zip(ENGLISH, GERMAN)]
     text = load_train_dataset(write(tmp_path / "pairs.txt", "\n".join(lines) + "\n"))
 
     def cache_file(max_length: int = 16, fraternal_model: str | None = None, **settings) -> str:
         model = IFCLModel.from_encoder(str(tiny_encoder_dir), fraternal_model, **settings)
-        features = tokenize_training_text(text, build_objective(model), model.tokenizer, max_length)
+        features = build_objective(model).tokenize_dataset(text, model.tokenizer, max_length)
         return features.cache_files[0]["filename"]
 
     default = cache_file(queue_size=2)
@@ -471,7 +468,8 @@ def test_is_text_dataset() -> None:
     assert is_text_dataset(text)
     assert not is_text_dataset(text.add_column("input_ids", [[1], [2]]))
     assert not is_text_dataset(text.with_transform(lambda batch: batch))  # tokenized on the fly
-    assert not is_text_dataset(Dataset.from_dict({"text": ["A."]})) and not is_text_dataset([{"sentence": "A."}])
+    assert is_text_dataset(Dataset.from_dict({"text": ["A."]}))  # text without the columns: checked, then refused
+    assert not is_text_dataset([{"sentence": "A."}])
 
 
 @pytest.mark.parametrize(
@@ -480,7 +478,7 @@ def test_is_text_dataset() -> None:
         (8, 8, 0, None),
         (7, 8, 0, "7 training sentences are fewer than one global batch of 8"),
         (3, 4, 4, "3 training sentences are fewer than one global batch of 4"),
-        (15, 4, 4, "15 training sentences are fewer than the hippocampus queue holds (k·N = 4 × 4)"),
+        (15, 4, 4, None),  # fewer than the queue holds: a warning (test_a_queue_larger_than_the_data_is_warned_about)
         (16, 4, 4, None),
     ],
 )

@@ -13,7 +13,11 @@ import sys
 import pytest
 from conftest import DEFAULT_RUN, ROOT
 
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "ifcl/metrics/sts_spearman/README.md"]
+DOCUMENTS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    ROOT / "ifcl/sts/metric/sts_spearman/README.md",
+]
 
 
 def python_blocks() -> list[tuple[str, str]]:

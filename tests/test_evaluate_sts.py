@@ -1,4 +1,4 @@
-"""evaluate_sts.py and the package modules behind it: ifcl/sts_tasks.py, ifcl/evaluation.py, ifcl/sts_encoders.py.
+"""evaluate_sts.py and the package behind it, ifcl/sts/: command.py, tasks.py, evaluator.py, encoders.py.
 
 Each layout is written here by hand, read back, and its Spearman checked against ``scipy.stats.spearmanr`` of
 cosines computed here from the encoder run one sentence at a time (no padding, no sorting): an independent path.
@@ -19,12 +19,12 @@ from conftest import ENGLISH, GERMAN
 from scipy.stats import spearmanr
 from torch.nn import functional as F
 
-import ifcl.sts_tasks as sts_tasks
-from ifcl import evaluate_sts
+import ifcl.sts.tasks as sts_tasks
 from ifcl.data import DataFormatError
-from ifcl.evaluation import STSEvaluator
-from ifcl.sts_encoders import MutualInformationEvaluator, TransformersEncoder, load_encoder, mutual_information
-from ifcl.sts_tasks import TaskDataNotFoundError, TaskRequest, load_requests, load_task, parse_task_requests
+from ifcl.sts import command as evaluate_sts
+from ifcl.sts.encoders import MutualInformationEvaluator, TransformersEncoder, load_encoder, mutual_information
+from ifcl.sts.evaluator import STSEvaluator
+from ifcl.sts.tasks import TaskDataNotFoundError, TaskRequest, load_requests, load_task, parse_task_requests
 
 SENTENCES = ENGLISH + GERMAN
 
@@ -549,7 +549,7 @@ def test_output_dir_with_another_models_results_is_refused_before_the_model_load
 ):
     import sys
 
-    from ifcl import sts_encoders
+    from ifcl.sts import encoders as sts_encoders
 
     folder = tmp_path / "out"
     shutil.copytree(results_of_model_a, folder)
@@ -639,8 +639,8 @@ def test_saved_ifcl_model_gives_the_same_figure_through_sentence_transformers(pu
 
 
 def test_task_mutual_information_takes_all_top_score_pairs_as_one_batch_by_default():
-    from ifcl.sts_encoders import mutual_information
-    from ifcl.sts_tasks import STSData
+    from ifcl.sts.encoders import mutual_information
+    from ifcl.sts.tasks import STSData
 
     class LookupEncoder:
         """Embeds each sentence as a fixed random vector."""
@@ -670,14 +670,14 @@ def test_task_mutual_information_takes_all_top_score_pairs_as_one_batch_by_defau
 
 
 def test_the_trainer_imports_the_evaluator_without_the_model_loading_and_mi_code():
-    """``trainer_ifcl`` needs only the STS evaluator: importing it loads neither ``sts_encoders`` (loading arbitrary
-    models, sentence-transformers, mutual information) nor ``evaluate_sts``."""
+    """``trainer_ifcl`` needs only the STS evaluator: importing it loads neither ``ifcl.sts.encoders`` (loading
+    arbitrary models, sentence-transformers, mutual information) nor the command line and its tasks."""
     import subprocess
     import sys
 
     from conftest import ROOT
 
-    code = "import sys, trainer_ifcl; print(sorted(m for m in ('sts_encoders', 'evaluate_sts', 'sts_tasks') if m in sys.modules))"
+    code = "import sys, trainer_ifcl; print(sorted(m for m in ('ifcl.sts.encoders', 'ifcl.sts.command', 'ifcl.sts.tasks') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"

@@ -10,8 +10,7 @@ from datasets import Dataset
 from transformers import AutoModel
 
 from configuration_ifcl import IFCLConfig, IFCLSettings
-from ifcl.objectives import build_objective
-from ifcl.objectives.ifcl import freeze_word_tables
+from ifcl.objectives import build_objective, fit_model
 from modeling_ifcl import IFCLModel
 from trainer_ifcl import IFCLTrainer
 
@@ -83,7 +82,7 @@ def test_the_paper_freezes_both_tables_by_default_and_other_objectives_train_the
     assert IFCLSettings().freeze_word_embeddings and IFCLSettings().freeze_fraternal_embeddings
     assert IFCLConfig().freeze_word_embeddings and IFCLConfig().freeze_fraternal_embeddings
     model = IFCLModel.from_encoder(str(tiny_encoder_dir))
-    freeze_word_tables(model)
+    fit_model(model)
     assert not model.get_input_embeddings().weight.requires_grad
     assert [n for n, p in model.named_parameters() if not p.requires_grad] == [
         "bert.embeddings.word_embeddings.weight"

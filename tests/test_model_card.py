@@ -22,7 +22,13 @@ from transformers import BertConfig, TrainingArguments
 
 import ifcl
 from configuration_ifcl import IFCLConfig
-from ifcl.model_card import BUILTIN_STSB, SENTENCE_TRANSFORMERS_VERSIONS, initial_evaluation, write_model_card
+from ifcl.model_card import (
+    BUILTIN_STSB,
+    SENTENCE_TRANSFORMERS_VERSIONS,
+    CardFacts,
+    initial_evaluation,
+    write_model_card,
+)
 from ifcl.plots import plot_training_curves
 
 RESULTS = {"eval_stsb_spearman": 87.31, "test_stsb_spearman": 82.74, "init_test_stsb_spearman": 82.03}
@@ -30,10 +36,11 @@ BUILTIN = {"eval": BUILTIN_STSB, "test": BUILTIN_STSB}
 TRAIN_ROWS = 64  # the default-style run's training sentences (the first of trans-de-en)
 
 
-def write(folder, config=None, results=None, **kwargs) -> ModelCard:
-    kwargs.setdefault("model_name", "you/ifcl-tiny")
-    path = write_model_card(str(folder), config or IFCLConfig(), RESULTS if results is None else results, **kwargs)
-    return ModelCard.load(path)
+def write(folder, config=None, results=None, **facts) -> ModelCard:
+    """The card written from a record of these facts (the others: a run of IFCLConfig's defaults, with RESULTS)."""
+    facts.setdefault("model_name", "you/ifcl-tiny")
+    record = CardFacts(str(folder), config or IFCLConfig(), RESULTS if results is None else results, **facts)
+    return ModelCard.load(write_model_card(record))
 
 
 def flat(card: ModelCard) -> str:
@@ -133,7 +140,7 @@ def test_unknown_sts_sources_give_no_hub_results(tmp_path):
 
 
 def test_the_default_training_data_is_named_with_its_gpl_license(tmp_path):
-    card = write(tmp_path, dataset="trans-de-en")
+    card = write(tmp_path, datasets="trans-de-en")
     # /usr/share/doc/trans-de-en/copyright: "Upstream-Name: Ding", "Frank Richter", "License: GPL-2+", and "either
     # version 2 of the License, or (at your option) any later version".
     assert "Debian's `trans-de-en` package" in card.text and "Ding by Frank Richter" in card.text
@@ -143,14 +150,14 @@ def test_the_default_training_data_is_named_with_its_gpl_license(tmp_path):
 
 
 def test_a_users_training_file_is_named_by_its_file_name_without_a_license(tmp_path):
-    card = write(tmp_path, dataset=str(tmp_path / "corpora" / "wiki1m_de.txt"))
+    card = write(tmp_path, datasets=str(tmp_path / "corpora" / "wiki1m_de.txt"))
     assert "`wiki1m_de.txt`, the user's own data (license: not stated)" in card.text
     assert "#### wiki1m_de.txt" in card.text and "the run stated no license for it" in flat(card)
     assert str(tmp_path) not in card.content and card.data.datasets is None
 
 
 def test_a_hub_dataset_is_named_by_its_id(tmp_path):
-    card = write(tmp_path, dataset="someone/parallel-pairs")
+    card = write(tmp_path, datasets="someone/parallel-pairs")
     assert card.data.datasets == ["someone/parallel-pairs"]
     assert "the Hub dataset `someone/parallel-pairs` (license: see its dataset card)" in card.text
     assert "#### someone/parallel-pairs" in card.text
@@ -160,7 +167,7 @@ def test_the_license_section_says_what_the_models_and_the_datas_licenses_cover(t
     base = tmp_path / "base"
     base.mkdir()
     (base / "README.md").write_text("---\nlicense: apache-2.0\nlanguage: en\n---\n# base\n", encoding="utf-8")
-    text = flat(write(tmp_path / "out", base_model=str(base), dataset="trans-de-en"))
+    text = flat(write(tmp_path / "out", base_model=str(base), datasets="trans-de-en"))
     section = text[text.index("## License") : text.index("## Citation")]
     assert (
         "The license in this card's metadata, apache-2.0, is the base model's (`base`): it covers this model's "
@@ -175,7 +182,7 @@ def test_the_license_section_says_what_the_models_and_the_datas_licenses_cover(t
         "the dictionary itself and every copy of it, including the sample rows quoted above" in section
     )
     assert "its license is not the one given in this card's metadata" in section
-    unstated = flat(write(tmp_path / "unstated", dataset="someone/pairs"))
+    unstated = flat(write(tmp_path / "unstated", datasets="someone/pairs"))
     assert "The base model's card states no license, and neither does this card" in unstated
     assert "the Hub dataset `someone/pairs`, is under the license its dataset card gives" in unstated
 
@@ -273,7 +280,7 @@ def test_a_local_base_folder_is_named_by_the_hub_id_its_own_card_loads(tmp_path)
         encoding="utf-8",
     )
     config = IFCLConfig(encoder_name_or_path=str(base), fraternal_model_name_or_path=str(tmp_path / "german-bert"))
-    card = write(tmp_path / "out", config=config, dataset="trans-de-en")
+    card = write(tmp_path / "out", config=config, datasets="trans-de-en")
     assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
     assert card.data.license == "apache-2.0" and card.data.language == "en"
     assert "- **Base model:** `sentence-transformers/all-MiniLM-L6-v2` (apache-2.0 license)" in card.text
@@ -566,7 +573,7 @@ def test_without_sentence_transformers_the_card_is_still_complete(default_style_
         training_args=TrainingArguments(str(folder), per_device_train_batch_size=8, max_steps=4),
         log_history=state["log_history"],
         train_text=load_trans_de_en_dataset().select(range(TRAIN_ROWS)),
-        dataset="trans-de-en",
+        datasets="trans-de-en",
         sts_sources=BUILTIN,
     )
     fields_with, fields_without = card_fields(with_it.content), card_fields(card.content)

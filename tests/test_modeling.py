@@ -8,14 +8,14 @@ import torch
 from conftest import ENGLISH, GERMAN, build_tiny_encoder
 
 from ifcl import queue as ring
-from ifcl.objectives.ifcl import fit_model, fraternal_tokenizer, freeze_word_tables
+from ifcl.objectives import fit_model
 from ifcl.publishing import save_published
 from modeling_ifcl import IFCLModel, mean_pool
 
 
 def tokens(model: IFCLModel, english: list[str], german: list[str]):
     sentence = model.tokenizer(english, padding=True, return_tensors="pt")
-    fraternal = fraternal_tokenizer(model)(german, padding=True, return_tensors="pt")
+    fraternal = model.fraternal_tokenizer(german, padding=True, return_tensors="pt")
     return sentence, fraternal
 
 
@@ -27,7 +27,7 @@ def test_fraternal_table_comes_from_the_fraternal_model(model, tiny_fraternal_di
     assert model.fraternal_projection.in_features == 24 and model.fraternal_projection.out_features == 32
     # The fraternal model's tokenizer reads the fraternal text, and its pad id pads it.
     german_tokenizer = AutoTokenizer.from_pretrained(tiny_fraternal_dir)
-    assert fraternal_tokenizer(model)(GERMAN)["input_ids"] == german_tokenizer(GERMAN)["input_ids"]
+    assert model.fraternal_tokenizer(GERMAN)["input_ids"] == german_tokenizer(GERMAN)["input_ids"]
     assert model.config.fraternal_pad_token_id == german_tokenizer.pad_token_id
 
 
@@ -37,7 +37,7 @@ def test_without_fraternal_model_bel_f_is_the_encoders_own_table(tiny_model):
     assert tiny_model.fraternal_projection is None and tiny_model.fraternal_embeddings is None
     ids = torch.tensor([[2, 5, 9, 3]])
     assert torch.equal(tiny_model.fraternal_word_embeddings(ids), tiny_model.get_input_embeddings()(ids))
-    assert fraternal_tokenizer(tiny_model) is tiny_model.tokenizer
+    assert tiny_model.fraternal_tokenizer is tiny_model.tokenizer
 
 
 def test_a_trained_table_gets_its_own_copy_also_when_loaded_from_a_shared_one(tiny_encoder_dir, tmp_path):
@@ -49,7 +49,7 @@ def test_a_trained_table_gets_its_own_copy_also_when_loaded_from_a_shared_one(ti
     IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0).save_pretrained(tmp_path / "shared")
     loaded = IFCLModel.from_pretrained(tmp_path / "shared", freeze_word_embeddings=False)
     assert torch.equal(loaded.fraternal_embeddings.weight, loaded.get_input_embeddings().weight)
-    freeze_word_tables(loaded)
+    fit_model(loaded)
     assert loaded.get_input_embeddings().weight.requires_grad
     assert not loaded.fraternal_embeddings.weight.requires_grad
 

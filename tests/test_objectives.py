@@ -16,7 +16,8 @@ from torch import nn
 
 from ifcl import queue as ring
 from ifcl.objectives import OBJECTIVES, build_objective, objective_class, pad_features
-from ifcl.objectives.ifcl import WITHOUT_IFCL, IFCLObjective, freeze_word_tables
+from ifcl.objectives.base import WITHOUT_IFCL, fit_model
+from ifcl.objectives.ifcl import IFCLObjective
 from ifcl.objectives.simcse import SimCSEObjective
 from modeling_ifcl import IFCLModel, IFCLTwinsOutput
 from trainer_ifcl import IFCLTrainer, ObjectiveDataCollator
@@ -207,10 +208,13 @@ def test_published_model_leaves_out_the_objective_modules_that_checkpoints_keep(
 
 
 def test_build_objective_reads_the_objective_from_the_config(tiny_encoder_dir):
-    """A peer objective trains the encoder alone: the model gives up its queue and its fraternal table."""
+    """A peer objective trains the encoder alone: once the run is prepared, the model has given up its queue and its
+    fraternal table."""
     model = IFCLModel.from_encoder(str(tiny_encoder_dir), objective="simcse", freeze_word_embeddings=False)
     assert model.queue is not None and model.fraternal_embeddings is not None  # IFCL's queue and BEL_F
-    assert isinstance(build_objective(model), SimCSEObjective)
+    objective = build_objective(model)
+    assert isinstance(objective, SimCSEObjective)
+    objective.prepare(model, global_batch=4)
     assert model.queue is None and model.fraternal_embeddings is None
     assert model.config.queue_size == 0 and not model.config.uses_fraternal_twins
     assert model.config.objective == "simcse" and isinstance(build_objective(model), SimCSEObjective)  # again
@@ -244,12 +248,12 @@ def test_ifcl_settings_have_one_source_the_configs_own_fields(tiny_encoder_dir):
 def test_a_peer_objective_given_to_the_trainer_trains_without_ifcls_parts(
     tiny_encoder_dir, tiny_fraternal_dir, tmp_path
 ):
-    """The Trainer's ``prepare`` applies the objective's ``model_settings``, as ``build_objective`` does: a model built
+    """The Trainer's ``prepare`` applies the objective's ``run_settings``: a model built
     with IFCL's queue, BEL_F and a frozen BEL_S trains a peer objective with none of them, and publishes no queue."""
     from datasets import Dataset
 
     model = IFCLModel.from_encoder(str(tiny_encoder_dir), str(tiny_fraternal_dir), queue_size=2)
-    freeze_word_tables(model)  # as IFCL trains it
+    fit_model(model)  # as IFCL trains it
     assert model.config.freeze_word_embeddings and not model.get_input_embeddings().weight.requires_grad
     assert model.queue is not None and model.fraternal_embeddings is not None
     objective = SimCSEObjective(model)

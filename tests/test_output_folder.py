@@ -14,10 +14,11 @@ from conftest import losses_by_step, objective_run_args, run_script
 from safetensors.torch import load_file, save_file
 
 import run_ifcl
-from ifcl import evaluate_sts
 from ifcl.checkpoints import CheckpointError
-from ifcl.cli import Interrupted, exclusive_lock, run_command
+from ifcl.failures import Interrupted, run_command
+from ifcl.files import exclusive_lock
 from ifcl.output_folder import LOCK_FILE, RUN_IN_PROGRESS_FILE, RUN_RECORD_FILE, OutputFolderError, RunRecord
+from ifcl.sts import command as evaluate_sts
 
 
 def record(folder) -> RunRecord:

@@ -55,7 +55,7 @@ def test_the_wheel_holds_the_package_and_the_four_modules_only(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     top = {name.split("/", 1)[0] for name in names if not name.split("/", 1)[0].endswith(".dist-info")}
     assert top == {"ifcl", *TOP_LEVEL_MODULES}
-    assert "ifcl/metrics/sts_spearman/sts_spearman.py" in names
+    assert "ifcl/sts/metric/sts_spearman/sts_spearman.py" in names
     assert "ifcl/templates/model_card.md" in names
     metadata = next(name for name in names if name.endswith(".dist-info/METADATA"))
     requires = [

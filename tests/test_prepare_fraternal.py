@@ -19,10 +19,10 @@ import pytest
 import torch
 from conftest import ENGLISH, GERMAN, TRANSLATION_SENTENCES, SimulatedCrash, folder_state, read_pairs, tool_args
 
-import ifcl.cli
+import ifcl.files
 import ifcl.translation as prepare_fraternal
-from ifcl.cli import RunFailure
 from ifcl.data import DataFormatError, load_train_dataset
+from ifcl.failures import RunFailure
 from ifcl.translation import PrepareFraternalArguments, SettingsError, Translator
 
 SENTENCES = TRANSLATION_SENTENCES  # tool_args: chunks of 8 sentences, so 3 chunks and 6 batches
@@ -399,7 +399,7 @@ def test_lock_file_removed_by_its_holder_is_not_trusted(
         return UNPATCHED_COUNT_FINISHED_LINES(*args)
 
     monkeypatch.setattr(
-        ifcl.cli,
+        ifcl.files,
         "fcntl",
         SimpleNamespace(flock=flock_after_the_holder_left, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB),
     )

@@ -185,10 +185,9 @@ def test_chinese_mandarin_with_cantonese_twins_end_to_end(tmp_path):
     model = IFCLModel.from_pretrained(output)
     ids = model.tokenizer(MANDARIN[0])["input_ids"]
     assert model.tokenizer.unk_token_id not in ids and len(ids) == len(MANDARIN[0]) + 2  # one token per character
-    from ifcl.objectives.ifcl import fraternal_tokenizer
 
-    cantonese_ids = fraternal_tokenizer(model)(CANTONESE[1])["input_ids"]
-    assert fraternal_tokenizer(model).unk_token_id not in cantonese_ids
+    cantonese_ids = model.fraternal_tokenizer(CANTONESE[1])["input_ids"]
+    assert model.fraternal_tokenizer.unk_token_id not in cantonese_ids
     embeddings = model.encode(MANDARIN)
     assert embeddings.shape == (len(MANDARIN), 32) and torch.isfinite(embeddings).all()
 
@@ -319,7 +318,7 @@ def test_push_to_hub_offline_keeps_everything_and_says_how_to_push_later(
     args = tiny_args(
         tiny_encoder_dir, tiny_fraternal_dir, data_dir, output, "--max_steps", "2", "--eval_strategy", "no"
     )
-    from ifcl.cli import RunFailure
+    from ifcl.failures import RunFailure
 
     with pytest.raises(RunFailure, match="push it later with: hf upload someone/x"):
         run_ifcl.main([*args, "--load_best_model_at_end", "false", "--push_to_hub", "--hub_model_id", "someone/x"])
@@ -356,24 +355,22 @@ def test_the_script_tokenizes_its_training_text_with_the_tokenizer_of_the_base(t
     continued takes its base's facts too."""
     from datasets import Dataset
 
-    from configuration_ifcl import ifcl_config_dict
-    from ifcl.checks import read_config
+    from ifcl.checks import StartingModel
     from ifcl.objectives import build_objective
     from ifcl.publishing import read_base, save_published
-    from trainer_ifcl import tokenize_training_text
 
     base = cased_lowercasing_base(tiny_encoder_dir, tmp_path / "base")
     settings = {"queue_size": 2, "queue_batch_size": 4, "fraternal_loss_weight": 0.0, "twins_loss_weight": 0.0}
-    model_args = run_ifcl.ModelArguments(model_name_or_path=str(base))
-    model = run_ifcl.load_model(model_args, str(base), None, settings)
+    model = run_ifcl.load_model(StartingModel.read(str(base)), str(base), None, settings)
     text = Dataset.from_dict({"sentence": [sentence.upper() for sentence in ENGLISH[:4]]})
-    features = tokenize_training_text(text, build_objective(model), model.tokenizer, 32, on_the_fly=True)
+    features = build_objective(model).prepare(model, 4, text, on_the_fly=True)
     lowercased = model.tokenizer([sentence.lower() for sentence in ENGLISH[:4]])["input_ids"]
     assert [features[i]["input_ids"] for i in range(4)] == lowercased
     assert model.tokenizer.unk_token_id not in lowercased[0] and model.tokenizer.model_max_length == 20
 
     save_published(model, tmp_path / "published")
     folder = tmp_path / "published"
-    continued = run_ifcl.load_model(model_args, str(folder), ifcl_config_dict(read_config(str(folder))), settings)
+    continued = run_ifcl.load_model(StartingModel.read(str(folder)), str(folder), None, settings)
+    build_objective(continued).prepare(continued, 4)
     assert continued.sentence_transformers_base == read_base(str(folder))
     assert continued.tokenizer.model_max_length == 20

@@ -21,7 +21,7 @@ import ifcl.hub
 import run_ifcl
 from ifcl.arguments import strategy_name
 from ifcl.checks import check_training_settings
-from ifcl.cli import run_command
+from ifcl.failures import run_command
 from ifcl.output_folder import RUN_IN_PROGRESS_FILE
 
 IFCL_EXTRA = ("--queue_size", "2", "--forgetting_rate", "0.2")
@@ -268,17 +268,18 @@ def test_training_continues_from_an_finished_run(finished_run, pairs_data, tmp_p
 def test_a_continued_model_holds_the_saved_weights_and_starts_an_empty_queue(finished_run, tmp_path):
     from safetensors.torch import load_file
 
-    from configuration_ifcl import ifcl_config_dict
+    from configuration_ifcl import IFCLSettings
     from ifcl import queue as ring
-    from ifcl.checks import read_config
+    from ifcl.checks import StartingModel
     from ifcl.objectives import build_objective
+    from ifcl.objectives.ifcl import IFCLObjective
 
     folder_a, _ = finished_run
-    saved = ifcl_config_dict(read_config(str(folder_a)))
-    assert saved is not None and saved["queue_size"] == 2 and saved["queue_batch_size"] == 4
+    start = StartingModel.read(str(folder_a))
+    assert start.saved is not None and start.saved.queue_size == 2 and start.saved.queue_batch_size == 4
     weights = load_file(str(folder_a / "model.safetensors"))
-    settings = {**{k: saved[k] for k in ("queue_size", "queue_batch_size")}, "fusion_rate": 0.3, "max_seq_length": 16}
-    model = run_ifcl.load_model(run_ifcl.ModelArguments(str(folder_a)), str(folder_a), saved, settings)
+    settings = {"queue_size": 2, "queue_batch_size": 4, "fusion_rate": 0.3, "max_seq_length": 16}
+    model = run_ifcl.load_model(start, str(folder_a), None, settings)
     state = model.state_dict()
     assert model.config.fusion_rate == 0.3 and model.config.max_seq_length == 16  # this command's settings
     # A published model leaves its run's queue out (checkpoints keep it): continuing starts it empty.
@@ -288,19 +289,19 @@ def test_a_continued_model_holds_the_saved_weights_and_starts_an_empty_queue(fin
     build_objective(model).prepare(model, global_batch=4)
     assert not model.get_input_embeddings().weight.requires_grad  # frozen as the config says, for training
 
-    # Another global batch: the queue starts empty, shaped for it.
-    settings = {"queue_size": 3, "queue_batch_size": 8}
-    model = run_ifcl.load_model(run_ifcl.ModelArguments(str(folder_a)), str(folder_a), saved, settings)
+    # Another queue and global batch: the queue starts empty, shaped for them, when the run is prepared.
+    model = run_ifcl.load_model(start, str(folder_a), None, {"queue_size": 3, "queue_batch_size": 8})
+    IFCLObjective(model, IFCLSettings(queue_size=3)).prepare(model, global_batch=8)
     assert model.config.queue_size == 3 and model.config.queue_batch_size == 8
     assert tuple(model.queue.embeddings.shape[:2]) == (3, 8) and ring.size(model.queue) == 0
 
 
 def test_plain_encoders_are_not_taken_for_ifcl_models(tiny_encoder_dir, tmp_path):
-    from configuration_ifcl import ifcl_config_dict
-    from ifcl.checks import read_config
+    from ifcl.checks import StartingModel
 
-    assert ifcl_config_dict(read_config(str(tiny_encoder_dir))) is None
-    assert read_config("owner/not-in-the-cache") is None  # offline: the encoder's loading says why
+    assert StartingModel.read(str(tiny_encoder_dir)).saved is None
+    with pytest.raises(OSError, match="owner/not-in-the-cache"):  # offline: the encoder's config cannot be read
+        StartingModel.read("owner/not-in-the-cache")
 
 
 @pytest.mark.parametrize(

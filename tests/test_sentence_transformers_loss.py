@@ -134,9 +134,9 @@ def test_settings_are_checked_and_a_single_column_is_refused(tiny_encoder_dir):
 
 
 def test_without_fraternal_twins_the_fraternal_model_is_not_loaded(tiny_encoder_dir, tiny_fraternal_dir, monkeypatch):
-    import ifcl.building
+    import ifcl.sentence_transformers_loss
 
-    monkeypatch.setattr(ifcl.building, "load_fraternal", lambda name: pytest.fail(f"{name} loaded"))
+    monkeypatch.setattr(ifcl.sentence_transformers_loss, "load_fraternal", lambda name: pytest.fail(f"{name} loaded"))
     settings = {"fraternal_loss_weight": 0, "twins_loss_weight": 0, "freeze_word_embeddings": False}
     loss = IFCLLoss(sentence_transformer_of(tiny_encoder_dir), str(tiny_fraternal_dir), **settings)
     assert loss.fraternal_embeddings is None and loss.fraternal_tokenizer is None

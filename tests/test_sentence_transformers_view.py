@@ -168,12 +168,12 @@ def test_view_of_a_plain_encoder_loads_cleanly_without_normalize(tiny_encoder_di
 def test_a_plain_encoders_base_is_read_once_and_the_view_leaves_no_temporary_file(
     tiny_encoder_dir, tmp_path, monkeypatch
 ):
-    """``from_encoder`` reads the base as it builds (None: a plain encoder); the view does not look it up again. Its
-    JSON files are written whole (through a temporary file renamed over each), and none is left behind."""
+    """The run's preparation reads the base (``adopt_base``; None: a plain encoder); the view does not look it up
+    again. Its JSON files are written whole (through a temporary file renamed over each), and none is left behind."""
     from ifcl import publishing
 
     model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
-    assert model.sentence_transformers_base is None
+    assert adopt_base(model) is None and model.sentence_transformers_base is None
     monkeypatch.setattr(publishing, "read_base", lambda name: pytest.fail(f"{name}'s base read again"))
     save_published(model, tmp_path / "saved")
     assert module_types(tmp_path / "saved") == [publishing.ST_TRANSFORMER, publishing.ST_POOLING]
@@ -183,8 +183,7 @@ def test_a_plain_encoders_base_is_read_once_and_the_view_leaves_no_temporary_fil
 def test_the_view_of_a_model_that_never_adopted_its_base_reads_it(st_base_dir, tmp_path):
     from ifcl.publishing import ST_NORMALIZE, save_view
 
-    model = IFCLModel.from_encoder(str(st_base_dir), queue_size=0)
-    del model.sentence_transformers_base  # a model adopt_base never saw
+    model = IFCLModel.from_encoder(str(st_base_dir), queue_size=0)  # a model adopt_base never saw
     model.save_pretrained(tmp_path / "saved")
     assert save_view(model, tmp_path / "saved")
     assert module_types(tmp_path / "saved")[-1] == ST_NORMALIZE
@@ -215,8 +214,6 @@ def test_through_remote_code_a_published_model_embeds_as_in_training(st_base_dir
     import subprocess
     import sys
     import textwrap
-
-    from ifcl.objectives.ifcl import fraternal_tokenizer
 
     model = IFCLModel.from_encoder(
         str(st_base_dir), str(tiny_fraternal_dir), fusion_rate=0.3, queue_size=2, queue_batch_size=4
@@ -264,7 +261,7 @@ def test_through_remote_code_a_published_model_embeds_as_in_training(st_base_dir
     assert report["max_length"] == 20  # the base's truncation, read back by the remote code
     assert report["base_model_is_encoder"]
     assert report["fusion_rate"] == 0.3
-    assert report["german_ids"] == fraternal_tokenizer(model)(GERMAN[:1])["input_ids"]
+    assert report["german_ids"] == model.fraternal_tokenizer(GERMAN[:1])["input_ids"]
 
 
 def test_the_encoder_is_stored_once_under_its_own_names(st_base_dir, tmp_path):

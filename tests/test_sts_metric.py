@@ -1,4 +1,4 @@
-"""The ``evaluate`` metric ``ifcl/metrics/sts_spearman``: loaded offline from the package, the figures of
+"""The ``evaluate`` metric ``ifcl/sts/metric/sts_spearman``: loaded offline from the package, the figures of
 ``STSEvaluator`` (the Trainer's evaluation), and hand-checked values on a 5-pair example."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from conftest import ENGLISH, ROOT, write_sts_file
 from torch.nn import functional as F
 
 from ifcl.data import load_sts_file
-from ifcl.evaluation import STSEvaluator, sts_correlations
+from ifcl.sts.evaluator import STSEvaluator, sts_correlations
 
 evaluate = pytest.importorskip("evaluate")
 
-METRIC = ROOT / "ifcl" / "metrics" / "sts_spearman"
+METRIC = ROOT / "ifcl" / "sts" / "metric" / "sts_spearman"
 
 # 5 pairs; the references hold a tie (2.5 twice), so Spearman needs average ranks.
 PREDICTIONS = [0.81, 0.12, 0.55, 0.93, 0.40]
@@ -46,7 +46,7 @@ def test_the_metric_is_a_real_file_of_the_package_that_imports_the_evaluators_co
         for node in ast.walk(ast.parse((METRIC / "sts_spearman.py").read_text()))
         if isinstance(node, ast.ImportFrom)
     ]
-    assert any(node.module == "ifcl.evaluation" and node.names[0].name == "sts_correlations" for node in imports)
+    assert any(node.module == "ifcl.sts.evaluator" and node.names[0].name == "sts_correlations" for node in imports)
 
 
 def test_five_pairs_by_hand(metric):
@@ -120,7 +120,7 @@ metric = evaluate.load({str(METRIC)!r})
 print(sys.modules[type(metric).__module__].sts_correlations.__module__)
 print(metric.compute(predictions={PREDICTIONS}, references={REFERENCES}))
 os.chdir({str(ROOT)!r})
-print(evaluate.load("ifcl/metrics/sts_spearman").compute(predictions={PREDICTIONS}, references={REFERENCES}))
+print(evaluate.load("ifcl/sts/metric/sts_spearman").compute(predictions={PREDICTIONS}, references={REFERENCES}))
 """
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NO_PROXY", "no_proxy")}
     env.update(
@@ -140,7 +140,7 @@ print(evaluate.load("ifcl/metrics/sts_spearman").compute(predictions={PREDICTION
     lines = loaded.stdout.splitlines()
     assert len(lines) == 3, loaded.stdout
     # The maths is the installed package's, the function STSEvaluator calls.
-    assert lines[0] == "ifcl.evaluation"
+    assert lines[0] == "ifcl.sts.evaluator"
     for line in lines[1:]:
         assert ast.literal_eval(line) == pytest.approx({"spearman": SPEARMAN, "pearson": PEARSON}, abs=1e-9)
     assert (tmp_path / "modules" / "evaluate_modules" / "metrics" / "sts_spearman").is_dir()

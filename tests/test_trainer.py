@@ -11,7 +11,6 @@ from torch import nn
 from ifcl import queue as ring
 from ifcl.losses import forgetting_coefficients
 from ifcl.objectives import pad_features
-from ifcl.objectives.ifcl import fraternal_tokenizer
 from modeling_ifcl import IFCLModel
 from trainer_ifcl import IFCLTrainer
 
@@ -19,7 +18,7 @@ from trainer_ifcl import IFCLTrainer
 def tokenized(model: IFCLModel, with_fraternal: bool) -> datasets.Dataset:
     features = dict(model.tokenizer(ENGLISH))
     if with_fraternal:
-        fraternal = fraternal_tokenizer(model)(GERMAN)
+        fraternal = model.fraternal_tokenizer(GERMAN)
         features["fraternal_input_ids"] = fraternal["input_ids"]
         features["fraternal_attention_mask"] = fraternal["attention_mask"]
     return datasets.Dataset.from_dict(features)

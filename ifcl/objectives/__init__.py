@@ -9,9 +9,9 @@ objective it was trained with.
 
 from __future__ import annotations
 
-from .base import Objective, ObjectiveOutput, pad_features, settings_as_dict, unwrap_model
+from .base import Objective, ObjectiveOutput, fit_model, pad_features, settings_as_dict, unwrap_model
 from .conisi import ConIsIObjective
-from .ifcl import IFCLObjective, fit_model
+from .ifcl import IFCLObjective
 from .micse import MiCSEObjective
 from .pcl import PCLObjective
 from .simcse import SimCSEObjective
@@ -38,18 +38,10 @@ def settings_classes() -> list[type]:
 
 
 def build_objective(model) -> Objective:
-    """The objective ``model.config.objective`` names (None: IFCL), with its settings.
-
-    Args:
-        model: the unwrapped ``IFCLModel`` to train; it takes the objective's ``model_settings`` (the peers train the
-            encoder alone: no fraternal table, no queue, both word tables trained).
-
-    Returns:
-        The objective, with its settings as the config stores them (``Objective.stored_settings``: a peer's under
-        ``objective_settings``, IFCL's in the config's own fields).
-    """
+    """The objective ``model.config.objective`` names (None: IFCL), with its settings as the config stores them
+    (``Objective.stored_settings``: a peer's under ``objective_settings``, IFCL's in the config's own fields); its
+    :meth:`~Objective.prepare` fits the model to it when training starts."""
     cls = objective_class(getattr(model.config, "objective", None) or DEFAULT_OBJECTIVE)
-    fit_model(model, **cls.model_settings)
     return cls(model, cls.stored_settings(model.config))
 
 

@@ -10,12 +10,21 @@ optimizer, data parallelism and checkpoints take them like any weight; the publi
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
+
+from configuration_ifcl import IFCLSettings
+from ifcl import queue as ring
+from ifcl.data import check_text_dataset, check_training_data_size, is_text_dataset
+from ifcl.publishing import adopt_base
+
+logger = logging.getLogger(__name__)
 
 # (local rows) -> (rows of all processes in rank order, where this process's rows start). Keeps the autograd graph.
 Gather = Callable[[torch.Tensor], tuple[torch.Tensor, int]]
@@ -68,6 +77,34 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     from accelerate.utils import extract_model_from_parallel
 
     return extract_model_from_parallel(model)
+
+
+def fit_model(model: nn.Module, **settings: Any) -> None:
+    """Give a built ``IFCLModel`` the settings of a run (``IFCLConfig`` fields): the config takes them (IFCL's checked
+    as :class:`IFCLSettings`), the queue starts empty when its shape changes, a fraternal table no longer used goes, a
+    shared one becomes a copy when it will train, and the word tables are frozen or trained as the config now says."""
+    config = model.config
+    ifcl_names = [f.name for f in fields(IFCLSettings)]
+    IFCLSettings(**{name: settings.get(name, getattr(config, name)) for name in ifcl_names})  # refuses bad values
+    queue_shape = (config.queue_size, config.queue_batch_size)
+    for name, value in settings.items():
+        setattr(config, name, value)
+    if (config.queue_size, config.queue_batch_size) != queue_shape:
+        if ring.size(model.queue):
+            logger.warning(f"The hippocampus queue held {ring.size(model.queue)} rows; it starts empty.")
+        model.queue = model.new_queue()
+    if not config.uses_fraternal_twins:
+        model.fraternal_embeddings = model.fraternal_projection = None
+    elif model.fraternal_embeddings is None and not config.shares_word_table:  # BEL_F was BEL_S: now a copy of it
+        words = model.get_input_embeddings()
+        model.fraternal_embeddings = nn.Embedding.from_pretrained(
+            words.weight.detach().clone(), padding_idx=words.padding_idx
+        )
+    # BEL_S and BEL_F fixed or trained (IFCL's reading of BEL_S: "the embedding layer without trainable parameters"):
+    # a frozen table gets no gradient and so no optimizer state. BEL_F's width-matching projection always trains.
+    model.get_input_embeddings().weight.requires_grad_(not config.freeze_word_embeddings)
+    if model.fraternal_embeddings is not None:
+        model.fraternal_embeddings.weight.requires_grad_(not config.freeze_fraternal_embeddings)
 
 
 @dataclass(frozen=True)
@@ -129,9 +166,6 @@ class Objective(nn.Module):
     card_settings: ClassVar[tuple[str, ...]] = ()
     # The command-line settings this objective alone reads beyond ``settings_class`` (refused with another objective).
     own_arguments: ClassVar[tuple[str, ...]] = ()
-    # Model-config settings this objective trains with, whatever the model was built with (:meth:`prepare` sets
-    # them): by default the encoder alone, as the peer objectives train.
-    model_settings: ClassVar[dict[str, Any]] = WITHOUT_IFCL
 
     def __init__(self, model: nn.Module, settings: Any = None) -> None:
         super().__init__()
@@ -174,20 +208,71 @@ class Objective(nn.Module):
         return pad_features(features, {"": tokenizer.pad_token_id or 0})
 
     @classmethod
-    def check_data_size(cls, config, num_rows: int, global_batch: int) -> None:
-        """``ValueError`` when ``num_rows`` training rows are too few for this objective with the model ``config``
-        (here: one global batch). A classmethod, so that ``run_ifcl.py`` checks the data before the model loads."""
-        from ifcl.data import check_training_data_size
+    def longest_input(cls, tokenizer, max_seq_length: int) -> tuple[int, str]:
+        """The longest input this objective gives the encoder for ``--max_seq_length`` (checked against the encoder's
+        limit before it loads), and how to name it in an error. By default the sentences themselves."""
+        return max_seq_length, "--max_seq_length"
 
-        check_training_data_size(num_rows, global_batch, queue_size=0)
+    def run_settings(self) -> dict[str, Any]:
+        """The model-config settings this objective trains with, whatever the model was built with: the encoder
+        alone (:data:`WITHOUT_IFCL`), and this objective's name and settings."""
+        return {**WITHOUT_IFCL, "objective": self.name, "objective_settings": settings_as_dict(self.settings)}
 
-    def prepare(self, model: nn.Module, global_batch: int) -> None:
-        """Fit the unwrapped ``model`` to the training run before its first step: it takes :attr:`model_settings`
-        (whether the objective came from ``build_objective`` or was given to the Trainer); subclasses add their own
-        (e.g. queues to the global batch)."""
-        from .ifcl import fit_model
+    def prepare(
+        self,
+        model: nn.Module,
+        global_batch: int,
+        train_dataset=None,
+        tokenizer=None,
+        main_process_first: Callable[[], AbstractContextManager] = nullcontext,
+        num_proc: int | None = None,
+        on_the_fly: bool = False,
+    ):
+        """The run's one preparation (``IFCLTrainer`` calls it, so ``run_ifcl.py`` too): the unwrapped ``model`` embeds
+        as its sentence-transformers base does (``adopt_base``) and takes :meth:`run_settings` with a queue slot of
+        ``global_batch`` rows (``fit_model``); a text ``train_dataset`` is tokenized under ``main_process_first``
+        and its size checked (``check_training_data_size``). Returns the training features."""
+        adopt_base(model)
+        queue_batch_size = {"queue_batch_size": global_batch} if model.config.queue_batch_size != global_batch else {}
+        fit_model(model, **self.run_settings(), **queue_batch_size)
+        if model.queue is not None and queue_batch_size:
+            logger.info(f"Hippocampus queue: {model.config.queue_size} slots of the global batch N = {global_batch}.")
+        if is_text_dataset(train_dataset):
+            with main_process_first():
+                train_dataset = self.tokenize_dataset(
+                    train_dataset, tokenizer or model.tokenizer, model.config.max_seq_length, num_proc, on_the_fly
+                )
+        if train_dataset is not None and hasattr(train_dataset, "__len__"):
+            check_training_data_size(len(train_dataset), global_batch, model.config.queue_size)
+        return train_dataset
 
-        fit_model(model, **self.model_settings)
+    def tokenize_dataset(self, dataset, tokenizer, max_length: int, num_proc: int | None = None, on_the_fly=False):
+        """The features of a text ``datasets.Dataset`` (:attr:`text_columns`, checked; other columns dropped) by
+        :meth:`tokenize`: once, with ``map``, cached beside a file-backed dataset for later runs and the other
+        processes, under a fingerprint of what the features depend on (:attr:`name`, :meth:`feature_key`, the
+        tokenizer, ``max_length``; not the loss's settings); with ``on_the_fly``, as the data loader reads each row
+        (``with_transform``), for corpora whose token cache would not fit on disk."""
+        from datasets.fingerprint import Hasher
+
+        check_text_dataset(dataset, self.text_columns, reader=f"--objective {self.name}")
+        dataset = dataset.select_columns(list(self.text_columns))
+
+        def tokenize(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
+            return self.tokenize(batch, tokenizer, max_length)
+
+        if on_the_fly:
+            return dataset.with_transform(tokenize)
+        fingerprint = Hasher.hash(
+            [dataset._fingerprint, self.name, self.feature_key(), tokenizer_fingerprint(tokenizer), max_length]
+        )
+        return dataset.map(
+            tokenize,
+            batched=True,
+            remove_columns=dataset.column_names,
+            num_proc=num_proc,
+            desc="Tokenizing",
+            new_fingerprint=fingerprint,
+        )
 
     # ------------------------------------------------------------------ training
 

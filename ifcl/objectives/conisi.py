@@ -352,6 +352,12 @@ class ConIsIObjective(Objective):
             # Before any data is read: a missing WordNet stops the run at once, naming the package.
             check_wordnet_folder(settings.conisi_wordnet_path)
 
+    @classmethod
+    def longest_input(cls, tokenizer, max_seq_length: int) -> tuple[int, str]:
+        """The sentence pairs Y_i, about twice as long as the sentences."""
+        length = pair_max_length(tokenizer, max_seq_length)
+        return length, f"ConIsI's sentence pairs ({length} tokens for --max_seq_length {max_seq_length})"
+
     def tokenize(self, batch, tokenizer, max_length: int) -> dict[str, list]:
         """x_i (``max_length``), Y_i = [x_i ; x_i] (x_i's truncated tokens twice, group ``pair_``) with the second segment's
         mask, and for o2 Z_i = [x_i ; antonyms(x_i)] (group ``negative_``) with the count of replaced words."""

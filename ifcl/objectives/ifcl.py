@@ -7,8 +7,8 @@ The loss terms are in ``ifcl/losses.py``; the fraternal word table and the queue
 
 from __future__ import annotations
 
-import logging
-from typing import Any, ClassVar
+from dataclasses import asdict
+from typing import Any
 
 import torch
 from torch import nn
@@ -17,7 +17,6 @@ from configuration_ifcl import IFCLSettings
 from ifcl import queue as ring
 from ifcl.losses import IFCLTerms
 
-from .base import WITHOUT_IFCL as WITHOUT_IFCL  # where it was defined before: a peer objective's model_settings
 from .base import (
     Gather,
     Objective,
@@ -30,57 +29,6 @@ from .base import (
     tokenizer_fingerprint,
     unwrap_model,
 )
-
-logger = logging.getLogger(__name__)
-
-FRATERNAL_TOKENIZER = "fraternal_tokenizer"  # the sub-folder of a saved model that holds the fraternal tokenizer
-
-
-def fit_model(model: nn.Module, **settings: Any) -> None:
-    """Give a built ``IFCLModel`` other IFCL settings (:class:`IFCLSettings` fields, ``queue_batch_size``): the config
-    takes them (checked), the queue starts empty when its shape changes, a fraternal table no longer used goes, and
-    the word tables are frozen or trained as the config now says."""
-    config = model.config
-    changed = {name: value for name, value in settings.items() if getattr(config, name) != value}
-    if not changed:
-        return
-    queue_shape = (config.queue_size, config.queue_batch_size)
-    for name, value in changed.items():
-        setattr(config, name, value)
-    IFCLObjective.stored_settings(config)  # checks them
-    if (config.queue_size, config.queue_batch_size) != queue_shape:
-        if ring.size(model.queue):
-            logger.warning(f"The hippocampus queue held {ring.size(model.queue)} rows; it starts empty.")
-        model.queue = model.new_queue()
-    if not config.uses_fraternal_twins:
-        model.fraternal_embeddings = model.fraternal_projection = None
-    elif model.fraternal_embeddings is None and not config.shares_word_table:  # BEL_F was BEL_S: now a copy of it
-        words = model.get_input_embeddings()
-        model.fraternal_embeddings = nn.Embedding.from_pretrained(
-            words.weight.detach().clone(), padding_idx=words.padding_idx
-        )
-    freeze_word_tables(model)
-
-
-def fraternal_tokenizer(model: nn.Module):
-    """The fraternal language's tokenizer: the fraternal model's (attached by ``IFCLModel.from_encoder``, else read
-    from the model's ``fraternal_tokenizer/`` folder), or the encoder's own without a fraternal model."""
-    if model.config.fraternal_model_name_or_path is None:
-        return model.tokenizer
-    if model.fraternal_tokenizer is None:
-        from transformers import AutoTokenizer
-
-        model.fraternal_tokenizer = AutoTokenizer.from_pretrained(model.name_or_path, subfolder=FRATERNAL_TOKENIZER)
-    return model.fraternal_tokenizer
-
-
-def freeze_word_tables(model: nn.Module) -> None:
-    """Keep BEL_S and BEL_F fixed or train them, as the model's config says (IFCL's reading of BEL_S: "the embedding
-    layer without trainable parameters"); a frozen table gets no gradient and, so, no optimizer state. BEL_F's
-    width-matching projection always trains."""
-    model.get_input_embeddings().weight.requires_grad_(not model.config.freeze_word_embeddings)
-    if model.fraternal_embeddings is not None:
-        model.fraternal_embeddings.weight.requires_grad_(not model.config.freeze_fraternal_embeddings)
 
 
 class IFCLObjective(Objective):
@@ -107,7 +55,6 @@ class IFCLObjective(Objective):
     settings_class = IFCLSettings
     card_settings = (*IFCLSettings.__dataclass_fields__, "queue_batch_size", "fraternal_model_name_or_path")
     own_arguments = ("fraternal_model_name_or_path", "fraternal_column")
-    model_settings: ClassVar[dict[str, Any]] = {}  # IFCL trains with the model's own IFCL settings
 
     @classmethod
     def stored_settings(cls, config) -> IFCLSettings:
@@ -122,7 +69,7 @@ class IFCLObjective(Objective):
         )
         self.fraternal_pad_token_id = config.fraternal_pad_token_id or 0
         # A fraternal model's own tokenizer reads the fraternal text; without one, the encoder's does.
-        self.fraternal_tokenizer = fraternal_tokenizer(model) if config.fraternal_model_name_or_path else None
+        self.fraternal_tokenizer = model.fraternal_tokenizer if config.fraternal_model_name_or_path else None
 
     @property
     def text_columns(self) -> tuple[str, ...]:
@@ -147,20 +94,9 @@ class IFCLObjective(Objective):
     def collate(self, features: list[dict[str, Any]], tokenizer) -> dict[str, torch.Tensor]:
         return pad_features(features, {"": tokenizer.pad_token_id or 0, "fraternal_": self.fraternal_pad_token_id})
 
-    @classmethod
-    def check_data_size(cls, config, num_rows: int, global_batch: int) -> None:
-        from ifcl.data import check_training_data_size
-
-        check_training_data_size(num_rows, global_batch, config.queue_size)
-
-    def prepare(self, model: nn.Module, global_batch: int) -> None:
-        """Freeze the word tables as the settings say; the hippocampus queue takes one slot of N rows per optimizer
-        step, N the global batch."""
-        super().prepare(model, global_batch)
-        freeze_word_tables(model)
-        if model.queue is not None and model.config.queue_batch_size != global_batch:
-            logger.info(f"Hippocampus queue: {model.config.queue_size} slots of the global batch N = {global_batch}.")
-            fit_model(model, queue_batch_size=global_batch)
+    def run_settings(self) -> dict[str, Any]:
+        """IFCL trains with its own settings (the model config's own fields)."""
+        return asdict(self.settings)
 
     def forward(
         self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather

@@ -12,6 +12,7 @@ network with different dropout, as the paper trains its large models) or a train
 
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -398,7 +399,9 @@ class PCLObjective(Objective):
         # encoder (and of SimCSE's MLP for the cls pooler), so it pools exactly like θ.
         self.peer: nn.Module | None = None
         if self.settings.pcl_untied_peer:
-            self.peer = type(unwrapped)(unwrapped.config)
+            peer_config = copy.deepcopy(unwrapped.config)
+            peer_config.update(self.run_settings())  # the encoder alone, as the model trains
+            self.peer = type(unwrapped)(peer_config)
             self.peer.encoder.load_state_dict(unwrapped.encoder.state_dict())
             if unwrapped.mlp is not None:
                 self.peer.mlp.load_state_dict(unwrapped.mlp.state_dict())

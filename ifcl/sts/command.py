@@ -24,18 +24,18 @@ from transformers import HfArgumentParser
 
 from configuration_ifcl import POOLER_TYPES
 from ifcl.arguments import command_line
-from ifcl.checks import check_model_path
-from ifcl.cli import failures_of_the_run, run_command, write_json_atomically
 from ifcl.data import load_train_dataset
-from ifcl.evaluation import STSEvaluator
-from ifcl.sts_encoders import (
+from ifcl.failures import failures_of_the_run, run_command
+from ifcl.files import write_json_atomically
+from ifcl.sts.encoders import (
     MODEL_TYPES,
     MutualInformationEvaluator,
     consecutive_batches,
     load_encoder,
     mutual_information,
 )
-from ifcl.sts_tasks import (
+from ifcl.sts.evaluator import STSEvaluator
+from ifcl.sts.tasks import (
     ALL_TASKS,
     CHINESE_TASKS,
     ENGLISH_TASKS,
@@ -44,6 +44,7 @@ from ifcl.sts_tasks import (
     load_requests,
     parse_task_requests,
 )
+from modeling_ifcl import check_model_path
 
 logger = logging.getLogger("evaluate_sts")
 
@@ -390,16 +391,9 @@ def evaluate_mutual_information(encoder, mi_pairs, sts_sets, mi_args, eval_args)
     return mi_results
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Parse ``argv``, evaluate, write the results. Returns what sts_results.json holds."""
-    model_args, eval_args, mi_args = parse_arguments(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(
-        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
-        level=logging.INFO,
-        handlers=[logging.StreamHandler(sys.stdout)],
-    )
-
-    # 1. Everything that can be wrong with the input is found before the model is loaded.
+def read_evaluation_data(eval_args, mi_args) -> tuple[list[STSData], Any]:
+    """The STS sets asked for (without ``--tasks``: those found, the rest named as skipped) and the
+    ``--mutual_information`` pairs; ``ValueError`` when there is nothing to evaluate."""
     requests = parse_task_requests(eval_args.tasks or list(ALL_TASKS))
     sts_sets, skipped = load_requests(
         requests, eval_args.data_dir, eval_args.use_hub, skip_missing=not eval_args.tasks
@@ -416,6 +410,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         logger.info(f"Mutual information: {len(mi_pairs)} sentence pairs from {mi_args.mutual_information}")
     if not sts_sets and mi_pairs is None:
         raise ValueError("Nothing to do: no STS set (--tasks) and no --mutual_information file.")
+    return sts_sets, mi_pairs
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse ``argv``, evaluate, write the results. Returns what sts_results.json holds."""
+    model_args, eval_args, mi_args = parse_arguments(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        level=logging.INFO,
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+
+    # 1. Everything that can be wrong with the input is found before the model is loaded.
+    sts_sets, mi_pairs = read_evaluation_data(eval_args, mi_args)
     output_dir = eval_args.output_dir or default_output_dir(model_args.model_name_or_path)
     replaced = check_output_dir(
         output_dir,

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
 from configuration_ifcl import POOLER_TYPES, ifcl_config_dict
-from ifcl.cli import read_json
+from ifcl.files import read_json
 from modeling_ifcl import ALL_LAYER_POOLERS, IFCLModel, embed_sorted_by_length, max_input_length, pool_hidden_states
 
 logger = logging.getLogger(__name__)
@@ -168,13 +168,11 @@ class IFCLEncoder(Encoder):
 
     def training_views(self, sentences: list[str], fraternals: Sequence[str] | None) -> Views:
         """Each side tokenized at the training length ``config.max_seq_length``, as ``run_ifcl.py`` tokenizes."""
-        from ifcl.objectives.ifcl import fraternal_tokenizer
-
         model = self.model
         options = {"padding": True, "truncation": True, "max_length": model.config.max_seq_length}
         inputs = dict(model.tokenizer(sentences, return_tensors="pt", **options).to(self.device))
         if fraternals is not None and model.config.uses_fraternal_twins:
-            fraternal = fraternal_tokenizer(model)(list(fraternals), return_tensors="pt", **options).to(self.device)
+            fraternal = model.fraternal_tokenizer(list(fraternals), return_tensors="pt", **options).to(self.device)
             inputs["fraternal_input_ids"] = fraternal["input_ids"]
             inputs["fraternal_attention_mask"] = fraternal["attention_mask"]
         views = model(**inputs, return_twins=True)

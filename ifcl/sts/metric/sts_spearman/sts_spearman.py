@@ -1,13 +1,13 @@
 """STS Spearman: the STS protocol's correlations of predicted similarities with gold scores, as an ``evaluate`` metric
 that loads offline from the package (``evaluate.load(ifcl.STS_METRIC_PATH)``). The maths is
-``ifcl.evaluation.sts_correlations``, which ``STSEvaluator`` calls too.
+``ifcl.sts.evaluator.sts_correlations``, which ``STSEvaluator`` calls too.
 """
 
 import datasets
 import evaluate
 
-from ifcl.evaluation import sts_correlations
 from ifcl.objectives import objective_class
+from ifcl.sts.evaluator import sts_correlations
 
 _DESCRIPTION = """\
 The STS (semantic textual similarity) protocol of SimCSE, IFCL, ConIsI, PCL and miCSE: one Spearman rank correlation
@@ -33,7 +33,7 @@ Returns:
 
 Examples:
 
-    >>> sts_spearman = evaluate.load("ifcl/metrics/sts_spearman")  # or evaluate.load(ifcl.STS_METRIC_PATH)
+    >>> sts_spearman = evaluate.load("ifcl/sts/metric/sts_spearman")  # or evaluate.load(ifcl.STS_METRIC_PATH)
     >>> results = sts_spearman.compute(predictions=[0.81, 0.12, 0.55, 0.93, 0.40], references=[4.2, 0.5, 2.5, 3.8, 2.6])
     >>> print(results)
     {'spearman': 80.0, 'pearson': 94.55854949526447}

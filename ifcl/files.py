@@ -1,0 +1,93 @@
+"""The files the scripts share: the one JSON reader, atomic writes (strict JSON) and the one lock."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+
+def without_nan(value: Any) -> Any:
+    """NaN (the correlation over constant scores) and infinities as null, in nested dicts and lists: strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: without_nan(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [without_nan(item) for item in value]
+    return value
+
+
+def read_json(name_or_path: str, filename: str, subfolder: str = "") -> Any:
+    """A JSON file of a folder or Hub repo (the Hub's cache offline), or None when there is none to read."""
+    from transformers.utils import cached_file
+
+    path = cached_file(
+        name_or_path,
+        filename,
+        subfolder=subfolder,
+        _raise_exceptions_for_missing_entries=False,
+        _raise_exceptions_for_connection_errors=False,
+    )
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """A temporary path beside ``path`` for the ``with`` block to write, renamed over ``path`` when the block ends
+    without error: a reader finds the old file or the whole new one, never half of one. On an error (Ctrl-C too) the
+    temporary file is removed and ``path`` is left as it was."""
+    temporary = f"{path}.tmp-{os.getpid()}"
+    try:
+        yield temporary
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temporary)
+        raise
+
+
+def write_json_atomically(path: str, content: Any, sort_keys: bool = False, indent: int = 2) -> None:
+    """``content`` as JSON (NaN and infinities as null) written to ``path`` through :func:`atomic_path`."""
+    with atomic_path(path) as temporary, open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(
+            without_nan(content), handle, indent=indent, sort_keys=sort_keys, ensure_ascii=False, allow_nan=False
+        )
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_file: str) -> Iterator[str]:
+    """Hold an exclusive ``flock`` on ``lock_file`` (made if missing) for the ``with`` block; ``BlockingIOError`` at
+    once when another process holds it.
+
+    The lock file is removed at the end, while still locked: a process that opened it just before finds, once it has
+    the lock, that the path leads to another file, and locks that one instead. A lock file left by a killed process
+    holds no lock (the kernel released it) and is taken over.
+    """
+    while True:
+        descriptor = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException:
+            os.close(descriptor)
+            raise
+        try:
+            locked_the_path = os.path.samestat(os.stat(lock_file), os.fstat(descriptor))
+        except FileNotFoundError:
+            locked_the_path = False  # removed by the process that held it
+        if locked_the_path:
+            break
+        os.close(descriptor)  # a lock file already removed: lock the one now at that path
+    try:
+        yield lock_file
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(lock_file)
+        os.close(descriptor)
