@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 import time
+import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -38,6 +39,7 @@ DECODER_POSITION_ATTRIBUTES = ("max_decoder_position_embeddings", "max_target_po
 # Characters that would break a `sentence<TAB>translation` line: the tab, and everything str.splitlines splits on.
 _FIELD_BREAKERS = "\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _FIELD_CLEANUP = str.maketrans({character: " " for character in _FIELD_BREAKERS})
+_NOT_TEXT_CATEGORIES = ("Cc", "Cf")  # control and format characters (NUL, escapes, zero-width spaces): no text
 
 
 class SettingsError(ValueError):
@@ -130,6 +132,7 @@ class PrepareSummary:
 
     input_sentences: int
     empty_input_lines: int
+    control_input_lines: int = 0  # input lines skipped because they hold only control characters (a lone NUL)
     already_translated: int = 0  # sentences translated before this run (in the output, or in finished shards)
     translated: int = 0  # sentences this run sent to the model (all processes)
     empty_translations: int = 0  # sentences left out of the output because their translation came out empty
@@ -141,25 +144,38 @@ def clean_field(text: str) -> str:
     return text.translate(_FIELD_CLEANUP).strip()
 
 
+def is_sentence(text: str) -> bool:
+    """Whether ``text`` holds something printable: a character that is neither whitespace nor a control or format
+    character. A line of NULs or escape codes is no sentence."""
+    return any(not c.isspace() and unicodedata.category(c) not in _NOT_TEXT_CATEGORIES for c in text)
+
+
 def input_sentences(input_file: str) -> Iterator[InputSentence]:
-    """The input's non-empty lines as cleaned sentences, read as a stream."""
+    """The input's lines that hold a sentence, cleaned, read as a stream: empty lines and lines of control
+    characters only are skipped (the same in every pass, so resumed runs number the sentences alike)."""
     for line_number, line in _iter_lines(input_file):
         text = clean_field(line)
-        if text:
+        if is_sentence(text):
             yield InputSentence(line_number, text)
 
 
-def check_input(input_file: str) -> tuple[int, int]:
-    """One pass over the input: its sentences and its empty lines, counted; invalid UTF-8 named with its line, an
-    input without sentences refused."""
+def check_input(input_file: str) -> tuple[int, int, int]:
+    """One pass over the input: its sentences, its empty lines and its lines of control characters only, counted;
+    invalid UTF-8 named with its line, an input without sentences refused."""
     if not os.path.isfile(input_file):
         raise FileNotFoundError(f"input file not found: {input_file}")
-    line_count = sentences = 0
+    line_count = sentences = control_lines = 0
     for line_count, line in _iter_lines(input_file):  # numbered from 1: the last number is the count
-        sentences += bool(clean_field(line))
+        text = clean_field(line)
+        if is_sentence(text):
+            sentences += 1
+        elif text:
+            control_lines += 1
     if not sentences:
-        raise DataFormatError(f"{input_file}: no sentences (the file is empty or has only empty lines)")
-    return sentences, line_count - sentences
+        raise DataFormatError(
+            f"{input_file}: no sentences (the file is empty or has only empty lines or control characters)"
+        )
+    return sentences, line_count - sentences - control_lines, control_lines
 
 
 def sentences_of(input_file: str, chunks: Sequence[range]) -> Iterator[tuple[range, list[InputSentence]]]:
@@ -762,6 +778,10 @@ def prepare(args: PrepareFraternalArguments) -> PrepareSummary:
     summary = PrepareSummary(*check_input(args.input_file))
     if summary.empty_input_lines:
         logger.warning(f"{args.input_file}: skipped {summary.empty_input_lines} empty line(s)")
+    if summary.control_input_lines:
+        logger.warning(
+            f"{args.input_file}: skipped {summary.control_input_lines} line(s) holding only control characters"
+        )
     args, config = check_settings(args)
     from accelerate import PartialState
     from accelerate.utils import broadcast_object_list

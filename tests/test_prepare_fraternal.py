@@ -471,6 +471,42 @@ def test_tabs_line_breaks_and_empty_translations(tiny_marian_dir, tmp_path, monk
     assert output.read_text(encoding="utf-8").split("\n") == expected
 
 
+def test_lines_of_control_characters_only_are_skipped(
+    tiny_marian_dir, reference_output, tmp_path, monkeypatch, recorded_batches, caplog
+):
+    """A line with nothing printable once control and format characters go (a lone NUL; escapes, DEL and a
+    zero-width space) is no sentence: never sent to the model nor written as a pair, counted apart from empty lines,
+    and skipped alike when a run is resumed from its shards or continued from its output."""
+    source = tmp_path / "source.txt"
+    control_only = "\x01\x1b\x7f \u200b\x00\x1f"
+    lines = [*SENTENCES[:3], "\x00", *SENTENCES[3:7], control_only, "", *SENTENCES[7:10]]
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    expected = read_pairs(reference_output)[:10]
+    output = tmp_path / "pairs.txt"
+    arguments = tool_args(source, output, tiny_marian_dir)
+    interrupted_run(monkeypatch, arguments, batch_number=3)  # chunk 1 (lines 1 to 10) finished, chunk 2 not
+    with caplog.at_level(logging.WARNING, logger="ifcl.translation"):
+        summary = prepare_fraternal.run(arguments)
+    assert (summary.input_sentences, summary.empty_input_lines, summary.control_input_lines) == (10, 1, 2)
+    assert (summary.already_translated, summary.translated, summary.output_lines) == (8, 2, 10)
+    assert f"{source}: skipped 2 line(s) holding only control characters" in caplog.text
+    assert f"{source}: skipped 1 empty line(s)" in caplog.text
+    assert read_pairs(output) == expected
+    assert recorded_batches and all(prepare_fraternal.is_sentence(s) for batch in recorded_batches for s in batch)
+    summary = prepare_fraternal.run(arguments)
+    assert (summary.control_input_lines, summary.already_translated, summary.translated) == (2, 10, 0)
+    # Continuing an output that ends just before the NUL line: the next sentence is the one after it.
+    output.unlink()
+    assert prepare_fraternal.run([*arguments, "--max_sentences", "3"]).output_lines == 3
+    summary = prepare_fraternal.run(arguments)
+    assert (summary.already_translated, summary.translated) == (3, 7)
+    assert read_pairs(output) == expected
+    nothing_printable = tmp_path / "controls.txt"
+    nothing_printable.write_text(f"\x00\n{control_only}\n\n", encoding="utf-8")
+    with pytest.raises(DataFormatError, match=re.escape(f"{nothing_printable}: no sentences")):
+        prepare_fraternal.run(tool_args(nothing_printable, tmp_path / "none.txt", tiny_marian_dir))
+
+
 def test_a_mostly_empty_batch_stops_the_run(tiny_marian_dir, sentences_file, tmp_path, monkeypatch, capsys):
     def mostly_empty(self, batch):
         return ["" if position else "Etwas." for position in range(len(batch))]
