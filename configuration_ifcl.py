@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
 import os
 from dataclasses import asdict, dataclass, field, fields
@@ -12,6 +14,22 @@ from transformers import AutoConfig, PretrainedConfig
 POOLER_TYPES = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
 SETTINGS_KEY = "ifcl"  # config.json: the encoder's own config (read without remote code), IFCL's settings under this
 FILE_KEYS = ("architectures", "auto_map", "transformers_version", "_name_or_path", "_commit_hash")
+# The Python types each setting's annotation allows (an int where a float is asked for; never a bool for a number).
+SETTING_TYPES = {
+    "float": ((int, float), "a number"),
+    "int": ((int,), "an integer"),
+    "bool": ((bool,), "True or False"),
+}
+
+
+def check_setting_types(settings: Any) -> None:
+    """``TypeError`` naming the first field of a settings dataclass whose value is not of its annotated type."""
+    for setting in fields(settings):
+        annotation = getattr(setting.type, "__name__", setting.type)  # HfArgumentParser resolves it to the type
+        allowed, kind = SETTING_TYPES.get(annotation, ((object,), ""))
+        value = getattr(settings, setting.name)
+        if not isinstance(value, allowed) or (bool not in allowed and isinstance(value, bool)):
+            raise TypeError(f"{setting.name} must be {kind}, got {value!r} ({type(value).__name__}).")
 
 
 @dataclass
@@ -32,6 +50,7 @@ class IFCLSettings:
     twins_loss_weight: float = field(default=1.0, metadata={"help": "Weight of the Twins loss ℓ^T (Eq. 8)."})
 
     def __post_init__(self) -> None:
+        check_setting_types(self)
         for name in ("fusion_rate", "forgetting_rate", "fraternal_loss_weight", "twins_loss_weight"):
             if not math.isfinite(getattr(self, name)) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a finite number ≥ 0, got {getattr(self, name)}.")
@@ -61,6 +80,7 @@ class SharedSettings:
     eval_pooler_type: str = field(default="avg", metadata={"help": "Pooler of evaluation and of the saved model."})
 
     def __post_init__(self) -> None:
+        check_setting_types(self)
         if not math.isfinite(self.temperature) or self.temperature <= 0:
             raise ValueError(f"temperature (τ) must be a finite number > 0, got {self.temperature}.")
         for name in ("pooler_type", "eval_pooler_type"):
@@ -104,6 +124,7 @@ class IFCLConfig(PretrainedConfig):
             given = group(**{f.name: kwargs.pop(f.name) for f in fields(group) if f.name in kwargs})
             for name, value in asdict(given).items():
                 setattr(self, "contrastive_temperature" if name == "temperature" else name, value)
+        refuse_unknown_settings(kwargs)
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):  # the encoder's, as the Trainer reads them
             kwargs.setdefault(name, self.encoder_config.get(name))
         super().__init__(**kwargs)
@@ -149,6 +170,17 @@ class IFCLConfig(PretrainedConfig):
         settings = {name: output.pop(name) for name in setting_names() if name in output}
         output.pop("model_type", None)
         return {**output, **{k: v for k, v in encoder.items() if k not in FILE_KEYS}, SETTINGS_KEY: settings}
+
+
+def refuse_unknown_settings(names: Any) -> None:
+    """``ValueError`` naming a keyword that is neither an IFCL setting nor one ``PretrainedConfig`` takes, with the
+    closest setting's name (``fusion_rat`` → ``fusion_rate``): a typo would otherwise be stored and ignored."""
+    known = {*inspect.signature(PretrainedConfig.__init__).parameters, *PretrainedConfig().to_dict(), *FILE_KEYS}
+    known |= {"pad_token_id", "bos_token_id", "eos_token_id", "name_or_path", "output_attentions", "encoder_config"}
+    for name in (name for name in names if not name.startswith("_") and name not in known):
+        close = difflib.get_close_matches(name, setting_names(), n=1)
+        hint = f"; did you mean {close[0]}?" if close else f". IFCL's settings: {', '.join(setting_names())}."
+        raise ValueError(f"{name} is not a setting of IFCLConfig{hint}")
 
 
 def setting_names() -> list[str]:

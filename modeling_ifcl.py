@@ -183,6 +183,21 @@ def embed_sorted_by_length(
     return in_input_order
 
 
+def checked_sentences(sentences: str | Sequence[str]) -> list[str]:
+    """``encode``'s input as a list: a str, or a sequence of them (sentence-transformers' contract); ``TypeError``
+    naming anything else, or the first item that is not a str and its index."""
+    if isinstance(sentences, str):
+        return [sentences]
+    if sentences is None or isinstance(sentences, (bytes, dict)) or not hasattr(sentences, "__len__"):
+        raise TypeError(f"sentences must be a str or a sequence of str, got {type(sentences).__name__}.")
+    sentences = list(sentences)
+    bad = next((i for i, sentence in enumerate(sentences) if not isinstance(sentence, str)), None)
+    if bad is not None:
+        item = sentences[bad]
+        raise TypeError(f"sentences[{bad}] is {item!r} ({type(item).__name__}): every sentence must be a str.")
+    return sentences
+
+
 def drop_pooler_head(encoder: PreTrainedModel) -> PreTrainedModel:
     """Remove the encoder's pooler head (BERT's): no pooler uses it, and DDP rejects weights without gradient."""
     if getattr(encoder, "pooler", None) is not None:
@@ -306,6 +321,7 @@ class IFCLModel(PreTrainedModel):
         Returns:
             The model, with the encoder's tokenizer (and the fraternal one) attached.
         """
+        cls.config_class(**settings)  # unknown settings and wrong values refused before any weights load
         check_model_path("encoder_name_or_path", encoder_name_or_path)
         check_model_path("fraternal_model_name_or_path", fraternal_model_name_or_path)
         options = {"config": encoder_config} if encoder_config else {}
@@ -463,8 +479,9 @@ class IFCLModel(PreTrainedModel):
         Returns:
             The embeddings in input order. The model's training mode is restored afterwards.
         """
-        if isinstance(sentences, str):
-            sentences = [sentences]
+        sentences = checked_sentences(sentences)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be ≥ 1, got {batch_size}.")
         if prompt:
             sentences = [prompt + sentence for sentence in sentences]
         tokenizer = self.tokenizer

@@ -269,3 +269,37 @@ def test_a_missing_local_model_path_is_named(tiny_encoder_dir, tmp_path):
         IFCLModel.from_encoder(str(tiny_encoder_dir), fraternal_model_name_or_path=missing)
     with pytest.raises(FileNotFoundError, match=f"encoder_name_or_path {missing}: no such folder"):
         IFCLModel.from_encoder(missing)
+
+
+API_ARGUMENT_CASES = [
+    # (what is called, its keyword arguments, the error, what the message must name)
+    (
+        "from_encoder",
+        {"fusion_rat": 0.9},
+        ValueError,
+        "fusion_rat is not a setting of IFCLConfig; did you mean fusion_rate?",
+    ),
+    ("from_encoder", {"queue_size": "4"}, TypeError, "queue_size must be an integer, got '4'"),
+    ("from_encoder", {"queue_size": 2.5}, TypeError, "queue_size must be an integer, got 2.5"),
+    ("from_encoder", {"fusion_rate": "0.5"}, TypeError, "fusion_rate must be a number, got '0.5'"),
+    ("encode", {"sentences": None}, TypeError, "sentences must be a str or a sequence of str, got NoneType"),
+    ("encode", {"sentences": ["a", 3]}, TypeError, "sentences[1] is 3 (int)"),
+    ("encode", {"sentences": [b"a"]}, TypeError, "sentences[0] is b'a' (bytes)"),
+    ("encode", {"sentences": ["a"], "batch_size": 0}, ValueError, "batch_size must be ≥ 1, got 0"),
+]
+
+
+@pytest.mark.parametrize(
+    "call, arguments, error, named", API_ARGUMENT_CASES, ids=[str(c[1]) for c in API_ARGUMENT_CASES]
+)
+def test_the_python_api_names_a_bad_argument(tiny_encoder_dir, tiny_model, call, arguments, error, named):
+    """One ``ValueError`` or ``TypeError`` from the project's own code, naming the argument, before any work."""
+    from modeling_ifcl import IFCLModel
+
+    with pytest.raises(error) as raised:
+        if call == "from_encoder":
+            IFCLModel.from_encoder(str(tiny_encoder_dir), **arguments)
+        else:
+            tiny_model.encode(**arguments)
+    assert named in str(raised.value)
+    assert raised.traceback[-1].path.name in ("modeling_ifcl.py", "configuration_ifcl.py")
