@@ -414,5 +414,10 @@ def train_or_finish(trainer, resume, output_dir: str) -> dict[str, float]:
     return metrics
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The ``ifcl-train`` command: ``python run_ifcl.py``'s one-line errors and exit codes (0 once it is done)."""
     run_command("run_ifcl.py", main)
+
+
+if __name__ == "__main__":
+    cli()

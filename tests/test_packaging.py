@@ -92,3 +92,23 @@ print(metric.compute(predictions=[0.1, 0.5, 0.9], references=[1.0, 2.0, 4.0])["s
     assert shown.stdout.strip().endswith("100.0")
     for name in ("ifcl-train", "ifcl-evaluate-sts", "ifcl-prepare-fraternal"):
         assert (target / "bin" / name).is_file()
+
+
+@pytest.mark.slow
+def test_the_installed_commands_end_as_the_scripts_do(tiny_encoder_dir, pairs_data, tmp_path):
+    """``ifcl-train`` (the set-up's editable install beside this Python): exit code 0 once done, and a bad setting's
+    one line with exit code 2, as ``python run_ifcl.py``."""
+    command = Path(sys.executable).parent / "ifcl-train"
+    assert command.is_file(), "scripts/setup.sh installs the project's commands"
+    sts = str(pairs_data / "sts.tsv")
+    data = ["--train_file", str(pairs_data / "train.txt"), "--validation_file", sts, "--test_file", sts]
+    args = [str(command), "--model_name_or_path", str(tiny_encoder_dir), *data]
+    args += ["--per_device_train_batch_size", "4", "--max_seq_length", "16", "--queue_size", "0", "--use_cpu"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    bad = subprocess.run([*args, "--fusion_rate", "2"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("run_ifcl.py: error: fusion_rate"), bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    done = [*args, "--max_steps", "2", "--output_dir", str(tmp_path / "out")]
+    finished = subprocess.run(done, capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert (tmp_path / "out" / "all_results.json").is_file() and "(<" not in finished.stdout  # no tuple printed
