@@ -46,7 +46,7 @@ from ifcl.data import (
     load_training_text,
 )
 from ifcl.failures import Interrupted, failures_of_the_run, run_command, write_failures_named
-from ifcl.files import write_json_atomically
+from ifcl.files import read_json, write_json_atomically
 from ifcl.hub import push_output_folder, take_over_push
 from ifcl.objectives import OBJECTIVES, objective_class, settings_as_dict, settings_classes
 from ifcl.objectives.base import WITHOUT_IFCL
@@ -402,11 +402,7 @@ def train_or_finish(trainer, resume, output_dir: str) -> dict[str, float]:
     from its train_results.json, when it had written them)."""
     if resume is not None and resume.finished:
         trainer.finish_from_checkpoint(resume.checkpoint)
-        path = os.path.join(output_dir, "train_results.json")
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8") as f:
-                return json.load(f)
-        return {"train_steps": trainer.state.global_step}
+        return read_json(output_dir, "train_results.json") or {"train_steps": trainer.state.global_step}
     metrics = trainer.train_measured(resume.checkpoint if resume is not None else None)
     metrics["train_samples"] = len(trainer.train_dataset)
     if torch.cuda.is_available():

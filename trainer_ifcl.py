@@ -3,7 +3,6 @@ STS evaluation."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -16,6 +15,7 @@ import torch
 from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint, speed_metrics
 
+from ifcl.files import read_json, write_json_atomically
 from ifcl.objectives import Objective, build_objective, unwrap_model
 from ifcl.publishing import without_training_state
 from ifcl.sts.evaluator import STSEvaluator
@@ -297,14 +297,10 @@ class IFCLTrainer(Trainer):
         super().save_state()
         if not self.is_world_process_zero() or not self.state.best_model_checkpoint:
             return
-        path = os.path.join(self.args.output_dir, "trainer_state.json")
-        with open(path, encoding="utf-8") as f:
-            state = json.load(f)
+        state = read_json(self.args.output_dir, "trainer_state.json")
         best = os.path.abspath(state["best_model_checkpoint"])
         state["best_model_checkpoint"] = os.path.relpath(best, os.path.abspath(self.args.output_dir))
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(state, f, indent=2, sort_keys=True)
-            f.write("\n")
+        write_json_atomically(os.path.join(self.args.output_dir, "trainer_state.json"), state, sort_keys=True)
 
     def create_model_card(
         self, model_name: str | None = None, dataset: str | list[str] | None = None, **facts
@@ -322,11 +318,7 @@ class IFCLTrainer(Trainer):
 
         for name in ("language", "license", "tags", "finetuned_from", "tasks", "dataset_tags", "dataset_args"):
             facts.pop(name, None)
-        results_path = os.path.join(self.args.output_dir, "all_results.json")
-        results = {}
-        if os.path.isfile(results_path):
-            with open(results_path, encoding="utf-8") as f:
-                results = json.load(f)
+        results = read_json(self.args.output_dir, "all_results.json") or {}
         facts.setdefault("log_history", self.state.log_history)
         if self.train_dataset is not None and hasattr(self.train_dataset, "__len__"):
             facts.setdefault("train_size", len(self.train_dataset))
