@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -103,19 +103,17 @@ class IFCLLoss(nn.Module):
             self.fraternal_projection = nn.Linear(table.shape[1], words.embedding_dim)
             scaled_orthogonal_projection(self.fraternal_projection, words.weight, self.fraternal_embeddings.weight)
 
-    def data_collator(self, train_dataset=None, **kwargs: Any) -> IFCLDataCollator:
-        """The collator for ``SentenceTransformerTrainer(data_collator=...)``: the columns ``sentence`` and
-        ``fraternal`` taken by name and checked as ``IFCLTrainer`` checks its text (``train_dataset`` at once, else
-        each batch), the fraternal one tokenized by the fraternal model's tokenizer. ``kwargs``:
-        ``SentenceTransformerDataCollator``'s."""
-        if train_dataset is not None:
-            check_text_dataset(train_dataset, self.text_columns, reader="IFCLLoss")
-        return IFCLDataCollator(
-            preprocess_fn=self.model.preprocess,
-            loss=self,
-            num_rows=None if train_dataset is None else len(train_dataset),
-            **kwargs,
-        )
+    def data_collator(self, train_dataset: Dataset, **kwargs: Any) -> IFCLDataCollator:
+        """The collator for ``SentenceTransformerTrainer(data_collator=...)``, given the same ``train_dataset``,
+        which it checks at once as ``IFCLTrainer`` checks its text (an empty set, a missing column, a row that is not
+        a sentence, named by its index in the set) and, at the first batch, against the queue's size. Each batch
+        keeps only the columns ``sentence`` and ``fraternal``, taken by name (other columns are left out), the
+        fraternal one tokenized by the fraternal model's tokenizer. ``kwargs``: ``SentenceTransformerDataCollator``'s.
+
+        The set is required: sentence-transformers hands a collator rows without their indices, and builds its card
+        statistics from the set (stopping at a None) before the first batch."""
+        check_text_dataset(train_dataset, self.text_columns, reader="IFCLLoss")
+        return IFCLDataCollator(preprocess_fn=self.model.preprocess, loss=self, num_rows=len(train_dataset), **kwargs)
 
     @property
     def text_columns(self) -> tuple[str, ...]:
@@ -202,19 +200,19 @@ class IFCLDataCollator(SentenceTransformerDataCollator):
     """The collator of :meth:`IFCLLoss.data_collator`."""
 
     loss: Any = None  # the IFCLLoss this collator feeds (told that its columns come by name)
-    num_rows: int | None = None  # the training set's size, when the loss was given it
+    num_rows: int = 0  # the training set's size
+    size_checked: bool = field(default=False, init=False, repr=False)
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
-        columns = self.loss.text_columns
-        if self.num_rows is None:
-            rows = Dataset.from_list([{name: row.get(name) for name in columns} for row in features])
-            check_text_dataset(rows, columns, reader="IFCLLoss")
-        elif not self.loss.collated_by_name:  # the first batch: is the data larger than the queue?
+        if not self.size_checked:  # the first batch: is the data larger than the queue?
             check_training_data_size(self.num_rows, len(features), self.loss.settings.queue_size)
+            self.size_checked = True
         self.loss.collated_by_name = True
-        # The named columns first, in the loss's order: sentence_features follow the batch's keys.
-        features = [{**{name: row[name] for name in columns}, **row} for row in features]
-        if self.loss.fraternal_tokenizer is None or "fraternal" not in columns:
+        # Only the loss's columns, in its order (sentence_features follow the batch's keys), and the dataset's name
+        # that sentence-transformers adds for its prompts and routes.
+        kept = (*self.loss.text_columns, "dataset_name")
+        features = [{name: row[name] for name in kept if name in row} for row in features]
+        if self.loss.fraternal_tokenizer is None or "fraternal" not in kept:
             return super().__call__(features)
         # The fraternal twins are read by the fraternal model's tokenizer alone; an empty placeholder keeps the
         # column's place (second) in the batch, and its tensors are replaced there.

@@ -67,7 +67,7 @@ def test_the_loss_equals_the_ifcl_objective_in_ifcl_trainer(
     assert torch.equal(
         loss.fraternal_embeddings.weight, (model.fraternal_embeddings or model.get_input_embeddings()).weight
     )
-    collator = loss.data_collator()
+    collator = loss.data_collator(pairs)
     for part in (model, st_model):
         without_dropout(part)
         part.train()
@@ -146,7 +146,7 @@ def test_its_collator_takes_the_columns_by_name_and_a_missing_fraternal_model_is
     st_model = sentence_transformer_of(tiny_encoder_dir)
     loss = IFCLLoss(st_model)
     swapped = [{"fraternal": german, "sentence": english} for english, german in zip(ENGLISH[:3], GERMAN[:3])]
-    batch = loss.data_collator()(swapped)
+    batch = loss.data_collator(Dataset.from_list(swapped))(swapped)
     first = next(key for key in batch if key.endswith("_input_ids"))
     assert first == "sentence_input_ids" and loss.collated_by_name
     assert torch.equal(batch["sentence_input_ids"], st_model.tokenize(ENGLISH[:3])["input_ids"])
@@ -156,34 +156,25 @@ def test_its_collator_takes_the_columns_by_name_and_a_missing_fraternal_model_is
 
 
 def test_with_a_fraternal_model_the_twins_stay_second_read_by_its_tokenizer(tiny_encoder_dir, tiny_fraternal_dir):
-    """An extra text column never takes the fraternal twins' place (sentence-transformers orders the features by
-    the batch's keys), and the twins are tokenized by the fraternal model's tokenizer, not the encoder's."""
+    """An extra column is left out, so it never takes the fraternal twins' place (sentence-transformers orders the
+    features by the batch's keys), and the twins are tokenized by the fraternal model's tokenizer, not the
+    encoder's."""
     from transformers import AutoTokenizer
 
     loss = IFCLLoss(sentence_transformer_of(tiny_encoder_dir), fraternal_model_name_or_path=str(tiny_fraternal_dir))
     rows = [{"sentence": en, "source": "web", "fraternal": de} for en, de in zip(ENGLISH[:3], GERMAN[:3])]
-    batch = loss.data_collator()(rows)
+    batch = loss.data_collator(Dataset.from_list(rows))(rows)
     columns = [key.removesuffix("_input_ids") for key in batch if key.endswith("_input_ids")]
-    assert columns == ["sentence", "fraternal", "source"]
+    assert columns == ["sentence", "fraternal"]
     expected = AutoTokenizer.from_pretrained(str(tiny_fraternal_dir))(GERMAN[:3], padding=True, return_tensors="pt")
     assert torch.equal(batch["fraternal_input_ids"], expected["input_ids"])
     assert torch.equal(batch["fraternal_attention_mask"], expected["attention_mask"])
 
 
-def test_its_collator_checks_the_training_set_or_else_each_batch(tiny_encoder_dir):
-    """As ``IFCLTrainer`` checks its text: one error naming the column and the row, at once when the collator is
-    given the training set, else at the batch."""
+def test_its_collator_names_a_missing_fraternal_column(tiny_encoder_dir):
     loss = IFCLLoss(sentence_transformer_of(tiny_encoder_dir))
-    blank = Dataset.from_dict({"sentence": ENGLISH[:3], "fraternal": [GERMAN[0], " ", GERMAN[2]]})
-    with pytest.raises(ValueError, match="column 'fraternal' has ' ' in row 1"):
-        loss.data_collator(blank)
-    collator = loss.data_collator()
-    with pytest.raises(ValueError, match="column 'fraternal' has ' ' in row 1"):
-        collator(blank.to_list())
-    with pytest.raises(ValueError, match="fraternal"):
+    with pytest.raises(ValueError, match="it lacks fraternal"):
         loss.data_collator(Dataset.from_dict({"sentence": ENGLISH[:3]}))  # no translations at all
-    with pytest.raises(ValueError, match="fraternal"):
-        collator([{"sentence": sentence} for sentence in ENGLISH[:3]])
 
 
 def test_its_settings_reach_sentence_transformers_cards(tiny_encoder_dir):
@@ -224,52 +215,52 @@ def test_sentence_transformers_trainer_writes_the_ifcl_settings_and_citation_int
     assert str(tiny_fraternal_dir) not in card and "xiao2023ifcl" in card
 
 
-BAD_DATA = [
-    # (training columns, what the one error must name)
-    ({"sentence": list(range(4)), "fraternal": GERMAN[:4]}, "column 'sentence' holds"),
-    ({"sentence": ENGLISH[:3] + [None], "fraternal": GERMAN[:4]}, "column 'sentence' has None in row 3"),
-    ({"sentence": [], "fraternal": []}, "The training set is empty"),
-    ({"sentence": ENGLISH[:4], "fraternal": GERMAN[:3] + [""]}, "column 'fraternal' has '' in row 3"),
+DATA_CASES = [
+    # (training columns, loss settings, the one error, the warning at the first batch)
+    ({"sentence": [], "fraternal": []}, {}, "The training set is empty", None),
+    ({"sentence": ENGLISH[:3] + [None], "fraternal": GERMAN[:4]}, {}, "column 'sentence' has None in row 3", None),
+    ({"sentence": ENGLISH[:8], "fraternal": GERMAN[:5] + [""] + GERMAN[6:8]}, {}, "'fraternal' has '' in row 5", None),
+    ({"sentence": list(range(4)), "fraternal": GERMAN[:4]}, {}, "column 'sentence' holds", None),
+    (
+        {"sentence": ENGLISH[:4], "fraternal": GERMAN[:4]},
+        {"queue_size": 9, "forgetting_rate": 0.1},
+        None,
+        "fewer than the hippocampus queue holds (k·N = 9 × 2)",
+    ),
+    ({"sentence": ENGLISH[:4], "fraternal": GERMAN[:4], "count": [1, 2, 3, 4]}, {}, None, None),  # left out
 ]
+CASE_IDS = ["empty set", "None text", "empty fraternal twin", "numbers for sentences", "queue", "extra int column"]
 
 
-@pytest.mark.parametrize("columns, named", BAD_DATA, ids=[named for _, named in BAD_DATA])
-def test_under_sentence_transformers_trainer_bad_data_is_named_in_one_error(
-    tiny_encoder_dir, tmp_path, columns, named
+@pytest.mark.parametrize("handed", [True, False], ids=["dataset handed", "no dataset"])
+@pytest.mark.parametrize("columns, settings, error, warning", DATA_CASES, ids=CASE_IDS)
+def test_under_sentence_transformers_trainer_bad_data_is_named_in_one_error_or_warning(
+    tiny_encoder_dir, tmp_path, caplog, columns, settings, error, warning, handed
 ):
-    """As IFCLTrainer checks its text: with the collator given the training set, before the trainer starts; without
-    it, at the first batch (an empty set gives no batch, and sentence-transformers' own card statistics stop at a
-    None when the trainer is made: only the first way can name those)."""
+    """As IFCLTrainer checks its text: the collator checks the training set it is handed before the trainer is
+    made, naming a row by its index in the set, and warns of a queue larger than the data at the first batch; an
+    extra column is left out. The set is required: without it sentence-transformers would stop first, in its own
+    card statistics (a None) or its sampler (an empty set), and no batch knows its rows' indices."""
     from sentence_transformers import SentenceTransformerTrainingArguments
 
     model = sentence_transformer_of(tiny_encoder_dir)
-    loss = IFCLLoss(model, queue_size=0)
+    loss = IFCLLoss(model, **{"queue_size": 0, **settings})
     data = Dataset.from_dict(columns)
-    with pytest.raises(ValueError, match=re.escape(named)):
-        loss.data_collator(data)
-    if len(data) and None not in columns["sentence"]:
-        args = SentenceTransformerTrainingArguments(
-            str(tmp_path / "st"), per_device_train_batch_size=4, max_steps=1, use_cpu=True, report_to=[]
-        )
-        trainer = SentenceTransformerTrainer(
-            model=model, args=args, train_dataset=data, loss=loss, data_collator=loss.data_collator()
-        )
-        with pytest.raises(ValueError, match=r"column '\w+' (holds|has)"):
-            trainer.train()
-
-
-def test_a_queue_larger_than_the_data_is_warned_of(tiny_encoder_dir, tmp_path, caplog):
-    from sentence_transformers import SentenceTransformerTrainingArguments
-
-    model = sentence_transformer_of(tiny_encoder_dir)
-    loss = IFCLLoss(model, queue_size=9, forgetting_rate=0.1)
-    data = Dataset.from_dict({"sentence": ENGLISH[:4], "fraternal": GERMAN[:4]})
+    if not handed:
+        with pytest.raises(TypeError, match="train_dataset"):
+            loss.data_collator()
+        return
+    if error is not None:
+        with pytest.raises(ValueError, match=re.escape(error)):
+            loss.data_collator(data)
+        return
     args = SentenceTransformerTrainingArguments(
         str(tmp_path / "st"), per_device_train_batch_size=2, max_steps=1, use_cpu=True, report_to=[]
     )
     trainer = SentenceTransformerTrainer(
         model=model, args=args, train_dataset=data, loss=loss, data_collator=loss.data_collator(data)
     )
-    with caplog.at_level("WARNING"):
+    with caplog.at_level("WARNING", logger="ifcl"):
         trainer.train()
-    assert "fewer than the hippocampus queue holds (k·N = 9 × 2)" in caplog.text
+    ifcl_warnings = [record.getMessage() for record in caplog.records if record.name.startswith("ifcl")]
+    assert len(ifcl_warnings) == (warning is not None) and all(warning in message for message in ifcl_warnings)
