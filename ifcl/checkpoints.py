@@ -3,6 +3,7 @@ settings it was trained with, and how far its training went (docs/reliability.md
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -73,13 +74,37 @@ def weights_problem(weights_file: str, values: bool = True) -> str | None:
     return f"holds NaN or infinite values ({listed(broken, 3)})" if broken else None
 
 
+def trainer_state_damage(state: Any) -> str | None:
+    """What keeps a ``trainer_state.json``'s content (valid JSON) from being the Trainer's state: not an object, a
+    field the Trainer's ``TrainerState`` does not have (``load_from_json`` would fail), or a step count that is not a
+    whole number; None when nothing does."""
+    from dataclasses import fields
+
+    from transformers.trainer_callback import TrainerState
+
+    if not isinstance(state, dict):
+        shown = json.dumps(state)
+        return f"it holds {shown if len(shown) <= 40 else shown[:37] + '...'}, not the Trainer's JSON object"
+    unknown = set(state) - {field.name for field in fields(TrainerState)}
+    if unknown:
+        return f"fields the Trainer's state does not have, {listed(unknown, 3)}: damaged, or another transformers'"
+    for name in ("global_step", "max_steps"):
+        if name not in state:
+            return f"no {name}"
+        value = state[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return f"{name} is {json.dumps(value)}, not a whole number of steps"
+    return None
+
+
 def checkpoint_problem(checkpoint: str, world_size: int, max_steps: int) -> tuple[str | None, bool]:
     """(what keeps ``checkpoint`` from being resumed, naming the file, or None; whether its training is done) for a
     run of ``max_steps`` steps (-1: the checkpoint's own plan).
 
-    Checked: ``trainer_state.json`` and ``config.json`` (valid JSON), the weights (every value finite) and, unless
-    training is done, the optimizer, scheduler and each process's RNG state, without which the resumed steps would
-    differ from an uninterrupted run's; every ``torch.save`` file must be a whole zip archive.
+    Checked: ``trainer_state.json`` and ``config.json`` (valid JSON; the former the Trainer's state, as
+    :func:`trainer_state_damage` checks it), the weights (every value finite) and, unless training is done, the
+    optimizer, scheduler and each process's RNG state, without which the resumed steps would differ from an
+    uninterrupted run's; every ``torch.save`` file must be a whole zip archive.
     """
     contents = {}
     for name in (TRAINER_STATE_FILE, "config.json"):
@@ -90,7 +115,10 @@ def checkpoint_problem(checkpoint: str, world_size: int, max_steps: int) -> tupl
         except (ValueError, UnicodeDecodeError) as error:
             return os.path.join(checkpoint, f"{name} is not valid JSON ({error})"), False
     state = contents[TRAINER_STATE_FILE]
-    finished = state.get("global_step", 0) >= (max_steps if max_steps > 0 else state.get("max_steps", 0)) > 0
+    damage = trainer_state_damage(state)
+    if damage is not None:
+        return os.path.join(checkpoint, f"{TRAINER_STATE_FILE} is damaged ({damage})"), False
+    finished = state["global_step"] >= (max_steps if max_steps > 0 else state["max_steps"]) > 0
     weights = os.path.join(checkpoint, "model.safetensors")
     problem = weights_problem(weights) if os.path.isfile(weights) else "is missing"
     if problem is not None:

@@ -1,12 +1,13 @@
-"""How the command-line scripts end (``<script>: error: <message>``: exit code 2 for bad input, 1 for a failure once
-the work has begun, 130 for Ctrl-C; the traceback only with ``IFCL_DEBUG=1``), failed writes named, and lists of names
-in messages."""
+"""How the command-line scripts end (``<script>: error: <message>``, printed once per machine under several
+processes: exit code 2 for bad input, 1 for a failure once the work has begun, 130 for Ctrl-C; the traceback only with
+``IFCL_DEBUG=1``), failed writes named (a run's folder, a cache), and lists of names in messages."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 
@@ -16,6 +17,8 @@ DEBUG_VARIABLE = "IFCL_DEBUG"
 REPORTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, FloatingPointError)
 # What a failed write reports: no space, no quota, a read-only file system, no permission, an I/O error, too large.
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG)
+# The names Python's tempfile gives: datasets' map writes its cache file under one, renamed once complete.
+TEMPORARY_NAME = re.compile(r"tmp[a-z0-9_]{8}")
 
 
 class RunFailure(Exception):
@@ -36,20 +39,32 @@ def failures_of_the_run() -> Iterator[None]:
         raise RunFailure(str(error)) from error
 
 
+def reports_for_its_machine() -> bool:
+    """Whether this process prints how a script ended: the only one, or the first of its machine under
+    ``accelerate launch`` or ``torchrun`` (``LOCAL_RANK``, else ``RANK``, unset or 0; read from the environment the
+    launcher sets, so before any process group exists). The other processes meet the same settings, files and
+    checks, so their line would repeat the first's."""
+    return os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")).strip() in ("", "0")
+
+
 def run_command(script: str, main: Callable[[], object]) -> None:
     """Call ``main`` and end as every script of this project ends (see the module's docstring); other exceptions
-    (bugs) keep their traceback."""
+    (bugs) keep their traceback. Under a launcher of several processes each ends with the same exit code, and the
+    line is printed once per machine (:func:`reports_for_its_machine`); ``IFCL_DEBUG=1`` shows every process's
+    traceback."""
     try:
         main()
     except (Interrupted, KeyboardInterrupt) as stop:
-        print(f"\n{script}: {stop or 'interrupted'}", file=sys.stderr)
+        if reports_for_its_machine():
+            print(f"\n{script}: {stop or 'interrupted'}", file=sys.stderr)
         raise SystemExit(130) from None
     except (RunFailure, *REPORTED_ERRORS) as error:
         if os.environ.get(DEBUG_VARIABLE):
             raise
-        print(f"{script}: error: {error}", file=sys.stderr)
-        if isinstance(error, RunFailure):
-            print(f"{script}: the run failed; {DEBUG_VARIABLE}=1 shows the traceback.", file=sys.stderr)
+        if reports_for_its_machine():
+            print(f"{script}: error: {error}", file=sys.stderr)
+            if isinstance(error, RunFailure):
+                print(f"{script}: the run failed; {DEBUG_VARIABLE}=1 shows the traceback.", file=sys.stderr)
         raise SystemExit(1 if isinstance(error, RunFailure) else 2) from None
 
 
@@ -80,3 +95,33 @@ def write_failures_named(folder: str, step: Callable[[], int]) -> Iterator[None]
             "the folder, then continue with the same command and --resume_from_checkpoint last (it takes the newest "
             "complete checkpoint and names a broken one)."
         ) from error
+
+
+def temporary_files(folder: str) -> set[str]:
+    """The files of ``folder`` named as Python's ``tempfile`` names them (:data:`TEMPORARY_NAME`)."""
+    try:
+        return {entry.name for entry in os.scandir(folder) if TEMPORARY_NAME.fullmatch(entry.name) and entry.is_file()}
+    except OSError:
+        return set()
+
+
+@contextlib.contextmanager
+def cache_write_failures_named(folder: str, cache: str, ways_out: str) -> Iterator[None]:
+    """A cache written into ``folder`` under a temporary name that is renamed once complete, as datasets' ``map``
+    writes one: a failed write (:data:`WRITE_ERRNOS`) removes the temporary files that appeared in ``folder`` meanwhile
+    (``map`` leaves its own when the disk is full: its clean-up writes again; a concurrent writer's there, which the
+    full disk fails too, goes with them) and ends in one line naming the ``cache``, its folder, what to do there
+    (free space, or make it writable) and the other ``ways_out``."""
+    before = temporary_files(folder)
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in WRITE_ERRNOS:
+            raise
+        for name in temporary_files(folder) - before:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(folder, name))
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(f"{folder}: no space left for {cache}; free space there, {ways_out}.") from error
+        problem = f"{cache} could not be written ({error.strerror or error})"
+        raise OSError(f"{folder}: {problem}; make the folder writable, {ways_out}.") from error

@@ -31,6 +31,42 @@ def test_errors_end_with_one_line_and_an_exit_code(capsys, monkeypatch, running,
     assert ("IFCL_DEBUG=1 shows the traceback" in err) == running
 
 
+@pytest.mark.parametrize(
+    "environment, prints",
+    [
+        ({}, True),  # one process
+        ({"RANK": "0", "LOCAL_RANK": "0"}, True),  # the first of accelerate launch's processes
+        ({"RANK": "1", "LOCAL_RANK": "1"}, False),  # another one
+        ({"RANK": "1"}, False),  # a launcher that sets RANK alone
+        ({"RANK": "2", "LOCAL_RANK": "0"}, True),  # the first process of the second machine
+    ],
+)
+@pytest.mark.parametrize("running, code", [(False, 2), (True, 1)], ids=["bad input", "failure during the run"])
+def test_under_several_processes_the_line_is_printed_once_with_every_process_exit_code(
+    capsys, monkeypatch, environment, prints, running, code
+):
+    """``accelerate launch --num_processes 2`` with a bad setting printed its line once per process: now the first
+    process of each machine prints it, and every process ends with the same exit code."""
+    monkeypatch.delenv("IFCL_DEBUG", raising=False)
+    for name in ("RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exit_info:
+        run_command("some_script.py", fail_with(ValueError("--setting 3: out of range"), running))
+    assert exit_info.value.code == code
+    err = capsys.readouterr().err
+    assert err.startswith("some_script.py: error: --setting 3: out of range\n") if prints else err == ""
+
+    def interrupted() -> None:
+        raise Interrupted("interrupted; continue with: ...")
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_command("some_script.py", interrupted)
+    assert exit_info.value.code == 130
+    assert ("some_script.py: interrupted; continue with" in capsys.readouterr().err) == prints
+
+
 def test_debug_variable_shows_the_traceback(monkeypatch):
     monkeypatch.setenv("IFCL_DEBUG", "1")
     with pytest.raises(OSError, match="disk full"):
@@ -98,6 +134,42 @@ def test_ctrl_c_names_the_newest_complete_checkpoint_and_the_resume_command(tmp_
     assert (
         interrupted_message(str(tmp_path / "empty"), command) == "interrupted; no complete checkpoint was written yet"
     )
+
+
+DAMAGED_TRAINER_STATES = {
+    "an array": ("[]", "it holds [], not the Trainer's JSON object"),
+    "an empty object": ("{}", "no global_step"),
+    "not JSON": ('{"global_step": 4, "max', "is not valid JSON"),
+    "a step that is text": ('{"global_step": "4", "max_steps": 100}', 'global_step is "4", not a whole number'),
+    "another program's fields": ('{"global_step": 4, "max_steps": 100, "steps": 4}', "does not have, steps"),
+}
+
+
+@pytest.mark.parametrize("content, damage", DAMAGED_TRAINER_STATES.values(), ids=DAMAGED_TRAINER_STATES)
+def test_a_damaged_trainer_state_names_the_checkpoint_and_last_skips_it(tmp_path, caplog, content, damage):
+    """A checkpoint's ``trainer_state.json`` that is no Trainer state, valid JSON or not, is a broken checkpoint as a
+    cut file is: named with the way on when given, skipped with a warning by ``last`` and Ctrl-C's message (it used
+    to trace back there)."""
+    from ifcl.checkpoints import CheckpointError, interrupted_message, resume_point
+
+    folder = tmp_path / "run"
+    for step in (2, 4):
+        write_checkpoint(folder / f"checkpoint-{step}", step)
+    damaged = folder / "checkpoint-4"
+    (damaged / "trainer_state.json").write_text(content)
+    with pytest.raises(CheckpointError) as info:
+        resume_point(str(damaged), str(folder), world_size=1, max_steps=100)
+    message = str(info.value)
+    assert f"{damaged / 'trainer_state.json'} " in message and damage in message and "\n" not in message
+    assert "resume from an earlier checkpoint" in message
+    with caplog.at_level("WARNING"):
+        point = resume_point("last", str(folder), world_size=1, max_steps=100)
+    assert point.checkpoint == str(folder / "checkpoint-2") and not point.finished
+    assert any(str(damaged / "trainer_state.json") in line and damage in line for line in caplog.messages)
+    assert f"the newest complete checkpoint is {folder / 'checkpoint-2'}" in interrupted_message(str(folder), [])
+    (folder / "checkpoint-2" / "trainer_state.json").write_text(content)
+    with pytest.raises(CheckpointError, match="no checkpoint of .* can be resumed from: .*checkpoint-2"):
+        resume_point("last", str(folder), world_size=1, max_steps=100)
 
 
 LAUNCHER = """

@@ -432,6 +432,55 @@ def test_the_token_cache_is_kept_for_loss_settings_and_redone_for_what_the_token
     assert cache_file(**without_twins) != default  # no fraternal column read
 
 
+@pytest.mark.parametrize("suffix, variable", [(".txt", "IFCL_DATA_CACHE"), (".csv", "HF_DATASETS_CACHE")])
+def test_a_full_disk_while_tokenizing_names_the_token_cache_and_leaves_no_temporary_file(
+    tmp_path: Path, tiny_encoder_dir: Path, monkeypatch: pytest.MonkeyPatch, suffix: str, variable: str
+) -> None:
+    """datasets' ``map`` writes the token cache under a temporary name; on a full disk its clean-up writes again and
+    fails, leaving the file, and its error names nothing. The error names the cache's folder and the ways out (free
+    space, the variable that moves the cache, tokenizing on the fly), no temporary file is left, and once there is
+    space the same call tokenizes."""
+    from conftest import ENGLISH, GERMAN
+    from fsspec.implementations.local import LocalFileOpener
+
+    from ifcl.failures import TEMPORARY_NAME
+    from ifcl.objectives import build_objective
+    from modeling_ifcl import IFCLModel
+
+    monkeypatch.setenv("IFCL_DATA_CACHE", str(tmp_path / "ifcl_cache"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    rows = zip(ENGLISH, GERMAN)
+    if suffix == ".txt":
+        text = load_train_dataset(write(tmp_path / "pairs.txt", "".join(f"{e}\t{g}\n" for e, g in rows)))
+    else:
+        lines = "".join(f'"{e}","{g}"\n' for e, g in rows)
+        text = load_train_dataset(write(tmp_path / "pairs.csv", "sentence,fraternal\n" + lines))
+    folder = Path(text.cache_files[0]["filename"]).parent
+    before = set(os.listdir(folder))
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
+    objective = build_objective(model)
+
+    def disk_full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as full:
+        full.setattr(LocalFileOpener, "write", disk_full)
+        for _ in range(2):  # each try used to leave a temporary file
+            with pytest.raises(OSError) as info:
+                objective.tokenize_dataset(text, model.tokenizer, 8)
+            message = str(info.value)
+            assert message.startswith(f"{folder}: no space left for the token cache"), message
+            assert (
+                f"free space there, set {variable} to another folder" in message and "--tokenize_on_the_fly" in message
+            )
+            assert "\n" not in message and info.value.__cause__.errno == errno.ENOSPC
+            assert set(os.listdir(folder)) == before, "a temporary file or a partial cache was left"
+    assert not any(TEMPORARY_NAME.fullmatch(name) for name in before)
+    features = objective.tokenize_dataset(text, model.tokenizer, 8)  # space freed: the same call works
+    assert "input_ids" in features.column_names and len(features) == len(text)
+    assert Path(features.cache_files[0]["filename"]).parent == folder
+
+
 # ---------------------------------------------------------------------------
 # Checks of a training set
 # ---------------------------------------------------------------------------

@@ -251,6 +251,34 @@ def test_resume_from_a_broken_checkpoint_names_the_file(runs, tmp_path, name):
         run_ifcl.main([*args, "--resume_from_checkpoint", "last"])
 
 
+@pytest.mark.parametrize("content", ["[]", "{}", '{"global_step": 2, "max_st'], ids=["array", "empty", "cut"])
+def test_resume_last_from_a_damaged_trainer_state_is_one_line_before_any_model_loads(tmp_path, capsys, content):
+    """A checkpoint whose ``trainer_state.json`` is ``[]``, ``{}`` or cut short used to trace back (or resume from step
+    0): ``--resume_from_checkpoint last`` names it with the way on, exit code 2, before anything loads."""
+    folder = tmp_path / "run"
+    checkpoint = folder / "checkpoint-50"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(content)
+    (checkpoint / "config.json").write_text("{}")
+    write_record(folder, ["checkpoint-50"], finished=False)
+    args = [
+        "--model_name_or_path",
+        "owner/not-loaded",
+        "--output_dir",
+        str(folder),
+        "--resume_from_checkpoint",
+        "last",
+    ]
+    with pytest.raises(SystemExit) as exit_info:
+        run_command("run_ifcl.py", lambda: run_ifcl.main(args))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("run_ifcl.py: error: ") == 1 and "Traceback" not in err
+    line = next(line for line in err.splitlines() if line.startswith("run_ifcl.py: error: "))
+    damage = "is not valid JSON" if content.startswith('{"') else "is damaged"
+    assert f"{checkpoint / 'trainer_state.json'} {damage}" in line and "--overwrite_output_dir" in line
+
+
 def test_resume_trains_exactly_like_an_uninterrupted_run(runs, tmp_path):
     _, _, whole_metrics = runs["whole"]
     folder, args = copy_of_stopped_run(runs, tmp_path)

@@ -251,8 +251,15 @@ class Objective(nn.Module):
         :meth:`tokenize`: once, with ``map``, cached beside a file-backed dataset for later runs and the other
         processes, under a fingerprint of what the features depend on (:attr:`name`, :meth:`feature_key`, the
         tokenizer, ``max_length``; not the loss's settings); with ``on_the_fly``, as the data loader reads each row
-        (``with_transform``), for corpora whose token cache would not fit on disk."""
+        (``with_transform``), for corpora whose token cache would not fit on disk. A failed write of the cache (a full
+        disk) names its folder and the ways out, and leaves no temporary file there."""
+        import os
+
+        import datasets
         from datasets.fingerprint import Hasher
+
+        from ifcl.data import training_cache_dir
+        from ifcl.failures import cache_write_failures_named
 
         check_text_dataset(dataset, self.text_columns, reader=f"--objective {self.name}")
         dataset = dataset.select_columns(list(self.text_columns))
@@ -265,14 +272,31 @@ class Objective(nn.Module):
         fingerprint = Hasher.hash(
             [dataset._fingerprint, self.name, self.feature_key(), tokenizer_fingerprint(tokenizer), max_length]
         )
-        return dataset.map(
-            tokenize,
-            batched=True,
-            remove_columns=dataset.column_names,
-            num_proc=num_proc,
-            desc="Tokenizing",
-            new_fingerprint=fingerprint,
+
+        def tokenized():
+            return dataset.map(
+                tokenize,
+                batched=True,
+                remove_columns=dataset.column_names,
+                num_proc=num_proc,
+                desc="Tokenizing",
+                new_fingerprint=fingerprint,
+            )
+
+        if not dataset.cache_files:  # in memory: so are its features
+            return tokenized()
+        # The token cache lies beside the dataset's Arrow file: a failed write there is named with the ways out.
+        folder = os.path.dirname(os.path.abspath(dataset.cache_files[0]["filename"]))
+        roots = {"IFCL_DATA_CACHE": training_cache_dir(), "HF_DATASETS_CACHE": datasets.config.HF_DATASETS_CACHE}
+        real = {name: os.path.realpath(str(root)) for name, root in roots.items()}
+        inside = [name for name, root in real.items() if os.path.commonpath([root, os.path.realpath(folder)]) == root]
+        elsewhere = f"set {inside[0]} to another folder" if inside else "keep the training set in another folder"
+        ways_out = (
+            f"{elsewhere}, or tokenize as the rows are read (--tokenize_on_the_fly; IFCLTrainer's "
+            "tokenize_on_the_fly=True)"
         )
+        with cache_write_failures_named(folder, "the token cache of the training set", ways_out):
+            return tokenized()
 
     # ------------------------------------------------------------------ training
 
