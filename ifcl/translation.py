@@ -20,7 +20,7 @@ from ifcl.ctranslate2_engine import COMPUTE_TYPES, MADE_BY, EngineSettingsError
 from ifcl.data import DataFormatError, _iter_lines, file_sha256
 from ifcl.failures import Interrupted, RunFailure, failures_of_the_run, run_command
 from ifcl.files import atomic_path, exclusive_lock, read_json, write_json_atomically
-from modeling_ifcl import check_model_path
+from modeling_ifcl import check_model_path, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,8 @@ class PrepareFraternalArguments:
         default=None, metadata={"help": "Text put before each sentence ('' for none). Default: the model's."}
     )
     engine: Literal["transformers", "ctranslate2"] = field(
-        default="transformers", metadata={"help": "ctranslate2 is faster: pip install 'ifcl[ctranslate2]'."}
+        default="transformers",
+        metadata={"help": "ctranslate2 is faster: pip install -e '.[ctranslate2]' in this checkout."},
     )
     ct2_model_dir: str | None = field(
         default=None, metadata={"help": "ctranslate2: the converted model. Default: <output folder>/<model>-ct2."}
@@ -377,7 +378,7 @@ def check_settings(
     if args.engine == "ctranslate2":
         resolved["compute_type"] = args.compute_type or resolved["dtype"]
     try:
-        config = AutoConfig.from_pretrained(args.model_name_or_path)
+        config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=False)
     except (OSError, ValueError):
         if config_required:
             raise
@@ -419,7 +420,7 @@ class Translator:
         ``args`` and ``config`` are as ``check_settings`` returns them; without ``config`` it is run here."""
         import torch
         from accelerate import PartialState
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        from transformers import AutoModelForSeq2SeqLM
 
         state = state or PartialState()
         if config is None:  # a direct call, or a config that could not be read when the settings were checked
@@ -427,7 +428,7 @@ class Translator:
         device, dtype = select_device(args.device), getattr(torch, args.dtype)
         if device.type == "cuda" and device.index is None and state.num_processes > 1:
             device = state.device
-        tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+        tokenizer = load_tokenizer(args.model_name_or_path)  # a folder without one is refused
         forced_bos_token_id = set_up_languages(tokenizer, args)
         prefix = resolve_prefix(config, tokenizer, args)
         if forced_bos_token_id is None and not prefix and (args.source_lang or args.target_lang):
@@ -450,7 +451,9 @@ class Translator:
                 device,
                 args.compute_type,
             )
-        model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, config=config, dtype=dtype)
+        model = AutoModelForSeq2SeqLM.from_pretrained(
+            args.model_name_or_path, config=config, dtype=dtype, trust_remote_code=False
+        )
         model.to(device).eval()
         logger.info(
             f"Translating with {args.model_name_or_path} on {device} ({dtype}); prefix {prefix!r}"
