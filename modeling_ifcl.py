@@ -7,6 +7,7 @@ sentence-transformers view) is in ``ifcl/``, which imports this module, never th
 
 from __future__ import annotations
 
+import json
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 from transformers import AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers import initialization as init
-from transformers.utils import ModelOutput
+from transformers.utils import ModelOutput, logging
 
 try:  # loaded as remote code (a package made by transformers)
     from .configuration_ifcl import POOLER_TYPES, IFCLConfig
@@ -26,6 +27,18 @@ except ImportError:  # imported from a checkout of the project
 
 ALL_LAYER_POOLERS = ("avg_first_last", "avg_top2")  # poolers that read more than the last layer
 FRATERNAL_TOKENIZER = "fraternal_tokenizer"  # the sub-folder of a saved model that holds the fraternal tokenizer
+# The files a tokenizer is read from, any one of them: a fast tokenizer's, a slow one's settings or vocabulary.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "vocab.json",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tokenizer.model",
+)
+
+logger = logging.get_logger(__name__)
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -220,10 +233,42 @@ def check_model_path(option: str, path: str | None) -> None:
         raise FileNotFoundError(f"{option} {path}: no such folder (and not a Hub id of the form owner/name).")
 
 
-def load_fraternal(name_or_path: str) -> tuple[torch.Tensor, PreTrainedTokenizerBase]:
-    """BEL_F's starting table, the fraternal model's word table (checked as the encoder's is), and its tokenizer."""
-    table = word_table_of(AutoModel.from_pretrained(name_or_path), name_or_path).weight
-    return table, AutoTokenizer.from_pretrained(name_or_path)
+def load_tokenizer(
+    name_or_path: str, subfolder: str = "", trust_remote_code: bool = False, **options
+) -> PreTrainedTokenizerBase:
+    """``AutoTokenizer.from_pretrained``, except that a local folder without any of :data:`TOKENIZER_FILES` is refused
+    (transformers would build a tokenizer from nothing, which reads every word as [UNK]), and a tokenizer JSON file
+    that is not valid JSON is named; both as ``OSError`` naming the folder or file. Hub ids load as they are."""
+    folder = os.path.join(name_or_path, subfolder) if subfolder else str(name_or_path)
+    local = os.path.isdir(folder)
+    if local and not any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES):
+        raise OSError(
+            f"{folder} holds no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...), and one built from nothing "
+            "would read every word as [UNK]: save the model's tokenizer into it (tokenizer.save_pretrained), e.g. "
+            "its base encoder's."
+        )
+    try:
+        return AutoTokenizer.from_pretrained(
+            name_or_path, subfolder=subfolder, trust_remote_code=trust_remote_code, **options
+        )
+    except ValueError:  # json.JSONDecodeError, without the file's name
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json"):
+            path = os.path.join(folder, name)
+            if local and os.path.isfile(path):
+                try:
+                    with open(path, encoding="utf-8") as handle:
+                        json.load(handle)
+                except ValueError as error:
+                    raise OSError(f"{path} is not valid JSON ({error}): save or copy the tokenizer again.") from None
+        raise
+
+
+def load_fraternal(name_or_path: str, trust_remote_code: bool = False) -> tuple[torch.Tensor, PreTrainedTokenizerBase]:
+    """BEL_F's starting table, the fraternal model's word table (checked as the encoder's is), and its tokenizer
+    (read first: a folder without one is refused before any weights load)."""
+    tokenizer = load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
+    model = AutoModel.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    return word_table_of(model, name_or_path).weight, tokenizer
 
 
 @torch.no_grad()
@@ -307,6 +352,7 @@ class IFCLModel(PreTrainedModel):
         *,
         tokenizer: PreTrainedTokenizerBase | None = None,
         encoder_config: PretrainedConfig | None = None,
+        trust_remote_code: bool = False,
         **settings,
     ) -> IFCLModel:
         """An IFCL model to train, built from a pretrained encoder.
@@ -316,6 +362,8 @@ class IFCLModel(PreTrainedModel):
             fraternal_model_name_or_path: a model of the fraternal language whose word table initialises BEL_F and
                 whose tokenizer reads the fraternal text; without one BEL_F is the encoder's own table.
             tokenizer, encoder_config: the encoder's, when already read (else read from ``encoder_name_or_path``).
+            trust_remote_code: run the code the encoder and fraternal model ship with (transformers' own classes
+                otherwise, and a model that needs its code is refused; no prompt is ever shown).
             settings: :class:`IFCLConfig` fields (``fusion_rate``, ``queue_size``, ``pooler_type``, ...).
 
         Returns:
@@ -324,13 +372,14 @@ class IFCLModel(PreTrainedModel):
         cls.config_class(**settings)  # unknown settings and wrong values refused before any weights load
         check_model_path("encoder_name_or_path", encoder_name_or_path)
         check_model_path("fraternal_model_name_or_path", fraternal_model_name_or_path)
+        tokenizer = tokenizer or load_tokenizer(encoder_name_or_path, trust_remote_code=trust_remote_code)
         options = {"config": encoder_config} if encoder_config else {}
+        options["trust_remote_code"] = trust_remote_code
         encoder = drop_pooler_head(AutoModel.from_pretrained(encoder_name_or_path, **options))
         fraternal_table = word_table_of(encoder, encoder_name_or_path).weight
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(encoder_name_or_path)
         fraternal_tokenizer = None
         if fraternal_model_name_or_path is not None:
-            fraternal_table, fraternal_tokenizer = load_fraternal(fraternal_model_name_or_path)
+            fraternal_table, fraternal_tokenizer = load_fraternal(fraternal_model_name_or_path, trust_remote_code)
         prefix = getattr(encoder, "base_model_prefix", "")  # its own, so that the weights keep their names
         config = cls.config_class(
             encoder_config=encoder.config.to_dict(),
@@ -357,9 +406,10 @@ class IFCLModel(PreTrainedModel):
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
-        """The encoder's tokenizer (loaded from the model's folder when none was attached)."""
+        """The encoder's tokenizer (loaded from the model's folder when none was attached; ``OSError`` naming a
+        folder that holds none, :func:`load_tokenizer`)."""
         if self._tokenizer is None:
-            self._tokenizer = AutoTokenizer.from_pretrained(self.name_or_path, config=self.encoder.config)
+            self._tokenizer = load_tokenizer(self.name_or_path, config=self.encoder.config)
         return self._tokenizer
 
     @property
@@ -369,8 +419,35 @@ class IFCLModel(PreTrainedModel):
         if self.config.fraternal_model_name_or_path is None:
             return self.tokenizer
         if self._fraternal_tokenizer is None:
-            self._fraternal_tokenizer = AutoTokenizer.from_pretrained(self.name_or_path, subfolder=FRATERNAL_TOKENIZER)
+            self._fraternal_tokenizer = load_tokenizer(self.name_or_path, subfolder=FRATERNAL_TOKENIZER)
         return self._fraternal_tokenizer
+
+    def save_pretrained(
+        self, save_directory: str | os.PathLike, is_main_process: bool = True, push_to_hub: bool = False, **kwargs
+    ) -> None:
+        """``PreTrainedModel.save_pretrained``, and, as sentence-transformers' ``save`` does, the tokenizer the model
+        holds (attached, or read from where the model was loaded) with, when the config names a fraternal model, the
+        fraternal one in ``fraternal_tokenizer/``: a folder that loads alone. With ``push_to_hub`` (``repo_id``:
+        default the folder's name) the folder is pushed with them, by :meth:`push_to_hub`."""
+        hub_names = ("repo_id", "commit_message", "commit_description", "private", "create_pr", "revision", "tags")
+        hub = {name: kwargs.pop(name) for name in hub_names if name in kwargs}
+        super().save_pretrained(save_directory, is_main_process, **kwargs)
+        if not is_main_process:
+            return
+        tokenizers = {"": "tokenizer"}
+        if self.config.fraternal_model_name_or_path is not None:
+            tokenizers[FRATERNAL_TOKENIZER] = "fraternal_tokenizer"
+        for subfolder, attribute in tokenizers.items():
+            try:
+                tokenizer = getattr(self, attribute)
+            except (OSError, ValueError) as error:  # none attached nor loadable: the folder's loaders say so
+                logger.warning(f"{save_directory}: no {attribute} saved ({str(error).splitlines()[0]}).")
+                continue
+            tokenizer.save_pretrained(os.path.join(save_directory, subfolder))
+        if push_to_hub:
+            repo_id = hub.pop("repo_id", os.path.basename(os.path.normpath(save_directory)))
+            options = {name: kwargs[name] for name in ("token", "max_shard_size") if name in kwargs}
+            self.push_to_hub(repo_id, **options, **hub)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.encoder.get_input_embeddings()

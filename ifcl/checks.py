@@ -17,7 +17,7 @@ from ifcl.arguments import strategy_name
 from ifcl.checkpoints import weights_problem
 from ifcl.failures import listed
 from ifcl.files import read_json
-from modeling_ifcl import check_model_path, max_input_length
+from modeling_ifcl import check_model_path, load_tokenizer, max_input_length
 
 
 def check_training_settings(training_args: TrainingArguments) -> None:
@@ -110,9 +110,29 @@ def check_report_to(report_to: list[str]) -> None:
 
 
 def check_model_paths(model_args) -> None:
-    """The encoder's and the fraternal model's paths: local folders that exist, or Hub ids."""
+    """The encoder's and the fraternal model's paths: local folders that exist, or Hub ids; the fraternal model's
+    custom code only with ``--trust_remote_code`` (the encoder's: :meth:`StartingModel.read`)."""
     for name in ("model_name_or_path", "fraternal_model_name_or_path"):
         check_model_path(f"--{name}", getattr(model_args, name))
+    if model_args.fraternal_model_name_or_path is not None:
+        check_custom_code(model_args.fraternal_model_name_or_path, model_args.trust_remote_code)
+
+
+TRUST_ADVICE = "it runs only with --trust_remote_code; give it if you trust that code."
+
+
+def check_custom_code(path: str, trust_remote_code: bool, subfolder: str = "") -> None:
+    """Refuse, without ``trust_remote_code``, a plain model whose config.json names custom code (``auto_map``), which
+    transformers would ask about or, for a model type it knows, quietly replace by its own class. An IFCL model's
+    config names its remote code too, which this project never runs: it loads with the package's own class."""
+    try:
+        config = read_json(path, "config.json", subfolder)
+    except (OSError, ValueError):
+        return  # not readable here: the loader says why
+    if not trust_remote_code and isinstance(config, dict) and config.get("auto_map") and not ifcl_config_dict(config):
+        raise ValueError(
+            f"{os.path.join(path, subfolder, 'config.json')} names custom code (auto_map): {TRUST_ADVICE}"
+        )
 
 
 @dataclass
@@ -126,10 +146,13 @@ class StartingModel:
     saved: IFCLConfig | None = None
 
     @classmethod
-    def read(cls, path: str) -> StartingModel:
-        """Read ``path``'s config.json (a folder, or a Hub id from the cache when offline) and tokenizer."""
-        from transformers import AutoConfig, AutoTokenizer
+    def read(cls, path: str, trust_remote_code: bool = False) -> StartingModel:
+        """Read ``path``'s config.json (a folder, or a Hub id from the cache when offline) and tokenizer (a folder
+        without one is refused: ``load_tokenizer``); a plain model's own code runs only with ``trust_remote_code``
+        (:func:`check_custom_code`), an IFCL model's never."""
+        from transformers import AutoConfig
 
+        check_custom_code(path, trust_remote_code)
         try:
             config = read_json(path, "config.json")
         except (OSError, ValueError):
@@ -142,11 +165,18 @@ class StartingModel:
             except ValueError as error:
                 raise ValueError(f"{path}/config.json: {error}") from None
         try:
-            encoder_config = saved.build_encoder_config() if saved else AutoConfig.from_pretrained(path)
+            options = {"trust_remote_code": trust_remote_code}
+            encoder_config = saved.build_encoder_config() if saved else AutoConfig.from_pretrained(path, **options)
             # Given the encoder's config, AutoTokenizer does not read config.json (an IFCL model's needs remote code).
-            tokenizer = AutoTokenizer.from_pretrained(path, config=encoder_config)
+            tokenizer = load_tokenizer(path, config=encoder_config, **options)
         except OSError as error:
-            raise OSError(f"{path}: its config or tokenizer cannot be read ({str(error).splitlines()[0]})") from None
+            reason = str(error).splitlines()[0]
+            named = reason if reason.startswith(path) else f"{path}: its config or tokenizer cannot be read ({reason})"
+            raise OSError(named) from None
+        except ValueError as error:
+            if "trust_remote_code" not in str(error):
+                raise
+            raise ValueError(f"{path} loads with custom code (auto_map): {TRUST_ADVICE}") from None
         return cls(path, encoder_config, tokenizer, saved)
 
 

@@ -429,9 +429,11 @@ def saved_tokenizers(output_dir: str) -> tuple[PreTrainedTokenizerBase, PreTrain
         return None
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    tokenizer = AutoTokenizer.from_pretrained(output_dir, trust_remote_code=False)
     fraternal_folder = os.path.join(output_dir, FRATERNAL_TOKENIZER)
-    return tokenizer, AutoTokenizer.from_pretrained(fraternal_folder) if os.path.isdir(fraternal_folder) else tokenizer
+    if not os.path.isdir(fraternal_folder):
+        return tokenizer, tokenizer
+    return tokenizer, AutoTokenizer.from_pretrained(fraternal_folder, trust_remote_code=False)
 
 
 def training_data_facts(

@@ -294,11 +294,12 @@ def objective_run_args(
     return [*(item for pair in pairs for item in pair), "--use_cpu", *extra]
 
 
-def run_script(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+def run_script(script: str, *args: str, cwd: Path, input: str | None = None) -> subprocess.CompletedProcess:
     """``script`` of the repository as a command in a fresh interpreter, in ``cwd`` (also its HOME), offline, with
-    a bare environment and one OpenMP thread."""
+    a bare environment and one OpenMP thread; ``input``: what its standard input reads (else nothing)."""
     return subprocess.run(
         [sys.executable, str(ROOT / script), *args],
+        input=input,
         capture_output=True,
         text=True,
         cwd=cwd,

@@ -11,7 +11,7 @@ from conftest import ENGLISH, GERMAN, cpu_training_args, run_script, write_sts_f
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory, published_dir):
+def files(tmp_path_factory, published_dir, tiny_encoder_dir):
     folder = tmp_path_factory.mktemp("bad")
     lines = [f"{e}\t{d}\n" for e, d in zip(ENGLISH, GERMAN)] * 3  # 36 pairs
     (folder / "train.txt").write_text("".join(lines), encoding="utf-8")
@@ -25,6 +25,14 @@ def files(tmp_path_factory, published_dir):
     shutil.copytree(published_dir, folder / "cut_model")
     weights = folder / "cut_model" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    # Models whose tokenizer files were deleted (an IFCL model, a plain encoder), and one whose tokenizer.json is cut.
+    for name, source in (("no_tokenizer", published_dir), ("plain_no_tokenizer", tiny_encoder_dir)):
+        shutil.copytree(source, folder / name)
+        for tokenizer_file in ("tokenizer.json", "tokenizer_config.json"):
+            (folder / name / tokenizer_file).unlink()
+    shutil.copytree(published_dir, folder / "cut_tokenizer")
+    tokenizer = folder / "cut_tokenizer" / "tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text(encoding="utf-8")[:100], encoding="utf-8")
     return folder
 
 
@@ -54,6 +62,16 @@ CASES = [
     ("run_ifcl.py", ["--report_to", "no_such_logger"], "not a logger the Trainer knows"),
     ("run_ifcl.py", ["--dataloader_num_workers", "-1"], "--dataloader_num_workers must be ≥ 0"),
     ("run_ifcl.py", ["--model_name_or_path", "{files}/cut_model"], "cut_model/model.safetensors cannot be read"),
+    ("run_ifcl.py", ["--model_name_or_path", "{files}/no_tokenizer"], "no_tokenizer holds no tokenizer files"),
+    ("run_ifcl.py", ["--model_name_or_path", "{files}/plain_no_tokenizer"], "plain_no_tokenizer holds no tokenizer"),
+    ("run_ifcl.py", ["--model_name_or_path", "{files}/cut_tokenizer"], "cut_tokenizer/tokenizer.json is not valid"),
+    ("evaluate_sts.py", ["--model_name_or_path", "{files}/no_tokenizer"], "no_tokenizer holds no tokenizer files"),
+    ("evaluate_sts.py", ["--model_name_or_path", "{files}/plain_no_tokenizer"], "plain_no_tokenizer holds no"),
+    (
+        "evaluate_sts.py",
+        ["--model_name_or_path", "{files}/cut_tokenizer"],
+        "cut_tokenizer/tokenizer.json is not valid",
+    ),
     ("evaluate_sts.py", ["--batch_size", "0"], "--batch_size"),
     ("evaluate_sts.py", ["--model_name_or_path", "./no/such/model"], "./no/such/model"),
     ("evaluate_sts.py", ["--tasks", "{files}/constant.tsv"], "constant.tsv"),

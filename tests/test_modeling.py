@@ -233,12 +233,81 @@ def test_base_model_prefix_names_the_encoder_and_a_saved_model_loads_with_every_
     assert torch.allclose(loaded.encode(ENGLISH), model.encode(ENGLISH), atol=1e-6)
 
 
-def test_save_pretrained_saves_the_model_only(tiny_model, tmp_path):
-    """Weights, config and remote code; the tokenizer and the sentence-transformers view belong to the published
-    folder (``save_published``, ``IFCLTrainer.save_model``)."""
-    tiny_model.save_pretrained(tmp_path / "saved")
-    files = sorted(path.name for path in (tmp_path / "saved").iterdir())
-    assert files == ["config.json", "configuration_ifcl.py", "model.safetensors", "modeling_ifcl.py"]
+def test_save_pretrained_saves_the_tokenizers_and_every_loader_embeds_the_same(model, tmp_path):
+    """Weights, config, remote code and the tokenizers (the fraternal one in ``fraternal_tokenizer/``), as
+    sentence-transformers' ``save`` does; the sentence-transformers view belongs to the published folder
+    (``save_published``). ``SentenceTransformer`` reads the plain folder as a Transformer and mean pooling: the avg
+    pooler's embeddings."""
+    from transformers import AutoModel
+
+    from modeling_ifcl import FRATERNAL_TOKENIZER
+
+    folder = tmp_path / "saved"
+    model.save_pretrained(folder)
+    files = sorted(path.name for path in folder.iterdir())
+    assert files == [
+        "config.json",
+        "configuration_ifcl.py",
+        FRATERNAL_TOKENIZER,
+        "model.safetensors",
+        "modeling_ifcl.py",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    expected = model.encode(ENGLISH)
+    loaded = IFCLModel.from_pretrained(folder)
+    assert loaded.fraternal_tokenizer(GERMAN)["input_ids"] == model.fraternal_tokenizer(GERMAN)["input_ids"]
+    remote = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    assert type(remote).__module__ != IFCLModel.__module__  # the folder's own code
+    embeddings = [loaded.encode(ENGLISH), remote.encode(ENGLISH)]
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    embeddings.append(
+        torch.as_tensor(sentence_transformers.SentenceTransformer(str(folder), device="cpu").encode(ENGLISH))
+    )
+    for found in embeddings:
+        assert (found - expected).abs().max().item() <= 1e-5
+
+    other_ranks = tmp_path / "other_ranks"
+    model.save_pretrained(other_ranks, is_main_process=False)  # transformers' other processes: nothing written
+    assert not [path.name for path in other_ranks.iterdir()]
+
+
+def test_save_pretrained_pushes_the_folder_with_its_tokenizer(tiny_model, tmp_path, monkeypatch):
+    """transformers would upload the folder before the tokenizer is in it: ``push_to_hub`` saves and pushes both."""
+    pushed = []
+    monkeypatch.setattr(IFCLModel, "push_to_hub", lambda self, repo_id, **options: pushed.append((repo_id, options)))
+    tiny_model.save_pretrained(tmp_path / "saved", push_to_hub=True, commit_message="first", private=True)
+    assert pushed == [("saved", {"commit_message": "first", "private": True})]
+    assert (tmp_path / "saved" / "tokenizer.json").is_file()
+
+
+def test_a_folder_without_its_tokenizer_is_refused_by_every_loader(tiny_model, tiny_encoder_dir, tmp_path):
+    """transformers would build a tokenizer from nothing, which reads every word as [UNK]: each loader names the
+    folder instead, in one line, and a tokenizer.json that is not JSON by its path."""
+    import shutil
+
+    from transformers import AutoModel
+
+    folder, plain = tmp_path / "saved", tmp_path / "plain"
+    tiny_model.save_pretrained(folder)
+    shutil.copytree(tiny_encoder_dir, plain)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()
+        (plain / name).unlink()
+    for load, where in (
+        (lambda: IFCLModel.from_pretrained(folder).tokenizer, folder),
+        (lambda: AutoModel.from_pretrained(folder, trust_remote_code=True).encode(ENGLISH), folder),
+        (lambda: IFCLModel.from_encoder(str(plain)), plain),
+    ):
+        with pytest.raises(OSError, match="holds no tokenizer files") as error:
+            load()
+        assert str(error.value).startswith(f"{where} holds") and "\n" not in str(error.value)
+
+    shutil.copy(tiny_encoder_dir / "tokenizer_config.json", folder)
+    (folder / "tokenizer.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(OSError) as error:
+        IFCLModel.from_pretrained(folder).encode(ENGLISH)
+    assert str(error.value).startswith(f"{folder / 'tokenizer.json'} is not valid JSON")
 
 
 @pytest.mark.parametrize("pooler", ["avg", "cls", "cls_before_pooler"])

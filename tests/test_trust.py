@@ -108,3 +108,78 @@ def test_truncated_weights_end_evaluate_sts_in_one_line(saved_model, tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert f"{saved_model}: its weights cannot be read" in result.stderr, result.stderr
+
+
+@pytest.fixture
+def custom_code_dir(tiny_encoder_dir, tmp_path):
+    """A plain encoder whose config names custom code (``auto_map``, a model type transformers does not know), in a
+    ``.py`` file that writes ``tmp_path/marker`` when it runs."""
+    import json
+    import shutil
+
+    folder = tmp_path / "custom"
+    shutil.copytree(tiny_encoder_dir, folder)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config["model_type"] = "custom-bert"
+    config["auto_map"] = {"AutoConfig": "custom.CustomConfig", "AutoModel": "custom.CustomModel"}
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    (folder / "custom.py").write_text(
+        SENTINEL_CODE.format(path=str(tmp_path / "marker"))
+        + "from transformers import BertConfig, BertModel\n\n\n"
+        + "class CustomConfig(BertConfig):\n    model_type = 'custom-bert'\n\n\n"
+        + "class CustomModel(BertModel):\n    config_class = CustomConfig\n",
+        encoding="utf-8",
+    )
+    return folder
+
+
+def test_custom_code_runs_only_when_trusted_and_nothing_asks(custom_code_dir, saved_model, tmp_path, monkeypatch):
+    """run_ifcl.py's reader and evaluate_sts.py's loader refuse a plain model's custom code in one line naming
+    --trust_remote_code (for the fraternal model too), without a prompt; with the flag it runs; an IFCL folder's own
+    code is never needed."""
+    from types import SimpleNamespace
+
+    from ifcl.checks import StartingModel, check_model_paths
+    from ifcl.sts.encoders import load_encoder
+
+    monkeypatch.setattr("builtins.input", lambda *args: pytest.fail("a prompt was shown"))
+    path = str(custom_code_dir)
+    for load in (
+        lambda: StartingModel.read(path),
+        lambda: load_encoder(path, device="cpu"),
+        lambda: check_model_paths(
+            SimpleNamespace(
+                model_name_or_path=str(saved_model), fraternal_model_name_or_path=path, trust_remote_code=False
+            )
+        ),
+    ):
+        with pytest.raises(ValueError, match="--trust_remote_code") as error:
+            load()
+        assert str(error.value).startswith(f"{path}/config.json names custom code") and "\n" not in str(error.value)
+    assert not (tmp_path / "marker").exists()
+    assert StartingModel.read(str(saved_model)).saved is not None  # an IFCL folder: the package's own class
+
+    StartingModel.read(path, trust_remote_code=True)
+    assert (tmp_path / "marker").exists(), "--trust_remote_code did not reach transformers"
+
+
+@pytest.mark.slow
+def test_a_yes_on_standard_input_runs_no_custom_code(custom_code_dir, tmp_path):
+    """``echo y | python run_ifcl.py --model_name_or_path F``: no prompt takes the answer, F's code never runs, and the
+    script ends in one line naming --trust_remote_code (evaluate_sts.py alike)."""
+    write_sts_file(tmp_path / "sts.tsv")
+    (tmp_path / "train.txt").write_text("".join(f"Sentence {i}.\tSatz {i}.\n" for i in range(16)), encoding="utf-8")
+    sts = str(tmp_path / "sts.tsv")
+    for script, args in (
+        ("run_ifcl.py", ["--train_file", str(tmp_path / "train.txt"), "--validation_file", sts, "--test_file", sts]),
+        ("evaluate_sts.py", ["--tasks", sts]),
+    ):
+        out = str(tmp_path / "out")
+        command = [script, "--model_name_or_path", str(custom_code_dir), *args, "--output_dir", out]
+        result = run_script(*command, cwd=tmp_path, input="y\n")
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert result.stderr.count("\n") == 1 and "--trust_remote_code" in result.stderr, result.stderr[-2000:]
+        assert result.stderr.startswith(f"{script}: error: {custom_code_dir}/config.json names custom code")
+        assert "[y/N]" not in result.stdout + result.stderr
+        assert not (tmp_path / "marker").exists(), f"{script} ran the folder's code"
+        assert not (tmp_path / "out").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,11 +17,19 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from tqdm.auto import tqdm
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoModel
 
-from configuration_ifcl import POOLER_TYPES, ifcl_config_dict
+from configuration_ifcl import POOLER_TYPES, IFCLConfig, ifcl_config_dict
+from ifcl.checks import check_custom_code
 from ifcl.files import read_json
-from modeling_ifcl import ALL_LAYER_POOLERS, IFCLModel, embed_sorted_by_length, max_input_length, pool_hidden_states
+from modeling_ifcl import (
+    ALL_LAYER_POOLERS,
+    IFCLModel,
+    embed_sorted_by_length,
+    load_tokenizer,
+    max_input_length,
+    pool_hidden_states,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -100,10 +109,11 @@ class TransformersEncoder(Encoder):
         trust_remote_code: bool = False,
         subfolder: str = "",
     ) -> TransformersEncoder:
-        """Load ``AutoModel`` and ``AutoTokenizer`` from a folder or Hub id, in eval mode on ``device`` (None: the CPU)."""
+        """Load the tokenizer (``load_tokenizer``: a folder without one is refused before any weights load) and
+        ``AutoModel`` from a folder or Hub id, in eval mode on ``device`` (None: the CPU)."""
         options = {"trust_remote_code": trust_remote_code, "subfolder": subfolder}
+        tokenizer = load_tokenizer(name_or_path, **options)
         model = AutoModel.from_pretrained(name_or_path, **options)
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **options)
         model.to(device=device, dtype=dtype).eval()
         return cls(model, tokenizer, pooler_type, max_length)
 
@@ -237,8 +247,9 @@ def load_encoder(
 ) -> LoadedEncoder:
     """The encoder of a folder or Hub id: an IFCL model (with this project's own :class:`IFCLModel`: the ``.py`` files
     saved beside its weights never run), a sentence-transformers model or a plain encoder, with ``pooler_type`` and
-    ``model_type`` as docs/evaluation.md tells. The settings, and the package a sentence-transformers model needs,
-    are checked before any weights load; a damaged weights file ends in one ``OSError`` line.
+    ``model_type`` as docs/evaluation.md tells. The settings, the package a sentence-transformers model needs, custom
+    code without ``trust_remote_code`` (refused) and the tokenizer (read first: a folder without one, or with a
+    damaged one, is refused) are checked before any weights load; a damaged weights file ends in one ``OSError`` line.
     """
     if model_type not in MODEL_TYPES:
         raise ValueError(f"--model_type must be one of {MODEL_TYPES}, got {model_type!r}.")
@@ -254,10 +265,16 @@ def load_encoder(
                 f"{name_or_path} is a sentence-transformers model, and sentence-transformers cannot be imported "
                 f"({error}): pip install sentence-transformers, or read its encoder with --model_type transformers."
             ) from None
+    transformer = sentence_transformers_module(name_or_path, "Transformer") or {}
+    if model_type != "ifcl":  # an IFCL model's own code never runs
+        check_custom_code(name_or_path, trust_remote_code, transformer.get("path", ""))
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         if model_type == "ifcl":
-            model = IFCLModel.from_pretrained(name_or_path)
+            config = IFCLConfig.from_pretrained(name_or_path)
+            tokenizer = load_tokenizer(name_or_path, config=config.build_encoder_config())
+            model = IFCLModel.from_pretrained(name_or_path, config=config, trust_remote_code=False)
+            model._tokenizer = tokenizer
             if pooler_type is not None and pooler_type != model.config.eval_pooler_type:
                 if pooler_type == "cls" and model.mlp is None:
                     raise ValueError(
@@ -274,12 +291,13 @@ def load_encoder(
                 logger.warning(
                     f"--pooler_type {pooler_type} is ignored: the sentence-transformers model pools itself."
                 )
+            if os.path.isdir(name_or_path):  # its tokenizer checked as the others' are
+                load_tokenizer(name_or_path, transformer.get("path", ""), trust_remote_code)
             model = SentenceTransformer(name_or_path, device=str(device), trust_remote_code=trust_remote_code)
             if max_length is not None:
                 model.max_seq_length = max_length
             model.to(dtype=dtype).eval()
             return LoadedEncoder(SentenceTransformerEncoder(model), model_type, None)
-        transformer = sentence_transformers_module(name_or_path, "Transformer") or {}
         encoder = TransformersEncoder.from_pretrained(
             name_or_path,
             pooler_type or sentence_transformers_pooler(name_or_path) or "avg",
