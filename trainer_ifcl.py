@@ -232,7 +232,9 @@ class IFCLTrainer(Trainer):
         if isinstance(dataset, str):
             dataset = self.eval_dataset[dataset]
         if not isinstance(dataset, STSEvaluator):  # named for its progress bar: "STS eval_stsb", "STS init_test_stsb"
-            dataset = STSEvaluator.from_dataset(dataset, name=metric_key_prefix)
+            model = unwrap_model(self.model)  # its Matryoshka sizes scored too, from the same embeddings
+            sizes = [d for d in getattr(model.config, "matryoshka_dims", None) or () if d != model.hidden_size]
+            dataset = STSEvaluator.from_dataset(dataset, name=metric_key_prefix, truncate_dims=sizes)
         start, cpu_start = time.time(), time.process_time()
         # The evaluator's own batch, not the Trainer's eval batch for classification; one progress bar, the main's.
         show_progress_bar = self.is_local_process_zero() and not self.args.disable_tqdm
@@ -285,10 +287,10 @@ class IFCLTrainer(Trainer):
             return super().save_model(output_dir, _internal_call)
         with self.published_model() as model:
             super().save_model(output_dir, _internal_call)
-            if self.args.should_save:
-                from ifcl.publishing import save_extras
+            if self.args.should_save:  # the weights' save_pretrained wrote the tokenizers
+                from ifcl.publishing import save_view
 
-                save_extras(model, output_dir or self.args.output_dir)
+                save_view(model, output_dir or self.args.output_dir)
 
     def save_state(self) -> None:
         """The Trainer's ``trainer_state.json`` in the output folder, published with the model: its best checkpoint

@@ -167,17 +167,7 @@ def save_published(model, folder: str) -> None:
     if not hasattr(model, "sentence_transformers_base"):
         adopt_base(model)
     with without_training_state(model):
-        model.save_pretrained(folder)
-    model.tokenizer.save_pretrained(folder)
-    save_extras(model, folder)
-
-
-def save_extras(model, folder: str) -> None:
-    """The fraternal model's tokenizer (in ``fraternal_tokenizer/``) and the sentence-transformers view."""
-    from modeling_ifcl import FRATERNAL_TOKENIZER
-
-    if model.config.fraternal_model_name_or_path is not None:
-        model.fraternal_tokenizer.save_pretrained(os.path.join(folder, FRATERNAL_TOKENIZER))
+        model.save_pretrained(folder)  # with its tokenizers
     save_view(model, folder)
 
 
