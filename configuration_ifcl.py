@@ -73,11 +73,22 @@ class IFCLSettings:
 
 @dataclass
 class SharedSettings:
-    """What every objective shares: the temperature of its InfoNCE terms and the poolers."""
+    """What every objective shares: the temperature of its InfoNCE terms, the poolers, and the Matryoshka sizes over
+    which its contrastive terms are summed."""
 
     temperature: float = field(default=0.05, metadata={"help": "τ of the InfoNCE terms (IFCL's Eq. 6–7)."})
     pooler_type: str = field(default="avg", metadata={"help": f"Training pooler, one of {POOLER_TYPES}."})
     eval_pooler_type: str = field(default="avg", metadata={"help": "Pooler of evaluation and of the saved model."})
+    matryoshka_dims: list[int] = field(
+        default_factory=list,
+        metadata={
+            "help": "Matryoshka sizes, e.g. 384 256 128 64 32: the contrastive terms are summed over the "
+            "embeddings' first that many dimensions, each an embedding of its own. None: the full size alone."
+        },
+    )
+    matryoshka_weights: list[float] = field(
+        default_factory=list, metadata={"help": "A weight per --matryoshka_dims size (default: all 1)."}
+    )
 
     def __post_init__(self) -> None:
         check_setting_types(self)
@@ -86,6 +97,15 @@ class SharedSettings:
         for name in ("pooler_type", "eval_pooler_type"):
             if getattr(self, name) not in POOLER_TYPES:
                 raise ValueError(f"{name} must be one of {', '.join(POOLER_TYPES)}; got {getattr(self, name)!r}.")
+        dims, weights = list(self.matryoshka_dims), list(self.matryoshka_weights)
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims) or len(set(dims)) < len(
+            dims
+        ):
+            raise ValueError(f"matryoshka_dims must be distinct whole numbers ≥ 1, got {dims}.")
+        if weights and (len(weights) != len(dims) or not all(math.isfinite(w) and w > 0 for w in weights)):
+            raise ValueError(
+                f"matryoshka_weights must be one number > 0 per size of matryoshka_dims {dims}, got {weights}."
+            )
 
 
 @dataclass

@@ -318,6 +318,10 @@ class IFCLModel(PreTrainedModel):
             if width != words.embedding_dim:
                 self.fraternal_projection = nn.Linear(width, words.embedding_dim)
         self.mlp = simcse_mlp(self.hidden_size) if "cls" in (config.pooler_type, config.eval_pooler_type) else None
+        if max(config.matryoshka_dims or [0]) > self.hidden_size:
+            raise ValueError(
+                f"matryoshka_dims {config.matryoshka_dims}: the embeddings have {self.hidden_size} dimensions."
+            )
         self.queue = self.new_queue()
         self._tokenizer = self._fraternal_tokenizer = None  # loaded from the folder when first asked for
         self.post_init()
@@ -537,6 +541,7 @@ class IFCLModel(PreTrainedModel):
         normalize_embeddings: bool = False,
         *,
         max_length: int | None = None,
+        truncate_dim: int | None = None,
         description: str = "Encoding",
     ) -> torch.Tensor | np.ndarray | list[torch.Tensor]:
         """Evaluation embeddings of ``sentences``, one float32 row per sentence, by default as one CPU tensor.
@@ -552,6 +557,8 @@ class IFCLModel(PreTrainedModel):
             normalize_embeddings: scale each row to length 1 (not normalised by default: take their cosine).
             max_length: truncation length; default the encoder's own limit (:func:`max_input_length`), not the
                 training length.
+            truncate_dim: keep each embedding's first that many dimensions (a Matryoshka size, ``matryoshka_dims``),
+                before any normalisation, as sentence-transformers does.
 
         Returns:
             The embeddings in input order. The model's training mode is restored afterwards.
@@ -559,6 +566,10 @@ class IFCLModel(PreTrainedModel):
         sentences = checked_sentences(sentences)
         if batch_size < 1:
             raise ValueError(f"batch_size must be ≥ 1, got {batch_size}.")
+        if truncate_dim is not None and not 1 <= truncate_dim <= self.hidden_size:
+            raise ValueError(
+                f"truncate_dim must lie in [1, {self.hidden_size}], the embeddings' size; got {truncate_dim}."
+            )
         if prompt:
             sentences = [prompt + sentence for sentence in sentences]
         tokenizer = self.tokenizer
@@ -581,6 +592,7 @@ class IFCLModel(PreTrainedModel):
                 )
             finally:
                 self.train(was_training)
+        embeddings = embeddings[:, :truncate_dim]
         if normalize_embeddings:
             embeddings = nn.functional.normalize(embeddings, p=2, dim=1)
         if convert_to_tensor or (convert_to_tensor is None and not convert_to_numpy):

@@ -240,6 +240,8 @@ def main(argv: list[str] | None = None):
         "contrastive_temperature": shared.temperature,
         "pooler_type": shared.pooler_type,
         "eval_pooler_type": shared.eval_pooler_type,
+        "matryoshka_dims": shared.matryoshka_dims,
+        "matryoshka_weights": shared.matryoshka_weights,
         "max_seq_length": data_args.max_seq_length,
         "queue_batch_size": global_batch_size(training_args),
         "objective": run_args.objective,

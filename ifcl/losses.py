@@ -7,6 +7,9 @@ Every term is computed in float32 with autocast off, so bf16/fp16 training does 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -31,6 +34,36 @@ def forgetting_coefficients(ages: torch.Tensor, forgetting_rate: float) -> torch
     return torch.where(ages > 0, 1.0 - forgetting_rate * ages, 0.0)
 
 
+@dataclass(frozen=True)
+class Matryoshka:
+    """Matryoshka sizes (Kusupati et al., "Matryoshka Representation Learning", NeurIPS 2022), as sentence-transformers'
+    ``MatryoshkaLoss`` trains them: a contrastive term becomes Σ_d w_d · term(h[:, :d]), the embeddings cut to their
+    first d dimensions (the cosine re-normalises each cut), so that each prefix is an embedding of its own."""
+
+    dims: tuple[int, ...]
+    weights: tuple[float, ...]
+
+    @classmethod
+    def of(cls, config) -> Matryoshka | None:
+        """The sizes a model config names (``matryoshka_dims``, ``matryoshka_weights``: default all 1); None: none."""
+        dims = tuple(getattr(config, "matryoshka_dims", None) or ())
+        weights = tuple(getattr(config, "matryoshka_weights", None) or (1.0,) * len(dims))
+        return cls(dims, weights) if dims else None
+
+
+def over_sizes(matryoshka: Matryoshka | None, loss_at: Callable[[int | None], Any]) -> Any:
+    """Σ_d w_d · ``loss_at(d)`` over the Matryoshka sizes, or ``loss_at(None)`` (the full size) without them; a
+    ``loss_at`` that returns (loss, terms by name) is summed term by term."""
+    if matryoshka is None:
+        return loss_at(None)
+    results = [(weight, loss_at(dim)) for dim, weight in zip(matryoshka.dims, matryoshka.weights)]
+    if not isinstance(results[0][1], tuple):
+        return sum(weight * loss for weight, loss in results)
+    names = results[0][1][1]
+    total = sum(weight * loss for weight, (loss, _) in results)
+    return total, {name: sum(weight * terms[name] for weight, (_, terms) in results) for name in names}
+
+
 def info_nce(
     anchors: torch.Tensor,
     positives: torch.Tensor,
@@ -38,14 +71,24 @@ def info_nce(
     extra_negatives: torch.Tensor | None = None,
     extra_log_weights: torch.Tensor | None = None,
     label_offset: int = 0,
+    matryoshka: Matryoshka | None = None,
 ) -> torch.Tensor:
-    """Mean InfoNCE of anchors against in-batch candidates ``positives``.
+    """Mean InfoNCE of anchors against in-batch candidates ``positives`` (summed over ``matryoshka``'s sizes, the
+    extra negatives cut alike, when given).
 
     Anchor i's positive is candidate ``label_offset + i``: with several processes, ``positives`` holds the
     candidates of all of them and the offset points at this process's own rows. ``extra_negatives`` [K, D] join the
     denominator, each weighted by ``exp(extra_log_weights)``: adding the log weight to the logit, then a
     cross-entropy, is the weighted sum of Eq. 6 in a numerically stable form. A log weight of −inf removes an entry.
     """
+    if matryoshka is not None:
+        extra = extra_negatives
+
+        def at_size(d: int | None) -> torch.Tensor:
+            cut = None if extra is None else extra[..., :d]
+            return info_nce(anchors[..., :d], positives[..., :d], temperature, cut, extra_log_weights, label_offset)
+
+        return over_sizes(matryoshka, at_size)
     with float32_region(anchors):
         unit_anchors = F.normalize(anchors.float(), dim=-1)
         logits = unit_anchors @ F.normalize(positives.float(), dim=-1).T / temperature
@@ -66,9 +109,9 @@ class IdenticalTwinsLoss(nn.Module):
     ℓ^I_i = −log e^{sim(h_i,h_i⁺)/τ} / (Σ_j e^{sim(h_i,h_j⁺)/τ} + Σ_m p_m e^{sim(h_i,H_m)/τ}).
     """
 
-    def __init__(self, temperature: float = 0.05) -> None:
+    def __init__(self, temperature: float = 0.05, matryoshka: Matryoshka | None = None) -> None:
         super().__init__()
-        self.temperature = temperature
+        self.temperature, self.matryoshka = temperature, matryoshka
 
     def forward(
         self,
@@ -78,7 +121,8 @@ class IdenticalTwinsLoss(nn.Module):
         queue_log_coefficients: torch.Tensor | None = None,
         label_offset: int = 0,
     ) -> torch.Tensor:
-        return info_nce(anchor, identical, self.temperature, queue_embeddings, queue_log_coefficients, label_offset)
+        queue = (queue_embeddings, queue_log_coefficients)
+        return info_nce(anchor, identical, self.temperature, *queue, label_offset, self.matryoshka)
 
 
 class FraternalTwinsLoss(nn.Module):
@@ -87,12 +131,12 @@ class FraternalTwinsLoss(nn.Module):
     No queue: ℓ^F is an auxiliary objective that adds the fraternal language's features.
     """
 
-    def __init__(self, temperature: float = 0.05) -> None:
+    def __init__(self, temperature: float = 0.05, matryoshka: Matryoshka | None = None) -> None:
         super().__init__()
-        self.temperature = temperature
+        self.temperature, self.matryoshka = temperature, matryoshka
 
     def forward(self, anchor: torch.Tensor, fraternal: torch.Tensor, label_offset: int = 0) -> torch.Tensor:
-        return info_nce(anchor, fraternal, self.temperature, label_offset=label_offset)
+        return info_nce(anchor, fraternal, self.temperature, label_offset=label_offset, matryoshka=self.matryoshka)
 
 
 class TwinsLoss(nn.Module):
@@ -125,12 +169,20 @@ class TwinsLoss(nn.Module):
 
 class IFCLTerms(nn.Module):
     """Eq. 9: ℓ^I + w_F·ℓ^F + w_T·ℓ^T, each averaged over the batch, for the trainer's IFCL objective and the
-    sentence-transformers ``IFCLLoss`` alike. With w_F = w_T = 0 and no queue this is unsupervised SimCSE."""
+    sentence-transformers ``IFCLLoss`` alike. With w_F = w_T = 0 and no queue this is unsupervised SimCSE. With
+    ``matryoshka``, ℓ^I (the queue's rows cut alike) and ℓ^F are summed over its sizes; ℓ^T, whose margin is the
+    embedding layer's, keeps the full size (docs/paper-reading.md)."""
 
-    def __init__(self, temperature: float = 0.05, fraternal_loss_weight: float = 1.0, twins_loss_weight: float = 1.0):
+    def __init__(
+        self,
+        temperature: float = 0.05,
+        fraternal_loss_weight: float = 1.0,
+        twins_loss_weight: float = 1.0,
+        matryoshka: Matryoshka | None = None,
+    ):
         super().__init__()
-        self.identical_loss = IdenticalTwinsLoss(temperature)
-        self.fraternal_loss = FraternalTwinsLoss(temperature)
+        self.identical_loss = IdenticalTwinsLoss(temperature, matryoshka)
+        self.fraternal_loss = FraternalTwinsLoss(temperature, matryoshka)
         self.twins_loss = TwinsLoss()
         self.fraternal_loss_weight = fraternal_loss_weight
         self.twins_loss_weight = twins_loss_weight

@@ -223,6 +223,22 @@ def results_table(results: dict[str, Any], tasks: list[str]) -> str:
     return markdown_table(["STS set", "split", "metric", "before training", "after training"], rows)
 
 
+def matryoshka_table(results: dict[str, Any], tasks: list[str], config: IFCLConfig) -> str | None:
+    """Spearman × 100 after training of the embeddings cut to each Matryoshka size (``matryoshka_dims``), dev and
+    test per task; None for a model trained without sizes."""
+    sizes = sorted(set(getattr(config, "matryoshka_dims", None) or ()), reverse=True)
+    if not sizes:
+        return None
+    width = (config.encoder_config or {}).get("hidden_size")
+    rows = []
+    for size in sizes:
+        suffix = "" if size == width else f"_{size}"
+        figures = [results.get(f"{split}_{task}_spearman{suffix}") for task in tasks for split in ("eval", "test")]
+        rows.append([size, *("–" if value is None else f"{value:.2f}" for value in figures)])
+    header = [f"{task} {label}" for task in tasks for label in ("dev", "test")]
+    return markdown_table(["dimensions", *header], rows)
+
+
 def hub_eval_results(results: dict[str, Any], tasks: list[str], sts_sources: dict) -> list[EvalResult]:
     """The card metadata's results: ``spearman_cosine`` and ``pearson_cosine`` on the 0–1 scale, as
     sentence-transformers' cards give them (the run records × 100), and only for the built-in STS-B, the Hub's
@@ -649,6 +665,7 @@ def run_variables(facts: CardFacts) -> dict[str, Any]:
             for task in tasks
         ),
         "results_table": results_table(facts.results, tasks) if tasks else "No STS evaluation was run.",
+        "matryoshka_table": matryoshka_table(facts.results, tasks, facts.config),
         "dataset_size": facts.train_size,
         "data": training_data_facts(train_text, tokenizers) if train_text is not None else None,
         **hyperparameters(facts.training_args),

@@ -17,6 +17,7 @@ import torch
 from datasets import Dataset
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator
+from sentence_transformers.sentence_transformer.losses.matryoshka import ForwardDecorator
 from torch import nn
 
 from configuration_ifcl import IFCLSettings, SharedSettings
@@ -24,6 +25,7 @@ from ifcl import queue as ring
 from ifcl.data import check_text_dataset, check_training_data_size
 from ifcl.losses import IFCLTerms
 from modeling_ifcl import (
+    IFCLTwinsOutput,
     QueueBuffers,
     check_model_path,
     load_fraternal,
@@ -77,6 +79,7 @@ class IFCLLoss(nn.Module):
         self.warned_about_positions = False
         self.queue: QueueBuffers | None = None  # built at the first push: one slot holds one batch (N rows)
         self.pending_anchors: torch.Tensor | None = None  # the last training batch's anchors, pushed at the next one
+        self.views_of_step: tuple | None = None  # inside MatryoshkaLoss: its decorator and the step's views
 
     @property
     def encoder(self) -> nn.Module:
@@ -136,8 +139,35 @@ class IFCLLoss(nn.Module):
         return features["sentence_embedding"], mean_pool(outputs.hidden_states[0], attention_mask)
 
     def forward(self, sentence_features: Iterable[dict[str, torch.Tensor]], labels: torch.Tensor | None = None):
-        """The terms of Eq. 9 by name, each times its weight: the trainer sums them (Eq. 9) and logs each."""
-        columns = list(sentence_features)
+        """The terms of Eq. 9 by name, each times its weight: the trainer sums them (Eq. 9) and logs each.
+
+        Inside sentence-transformers' ``MatryoshkaLoss`` (which calls it once per size, the largest first, with its
+        ``ForwardDecorator`` on the model), the views are computed once, at the first call, and cut to each size: ℓ^I
+        (the queue's rows cut alike) and ℓ^F at each size, ℓ^T at the full size in the first call only; the queue
+        takes one push per step; the weighted sum is returned, as ``MatryoshkaLoss`` adds tensors.
+        """
+        decorator = self.model.forward if isinstance(self.model.forward, ForwardDecorator) else None
+        if decorator is not None and self.views_of_step is not None and self.views_of_step[0] is decorator:
+            first, (twins, queue_rows, queue_log_weights) = False, self.views_of_step[1]
+        else:
+            first, (twins, queue_rows, queue_log_weights) = True, self.views(list(sentence_features))
+            self.views_of_step = (decorator, (twins, queue_rows, queue_log_weights)) if decorator else None
+        size = getattr(decorator, "dim", None)
+        cut = IFCLTwinsOutput(**{name: value for name, value in twins.items()})
+        cut.anchor, cut.identical = twins.anchor[:, :size], twins.identical[:, :size]
+        cut.fraternal = None if twins.fraternal is None else twins.fraternal[:, :size]
+        terms = self.terms.terms(cut, None if queue_rows is None else queue_rows[:, :size], queue_log_weights)
+        if "loss_twins" in terms and decorator is not None:
+            if first:
+                terms["loss_twins"] = self.terms.terms(twins)["loss_twins"]  # ℓ^T keeps the full size
+            else:
+                del terms["loss_twins"]
+        weighted = {name: self.terms.weight(name) * term for name, term in terms.items()}
+        return weighted if decorator is None else sum(weighted.values())
+
+    def views(self, columns: list[dict[str, torch.Tensor]]) -> tuple[IFCLTwinsOutput, torch.Tensor | None, Any]:
+        """The batch's three views (the queue first takes the previous batch's anchors) and the queue's rows with
+        their log weights."""
         if self.training and not self.collated_by_name and not self.warned_about_positions:
             self.warned_about_positions = True
             logger.warning(
@@ -171,10 +201,9 @@ class IFCLLoss(nn.Module):
         queue_rows = queue_log_weights = None
         if self.queue is not None:
             queue_rows, queue_log_weights = ring.negatives(self.queue, self.settings.forgetting_rate)
-        terms = self.terms.terms(twins, queue_rows, queue_log_weights)
         if self.training and self.settings.queue_size > 0:
             self.pending_anchors = twins.anchor.detach().float()
-        return {name: self.terms.weight(name) * term for name, term in terms.items()}
+        return twins, queue_rows, queue_log_weights
 
     def get_config_dict(self) -> dict[str, Any]:
         """The loss's settings, for the model card sentence-transformers generates (the fraternal model by a public

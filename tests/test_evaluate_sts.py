@@ -681,3 +681,20 @@ def test_the_trainer_imports_the_evaluator_without_the_model_loading_and_mi_code
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"
+
+
+def test_truncate_dim_scores_the_first_dimensions(published_dir, two_sts_files, tmp_path):
+    """``--truncate_dim d`` scores the embeddings cut to their first d dimensions (a Matryoshka size), as
+    ``IFCLModel.encode(..., truncate_dim=d)`` gives them; a size larger than the embeddings is refused."""
+    from ifcl.data import load_sts_file
+    from modeling_ifcl import IFCLModel
+
+    mine = two_sts_files[0]
+    summary = evaluate(published_dir, mine, extra=["--output_dir", str(tmp_path / "cut"), "--truncate_dim", "8"])
+    model = IFCLModel.from_pretrained(published_dir)
+    evaluator = STSEvaluator.from_dataset(load_sts_file(mine, None), truncate_dims=[8])
+    assert summary["tasks"]["mine"]["spearman"] == pytest.approx(evaluator(model)["spearman_8"], abs=1e-4)
+    assert summary["model_label"].endswith("(avg, 8 dimensions)")
+    with pytest.raises(ValueError, match="--truncate_dim 4096: the embeddings have 32 dimensions"):
+        evaluate(published_dir, mine, extra=["--output_dir", str(tmp_path / "too"), "--truncate_dim", "4096"])
+    assert not (tmp_path / "too").exists()

@@ -165,3 +165,58 @@ def test_loss_is_float32_under_bf16_autocast():
     assert loss.dtype == torch.float32
     rounded = [[float(x) for x in row] for row in anchor.float().tolist()]
     assert loss.item() == pytest.approx(hand_info_nce(rounded, IDENTICAL, TAU), rel=1e-4)
+
+
+# The same sentences in 3-D: their first two dimensions are the 2-D vectors above, the third is made up.
+ANCHOR_3D = [[1.0, 0.0, 2.0], [0.0, 2.0, -1.0], [3.0, 3.0, 0.5]]
+IDENTICAL_3D = [[2.0, 0.0, 1.0], [1.0, 1.0, 0.0], [0.0, -1.0, 3.0]]
+FRATERNAL_3D = [[1.0, 1.0, -2.0], [0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]
+QUEUE_3D = [[-1.0, 0.0, 1.0], [0.0, 1.0, 2.0]]
+
+
+def test_matryoshka_sums_each_contrastive_term_over_the_cut_embeddings():
+    """Σ_d w_d · ℓ(h[:, :d]) for ℓ^I (the queue's rows cut alike) and ℓ^F, by hand at d = 3 and d = 2; ℓ^T keeps the
+    full size (its margin is the embedding layer's)."""
+    from ifcl.losses import Matryoshka, info_nce
+
+    sizes = Matryoshka(dims=(3, 2), weights=(1.0, 0.5))
+
+    def cut(rows, d):
+        return [row[:d] for row in rows]
+
+    def by_hand(anchors, positives, queue=(), weights=()):
+        return sum(
+            w * hand_info_nce(cut(anchors, d), cut(positives, d), TAU, cut(queue, d), weights)
+            for d, w in ((3, 1.0), (2, 0.5))
+        )
+
+    log_weights = torch.tensor(QUEUE_WEIGHTS).log()
+    got = info_nce(torch.tensor(ANCHOR_3D), torch.tensor(IDENTICAL_3D), TAU, torch.tensor(QUEUE_3D), log_weights)
+    assert got.item() == pytest.approx(hand_info_nce(ANCHOR_3D, IDENTICAL_3D, TAU, QUEUE_3D, QUEUE_WEIGHTS), rel=1e-5)
+    twins = IFCLTwinsOutput(
+        anchor=torch.tensor(ANCHOR_3D),
+        identical=torch.tensor(IDENTICAL_3D),
+        fraternal=torch.tensor(FRATERNAL_3D),
+        anchor_embedding_output=torch.tensor(ANCHOR),
+        identical_embedding_output=torch.tensor(IDENTICAL),
+        fraternal_embedding_output=torch.tensor(FRATERNAL),
+    )
+    plain = IFCLTerms(TAU).terms(twins, torch.tensor(QUEUE_3D), log_weights)
+    terms = IFCLTerms(TAU, matryoshka=sizes).terms(twins, torch.tensor(QUEUE_3D), log_weights)
+    assert terms["loss_identical"].item() == pytest.approx(by_hand(ANCHOR_3D, IDENTICAL_3D, QUEUE_3D, QUEUE_WEIGHTS))
+    assert terms["loss_fraternal"].item() == pytest.approx(by_hand(ANCHOR_3D, FRATERNAL_3D))
+    assert terms["loss_twins"].item() == pytest.approx(plain["loss_twins"].item())  # not cut
+    assert terms["loss_identical"].item() != pytest.approx(plain["loss_identical"].item())
+
+
+def test_matryoshka_sizes_are_checked_with_the_settings():
+    from configuration_ifcl import SharedSettings
+
+    assert SharedSettings(matryoshka_dims=[4, 2]).matryoshka_dims == [4, 2]
+    for dims, weights, named in [
+        ([0], [], "matryoshka_dims"),
+        ([4, 4], [], "matryoshka_dims"),
+        ([4, 2], [1.0], "matryoshka_weights"),
+    ]:
+        with pytest.raises(ValueError, match=named):
+            SharedSettings(matryoshka_dims=dims, matryoshka_weights=weights)

@@ -264,3 +264,43 @@ def test_under_sentence_transformers_trainer_bad_data_is_named_in_one_error_or_w
         trainer.train()
     ifcl_warnings = [record.getMessage() for record in caplog.records if record.name.startswith("ifcl")]
     assert len(ifcl_warnings) == (warning is not None) and all(warning in message for message in ifcl_warnings)
+
+
+def test_inside_sentence_transformers_matryoshka_loss_it_sums_its_terms_over_the_sizes(tiny_encoder_dir, tmp_path):
+    """``MatryoshkaLoss(model, IFCLLoss(model), dims)``: with dropout off, its loss is Σ_d w_d·(ℓ^I_d + w_F·ℓ^F_d) +
+    w_T·ℓ^T, as ``IFCLTerms`` with the same sizes gives it (ℓ^T at the full size, once); it trains with one queue push
+    per step, saves, and the folder loads with ``truncate_dim``."""
+    from sentence_transformers import SentenceTransformerTrainingArguments
+    from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
+
+    from ifcl.losses import IFCLTerms, Matryoshka
+
+    st_model = sentence_transformer_of(tiny_encoder_dir)
+    width = st_model.get_embedding_dimension()
+    dims, weights = (width, 16, 8), (1.0, 0.5, 2.0)
+    loss = IFCLLoss(st_model, queue_size=4, forgetting_rate=0.2, fraternal_loss_weight=0.7, twins_loss_weight=1.3)
+    matryoshka = MatryoshkaLoss(st_model, loss, list(dims), list(weights))
+    pairs = Dataset.from_dict({"sentence": ENGLISH * 2, "fraternal": GERMAN * 2})
+    batch = loss.data_collator(pairs)([pairs[i] for i in range(4)])
+    features = [
+        {key[len(column) + 1 :]: value for key, value in batch.items() if key.startswith(column + "_")}
+        for column in ("sentence", "fraternal")
+    ]
+    without_dropout(st_model)
+    st_model.eval(), loss.eval()
+    twins, _, _ = loss.views(features)
+    expected, _ = IFCLTerms(0.05, 0.7, 1.3, Matryoshka(dims, weights))(twins)
+    assert matryoshka(features, None).item() == pytest.approx(expected.item(), rel=1e-5)
+
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(tmp_path / "st"), per_device_train_batch_size=4, max_steps=3, use_cpu=True, report_to=[]
+    )
+    loss.train()
+    SentenceTransformerTrainer(model=st_model, args=args, train_dataset=pairs, loss=matryoshka).train()
+    # One push of four rows per step, not one per size: the two steps before the last, in 4 slots.
+    assert ring.size(loss.queue) == 8 and loss.queue.head.item() == 1
+    st_model.save(str(tmp_path / "saved"))
+    loaded = SentenceTransformer(str(tmp_path / "saved"), truncate_dim=8)
+    cut = loaded.encode(ENGLISH[:2], convert_to_tensor=True)
+    assert cut.shape == (2, 8)
+    torch.testing.assert_close(cut, st_model.encode(ENGLISH[:2], convert_to_tensor=True)[:, :8], atol=1e-5, rtol=0)

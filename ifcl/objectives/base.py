@@ -166,9 +166,13 @@ class Objective(nn.Module):
     card_settings: ClassVar[tuple[str, ...]] = ()
     # The command-line settings this objective alone reads beyond ``settings_class`` (refused with another objective).
     own_arguments: ClassVar[tuple[str, ...]] = ()
+    # Why ``matryoshka_dims`` cannot train this objective's embeddings (None: its contrastive terms take them).
+    without_matryoshka: ClassVar[str | None] = None
 
     def __init__(self, model: nn.Module, settings: Any = None) -> None:
         super().__init__()
+        if self.without_matryoshka and getattr(model.config, "matryoshka_dims", None):
+            raise ValueError(f"--matryoshka_dims with --objective {self.name}: {self.without_matryoshka}")
         if settings is None and self.settings_class is not None:
             settings = self.settings_class()
         self.settings = settings

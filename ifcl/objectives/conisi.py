@@ -340,6 +340,10 @@ class ConIsIObjective(Objective):
     )
     loss_terms = ("loss_contrastive", "loss_interactive")
     settings_class = ConIsISettings
+    without_matryoshka = (
+        "its InfoNCE compares the outputs of its training heads, not the embeddings the model publishes, so no size "
+        "of those would be trained. Train the sizes with another objective."
+    )
 
     def __init__(self, model: nn.Module, settings: ConIsISettings | None = None) -> None:
         super().__init__(model, settings)

@@ -15,7 +15,7 @@ from torch import nn
 
 from configuration_ifcl import IFCLSettings
 from ifcl import queue as ring
-from ifcl.losses import IFCLTerms
+from ifcl.losses import IFCLTerms, Matryoshka
 
 from .base import (
     Gather,
@@ -64,9 +64,8 @@ class IFCLObjective(Objective):
     def __init__(self, model: nn.Module, settings: IFCLSettings | None = None) -> None:
         config = model.config
         super().__init__(model, settings if settings is not None else self.stored_settings(config))
-        self.terms = IFCLTerms(
-            config.contrastive_temperature, self.settings.fraternal_loss_weight, self.settings.twins_loss_weight
-        )
+        weights = (self.settings.fraternal_loss_weight, self.settings.twins_loss_weight)
+        self.terms = IFCLTerms(config.contrastive_temperature, *weights, Matryoshka.of(config))
         self.fraternal_pad_token_id = config.fraternal_pad_token_id or 0
         # A fraternal model's own tokenizer reads the fraternal text; without one, the encoder's does.
         self.fraternal_tokenizer = model.fraternal_tokenizer if config.fraternal_model_name_or_path else None

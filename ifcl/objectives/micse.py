@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ifcl import queue as ring
-from ifcl.losses import float32_region, info_nce
+from ifcl.losses import Matryoshka, float32_region, info_nce
 from modeling_ifcl import ALL_LAYER_POOLERS, QueueBuffers, pool_hidden_states
 
 from .base import (
@@ -340,7 +340,7 @@ class MiCSEObjective(Objective):
             )
         layers = attention_layer_indices(settings.micse_attention_layers, num_layers)
         check_heads_per_group(num_heads, settings.micse_heads_per_group)
-        self.temperature = model.config.contrastive_temperature
+        self.temperature, self.matryoshka = model.config.contrastive_temperature, Matryoshka.of(model.config)
         self.attention_loss = AttentionMutualInformationLoss(
             settings.micse_attention_weight,
             layers,
@@ -387,7 +387,10 @@ class MiCSEObjective(Objective):
             queue, queue_log_weights = ring.negatives(self.queue)
         # L_C, Eq. 2: InfoNCE of the first views against the second views and Q. The in-batch terms are SimCSE's (the
         # denominator takes every second view, the positive too: Section 2's "standard InfoNCE"; Eq. 2 writes j ≠ i).
-        loss_contrastive = info_nce(first_views, candidates, self.temperature, queue, queue_log_weights, label_offset)
+        queue_negatives = (queue, queue_log_weights)
+        loss_contrastive = info_nce(
+            first_views, candidates, self.temperature, *queue_negatives, label_offset, self.matryoshka
+        )
         loss = loss_contrastive
         components = {"loss_contrastive": loss_contrastive.detach()}
         if self.uses_attentions:

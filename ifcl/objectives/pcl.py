@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ifcl.losses import float32_region
+from ifcl.losses import Matryoshka, float32_region, over_sizes
 from modeling_ifcl import max_input_length
 
 from .base import TOKEN_FIELDS, Gather, Objective, ObjectiveOutput, Paper, no_gather, unwrap_model
@@ -394,6 +394,7 @@ class PCLObjective(Objective):
             self.settings.pcl_cooperation_weight,
             self.settings.pcl_detach_kl_target,
         )
+        self.matryoshka = Matryoshka.of(unwrapped.config)  # every term summed over its sizes
         self.encoder_config = unwrapped.encoder.config  # its input limit caps the views word repetition lengthens
         # θ′: None when tied to θ. Untied, a trainable second IFCL model of the same config holding a copy of the
         # encoder (and of SimCSE's MLP for the cls pooler), so it pools exactly like θ.
@@ -511,7 +512,8 @@ class PCLObjective(Objective):
         peer_anchors, peer_positives = peer[:num_sentences], peer[num_sentences:].reshape(positives_shape)
         main_candidates, label_offset = gather(main_anchors)
         peer_candidates, _ = gather(peer_anchors)
-        loss, components = self.loss(
-            main_anchors, main_positives, peer_anchors, peer_positives, main_candidates, peer_candidates, label_offset
+        embeddings = (main_anchors, main_positives, peer_anchors, peer_positives, main_candidates, peer_candidates)
+        loss, components = over_sizes(
+            self.matryoshka, lambda d: self.loss(*(rows[..., :d] for rows in embeddings), label_offset)
         )
         return ObjectiveOutput(loss, components)

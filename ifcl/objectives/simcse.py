@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ifcl.losses import info_nce
+from ifcl.losses import Matryoshka, info_nce
 
 from .base import Gather, Objective, ObjectiveOutput, Paper, no_gather
 
@@ -35,7 +35,7 @@ class SimCSEObjective(Objective):
 
     def __init__(self, model: nn.Module, settings=None) -> None:
         super().__init__(model, settings)
-        self.temperature = model.config.contrastive_temperature
+        self.temperature, self.matryoshka = model.config.contrastive_temperature, Matryoshka.of(model.config)
 
     def forward(
         self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
@@ -43,5 +43,5 @@ class SimCSEObjective(Objective):
         inputs = {k: v for k, v in inputs.items() if not k.startswith("fraternal_")}
         twins = model(**inputs, return_twins=True)
         positives, offset = gather(twins.identical)
-        loss = info_nce(twins.anchor, positives, self.temperature, label_offset=offset)
+        loss = info_nce(twins.anchor, positives, self.temperature, label_offset=offset, matryoshka=self.matryoshka)
         return ObjectiveOutput(loss, {"loss_contrastive": loss.detach()})

@@ -70,6 +70,10 @@ class ModelArguments:
         default=None,
         metadata={"help": "Truncation length; None: the model's own limit, as IFCLModel.encode and the Trainer."},
     )
+    truncate_dim: int | None = field(
+        default=None,
+        metadata={"help": "Score the embeddings' first that many dimensions (a Matryoshka size); None: all of them."},
+    )
     trust_remote_code: bool = field(
         default=False,
         metadata={
@@ -89,6 +93,8 @@ class ModelArguments:
         check_model_path("--model_name_or_path", self.model_name_or_path)
         if self.max_seq_length is not None and self.max_seq_length < 1:
             raise ValueError(f"--max_seq_length must be ≥ 1, got {self.max_seq_length}.")
+        if self.truncate_dim is not None and self.truncate_dim < 1:
+            raise ValueError(f"--truncate_dim must be ≥ 1, got {self.truncate_dim}.")
 
 
 @dataclass
@@ -173,12 +179,13 @@ def parse_arguments(argv: list[str]) -> tuple[ModelArguments, EvaluationArgument
 # ---------------------------------------------------------------------------------------------------- output
 
 
-def model_label(model_name_or_path: str, pooler_type: str | None) -> str:
-    """Row name of the results table: the folder name (or Hub id) and the pooler."""
+def model_label(model_name_or_path: str, pooler_type: str | None, truncate_dim: int | None = None) -> str:
+    """Row name of the results table: the folder name (or Hub id), the pooler and a Matryoshka size."""
     name = model_name_or_path.rstrip("/\\")
     if os.path.isdir(name):
         name = os.path.basename(os.path.abspath(name))
-    return f"{name} ({pooler_type})" if pooler_type else name
+    details = [part for part in (pooler_type, truncate_dim and f"{truncate_dim} dimensions") if part]
+    return f"{name} ({', '.join(details)})" if details else name
 
 
 def safe_file_name(name: str) -> str:
@@ -444,9 +451,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         trust_remote_code=model_args.trust_remote_code,
     )
     encoder = loaded.encoder
+    width = encoder.encode(["width"]).shape[1]
+    if model_args.truncate_dim is not None and model_args.truncate_dim > width:
+        raise ValueError(f"--truncate_dim {model_args.truncate_dim}: the embeddings have {width} dimensions.")
+    encoder.truncate_dim = model_args.truncate_dim
     if dtype is not None and encoder.device.type == "cpu":
         logger.warning(f"--{'bf16' if eval_args.bf16 else 'fp16'} on the CPU: half precision is meant for GPUs.")
-    label = model_label(model_args.model_name_or_path, loaded.pooler_type)
+    label = model_label(model_args.model_name_or_path, loaded.pooler_type, model_args.truncate_dim)
 
     # 3. The evaluation: what fails now is the run (exit code 1).
     with failures_of_the_run():

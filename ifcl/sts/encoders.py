@@ -60,6 +60,7 @@ class Encoder:
     def __init__(self, model: nn.Module, max_length: int | None = None) -> None:
         self.model = model
         self.max_length = max_length
+        self.truncate_dim: int | None = None
 
     @property
     def device(self) -> torch.device:
@@ -73,9 +74,10 @@ class Encoder:
         *,
         description: str = "Encoding",
     ) -> torch.Tensor:
-        """Evaluation embeddings, one float32 CPU row per sentence, in input order."""
+        """Evaluation embeddings, one float32 CPU row per sentence, in input order (their first
+        :attr:`truncate_dim` dimensions when set: a Matryoshka size)."""
         with training_mode(self.model, False):
-            return self.embed(list(sentences), batch_size, show_progress_bar, description)
+            return self.embed(list(sentences), batch_size, show_progress_bar, description)[:, : self.truncate_dim]
 
     @torch.no_grad()
     def twins(self, sentences: Sequence[str], fraternals: Sequence[str] | None = None) -> Views:

@@ -54,7 +54,9 @@ class STSEvaluator:
     """Spearman × 100 between cos(emb(sentence1), emb(sentence2)) and the gold scores of one STS set.
 
     Each distinct sentence is encoded once, ``batch_size`` at a time, under a progress bar named ``STS <name>``.
-    Calling it returns ``{"spearman": ..., "pearson": ...}``; :meth:`evaluate` also gives the cosine of every pair.
+    Calling it returns ``{"spearman": ..., "pearson": ...}``, and for each of ``truncate_dims`` (Matryoshka sizes)
+    the figures of the embeddings cut to their first d dimensions (``spearman_<d>``, ``pearson_<d>``), from the same
+    encoding; :meth:`evaluate` also gives the cosine of every pair.
     """
 
     def __init__(
@@ -64,6 +66,7 @@ class STSEvaluator:
         scores: Sequence[float],
         name: str = "sts",
         batch_size: int = 128,
+        truncate_dims: Sequence[int] = (),
     ) -> None:
         if not (len(sentences1) == len(sentences2) == len(scores)):
             raise ValueError(
@@ -77,21 +80,23 @@ class STSEvaluator:
         self.scores = np.asarray(scores, dtype=np.float64)
         self.name = name
         self.batch_size = batch_size
+        self.truncate_dims = tuple(truncate_dims)
 
     @classmethod
-    def from_dataset(cls, dataset, name: str = "sts", batch_size: int = 128) -> STSEvaluator:
+    def from_dataset(cls, dataset, name: str = "sts", batch_size: int = 128, truncate_dims=()) -> STSEvaluator:
         """From a ``datasets.Dataset`` with columns sentence1, sentence2, score."""
-        return cls(dataset["sentence1"], dataset["sentence2"], dataset["score"], name=name, batch_size=batch_size)
+        columns = (dataset["sentence1"], dataset["sentence2"], dataset["score"])
+        return cls(*columns, name=name, batch_size=batch_size, truncate_dims=truncate_dims)
 
     def __len__(self) -> int:
         """The number of pairs (the Trainer's speed metrics count them)."""
         return len(self.scores)
 
-    def similarities(
+    def pair_embeddings(
         self, model: SentenceEncoder, batch_size: int | None = None, show_progress_bar: bool = True
-    ) -> np.ndarray:
-        """Cosine similarity of every pair under ``model``'s evaluation embeddings; ``FloatingPointError`` naming the
-        model, the set and the first sentence whose embedding is not finite."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The evaluation embeddings of every pair's two sentences (float32), each distinct sentence encoded once;
+        ``FloatingPointError`` naming the model, the set and the first sentence whose embedding is not finite."""
         unique = list(dict.fromkeys(self.sentences1 + self.sentences2))
         embeddings = model.encode(
             unique,
@@ -111,14 +116,20 @@ class STSEvaluator:
                 "hold NaN or infinities, or half precision overflowed; no correlation can be computed."
             )
         index = {sentence: i for i, sentence in enumerate(unique)}
-        first = embeddings[[index[s] for s in self.sentences1]]
-        second = embeddings[[index[s] for s in self.sentences2]]
-        return F.cosine_similarity(first.float(), second.float(), dim=-1).numpy().astype(np.float64)
+        first = embeddings[[index[s] for s in self.sentences1]].float()
+        return first, embeddings[[index[s] for s in self.sentences2]].float()
+
+    def similarities(
+        self, model: SentenceEncoder, batch_size: int | None = None, show_progress_bar: bool = True
+    ) -> np.ndarray:
+        """Cosine similarity of every pair under ``model``'s evaluation embeddings."""
+        first, second = self.pair_embeddings(model, batch_size, show_progress_bar)
+        return F.cosine_similarity(first, second, dim=-1).numpy().astype(np.float64)
 
     def evaluate(
         self, model: SentenceEncoder, batch_size: int | None = None, show_progress_bar: bool = True
     ) -> STSEvaluation:
-        """Correlations and the cosine of every pair."""
+        """Correlations and the cosine of every pair, of the whole embeddings."""
         predicted = self.similarities(model, batch_size, show_progress_bar)
         figures = sts_correlations(predicted, self.scores)
         return STSEvaluation(figures["spearman"], figures["pearson"], predicted, len(self))
@@ -126,6 +137,14 @@ class STSEvaluator:
     def __call__(
         self, model: SentenceEncoder, batch_size: int | None = None, show_progress_bar: bool = True
     ) -> dict[str, float]:
-        """``{"spearman": ..., "pearson": ...}``, what the Trainer logs."""
-        evaluation = self.evaluate(model, batch_size, show_progress_bar)
-        return {"spearman": evaluation.spearman, "pearson": evaluation.pearson}
+        """``{"spearman": ..., "pearson": ...}`` (and ``spearman_<d>``, ``pearson_<d>`` for each of
+        :attr:`truncate_dims`), what the Trainer logs."""
+        first, second = self.pair_embeddings(model, batch_size, show_progress_bar)
+        figures = {}
+        for d in (None, *self.truncate_dims):
+            predicted = F.cosine_similarity(first[:, :d], second[:, :d], dim=-1).numpy().astype(np.float64)
+            suffix = "" if d is None else f"_{d}"
+            figures.update(
+                {f"{name}{suffix}": value for name, value in sts_correlations(predicted, self.scores).items()}
+            )
+        return figures
