@@ -11,7 +11,7 @@ from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
-POOLER_TYPES = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
+POOLER_TYPES = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "last")
 SETTINGS_KEY = "ifcl"  # config.json: the encoder's own config (read without remote code), IFCL's settings under this
 FILE_KEYS = ("architectures", "auto_map", "transformers_version", "_name_or_path", "_commit_hash")
 # The Python types each setting's annotation allows (an int where a float is asked for; never a bool for a number).
@@ -89,6 +89,13 @@ class SharedSettings:
     matryoshka_weights: list[float] = field(
         default_factory=list, metadata={"help": "A weight per --matryoshka_dims size (default: all 1)."}
     )
+    training_dropout: float = field(
+        default=0.1,
+        metadata={
+            "help": "Attention dropout while training an encoder whose own dropouts are all 0 (decoders, "
+            "ModernBERT), so that identical twins differ; 0 refuses such an encoder."
+        },
+    )
 
     def __post_init__(self) -> None:
         check_setting_types(self)
@@ -97,6 +104,8 @@ class SharedSettings:
         for name in ("pooler_type", "eval_pooler_type"):
             if getattr(self, name) not in POOLER_TYPES:
                 raise ValueError(f"{name} must be one of {', '.join(POOLER_TYPES)}; got {getattr(self, name)!r}.")
+        if not math.isfinite(self.training_dropout) or not 0 <= self.training_dropout < 1:
+            raise ValueError(f"training_dropout must lie in [0, 1), got {self.training_dropout}.")
         dims, weights = list(self.matryoshka_dims), list(self.matryoshka_weights)
         if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims) or len(set(dims)) < len(
             dims

@@ -47,6 +47,23 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
     return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
 
 
+def last_token(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The state of each row's last real token (the ``last`` pooler of decoder-based embedders), either padding side."""
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    last = (positions * attention_mask.bool()).argmax(dim=1)
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+
+
+def right_padded(attention_mask: torch.Tensor, *rows: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """A batch padded on the left moved to right padding, each row's real tokens first (the mask, then ``rows``
+    reordered alike): positions then count from each sentence's first token, and fusion pairs token i of a sentence
+    with token i of its translation (docs/paper-reading.md). A right-padded batch is returned as it is."""
+    if bool(attention_mask[:, 0].all()):
+        return (attention_mask, *rows)
+    order = torch.argsort((attention_mask == 0).to(torch.int8), dim=1, stable=True)
+    return tuple(None if row is None else row.gather(1, order) for row in (attention_mask, *rows))
+
+
 def pool_hidden_states(
     pooler_type: str, attention_mask: torch.Tensor, hidden_states: Sequence[torch.Tensor], cls_head=None
 ) -> torch.Tensor:
@@ -62,6 +79,8 @@ def pool_hidden_states(
         return mean_pool((hidden_states[1] + last) / 2.0, attention_mask)
     if pooler_type == "avg_top2":
         return mean_pool((hidden_states[-2] + last) / 2.0, attention_mask)
+    if pooler_type == "last":
+        return last_token(last, attention_mask)
     raise ValueError(f"Unknown pooler_type {pooler_type!r}; expected one of {', '.join(POOLER_TYPES)}.")
 
 
@@ -496,6 +515,7 @@ class IFCLModel(PreTrainedModel):
         views (:func:`twin_views`). ``return_dict`` is accepted and ignored: the output is a ``ModelOutput``."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
+        attention_mask, input_ids, token_type_ids = right_padded(attention_mask, input_ids, token_type_ids)
         if not return_twins:
             pooler = self.config.pooler_type if training_pooler else self.config.eval_pooler_type
             return self.encode_tokens(
@@ -517,6 +537,7 @@ class IFCLModel(PreTrainedModel):
         if fraternal_input_ids is not None and self.config.uses_fraternal_twins:
             if fraternal_attention_mask is None:
                 fraternal_attention_mask = torch.ones_like(fraternal_input_ids)
+            fraternal_attention_mask, fraternal_input_ids = right_padded(fraternal_attention_mask, fraternal_input_ids)
             fraternal = (
                 self.fraternal_word_embeddings,
                 self.config.fusion_rate,

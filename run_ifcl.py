@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None):
         "eval_pooler_type": shared.eval_pooler_type,
         "matryoshka_dims": shared.matryoshka_dims,
         "matryoshka_weights": shared.matryoshka_weights,
+        "training_dropout": shared.training_dropout,
         "max_seq_length": data_args.max_seq_length,
         "queue_batch_size": global_batch_size(training_args),
         "objective": run_args.objective,

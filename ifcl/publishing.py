@@ -34,7 +34,12 @@ ST_DENSE = "sentence_transformers.base.modules.dense.Dense"
 ST_NORMALIZE = "sentence_transformers.base.modules.normalize.Normalize"
 # Each evaluation pooler's Pooling mode, and whether SimCSE's MLP follows as a Dense module (avg_first_last and
 # avg_top2 have no sentence-transformers module: no view is written for them).
-POOLING_MODES = {"avg": ("mean", False), "cls_before_pooler": ("cls", False), "cls": ("cls", True)}
+POOLING_MODES = {
+    "avg": ("mean", False),
+    "cls_before_pooler": ("cls", False),
+    "cls": ("cls", True),
+    "last": ("lasttoken", False),
+}
 # The model's sub-modules that only training needs: checkpoints keep them (exact resume), published folders leave
 # them out. An objective's own modules (heads, peer network, momentum encoder) and IFCL's hippocampus queue (a
 # loaded model starts it empty).
@@ -129,6 +134,9 @@ def adopt_base(model) -> dict[str, Any] | None:
     if base is not None and base["max_seq_length"]:
         tokenizer.model_max_length = base["max_seq_length"]
     tokenizer.model_max_length = max_input_length(tokenizer, model.encoder.config)
+    tokenizer.padding_side = "right"  # as training and encode pad: sentence-transformers reads the saved side
+    if "last" in (model.config.pooler_type, model.config.eval_pooler_type):
+        append_eos_token(tokenizer)
     if base is None:
         return None
     if base["do_lower_case"]:
@@ -144,6 +152,24 @@ def adopt_base(model) -> dict[str, Any] | None:
             "part of the IFCL model; encode and the saved sentence-transformers view embed without them."
         )
     return base
+
+
+def append_eos_token(tokenizer) -> bool:
+    """For the ``last`` pooler, whose embedding is the last token's state: a tokenizer that ends a sentence with no
+    end-of-sequence token (most decoders') appends it, in its post-processor, so that training, ``encode`` and a
+    saved folder's tokenizer (sentence-transformers' view included) all end with it. Returns whether it was added."""
+    from tokenizers import processors
+
+    eos, eos_id = tokenizer.eos_token, tokenizer.eos_token_id
+    if eos is None or not getattr(tokenizer, "is_fast", False) or tokenizer("a")["input_ids"][-1:] == [eos_id]:
+        return False
+    backend = tokenizer.backend_tokenizer
+    appended = processors.TemplateProcessing(
+        single=f"$A {eos}", pair=f"$A {eos} $B:1 {eos}:1", special_tokens=[(eos, eos_id)]
+    )
+    steps = [backend.post_processor, appended] if backend.post_processor is not None else [appended]
+    backend.post_processor = processors.Sequence(steps)
+    return True
 
 
 @contextmanager

@@ -107,6 +107,35 @@ def fit_model(model: nn.Module, **settings: Any) -> None:
         model.fraternal_embeddings.weight.requires_grad_(not config.freeze_fraternal_embeddings)
 
 
+def fit_dropout(model: nn.Module) -> str | None:
+    """Identical twins are a sentence under two dropout masks, so an encoder whose every dropout is 0 (most decoders,
+    ModernBERT, ALBERT) gets the config's ``training_dropout`` in every dropout of its config and modules, as LLM2Vec
+    gives one; returns what was set, for the log. ``ValueError`` naming the setting when it is 0, or when
+    the encoder has no attention dropout to set."""
+    encoder_config = model.encoder.config
+    rates = {k: v for k, v in encoder_config.to_dict().items() if "dropout" in k and "classifier" not in k}
+    if any(isinstance(rate, float) and rate > 0 for rate in rates.values()):
+        return None
+    rate = getattr(model.config, "training_dropout", 0.0)
+    places = [m for m in model.encoder.modules() if isinstance(m, nn.Dropout)]
+    floats = [
+        (m, k) for m in model.encoder.modules() for k, v in vars(m).items() if "dropout" in k and type(v) is float
+    ]
+    if rate == 0 or not (places or floats):
+        raise ValueError(
+            f"{type(model.encoder).__name__} has no dropout ({', '.join(rates) or 'no dropout setting'} 0), so "
+            "identical twins would be exact copies of the anchors; set --training_dropout (e.g. 0.1) to train it "
+            "with dropout."
+        )
+    for name in rates:
+        setattr(encoder_config, name, rate)
+    for module in places:
+        module.p = rate
+    for module, name in floats:
+        setattr(module, name, rate)
+    return f"{type(model.encoder).__name__} has no dropout: its dropout is {rate} while training"
+
+
 @dataclass(frozen=True)
 class Paper:
     """The paper an objective implements: how a model card names it, a one-line description with its link, and
@@ -237,6 +266,9 @@ class Objective(nn.Module):
         ``global_batch`` rows (``fit_model``); a text ``train_dataset`` is tokenized under ``main_process_first``
         and its size checked (``check_training_data_size``). Returns the training features."""
         adopt_base(model)
+        dropout = fit_dropout(model)
+        if dropout:
+            logger.warning(f"{dropout} (--training_dropout), so that identical twins differ.")
         queue_batch_size = {"queue_batch_size": global_batch} if model.config.queue_batch_size != global_batch else {}
         fit_model(model, **self.run_settings(), **queue_batch_size)
         if model.queue is not None and queue_batch_size:

@@ -1,0 +1,119 @@
+"""Decoder-based embedders (Qwen2, Qwen3, Llama, Mistral, Gemma3) as IFCL encoders: the ``last`` pooler, an
+end-of-sequence token appended where their tokenizer adds none, left-padded batches taken as right-padded ones, and a
+training dropout where their config has none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ENGLISH, GERMAN, build_word_tokenizer, cpu_training_args
+from datasets import Dataset
+from torch import nn
+
+DECODERS = {
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "llama": ("LlamaConfig", {}),
+    "mistral": ("MistralConfig", {}),
+    "gemma3": ("Gemma3TextConfig", {"head_dim": 16}),
+}
+LAST = {"pooler_type": "last", "eval_pooler_type": "last", "max_seq_length": 16}
+
+
+def build_tiny_decoder(family: str, folder: Path) -> Path:
+    """A random tiny decoder of ``family`` (hidden size 32, attention dropout 0 as theirs is) and a word-level
+    tokenizer that, like theirs, ends a sentence with no end-of-sequence token."""
+    import transformers
+    from transformers import AutoModel
+
+    tokenizer = build_word_tokenizer(ENGLISH + GERMAN)
+    tokenizer.backend_tokenizer.post_processor = None
+    config_class, settings = DECODERS[family]
+    ids = {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id") for name in ("pad", "bos", "eos")}
+    config = getattr(transformers, config_class)(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        **ids,
+        **settings,
+    )
+    torch.manual_seed(0)
+    AutoModel.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("family", list(DECODERS))
+def test_each_decoder_trains_with_the_last_pooler_and_reloads_alike(family, tmp_path, caplog):
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel
+
+    from modeling_ifcl import IFCLModel
+    from trainer_ifcl import IFCLTrainer
+
+    decoder = build_tiny_decoder(family, tmp_path / family)
+    model = IFCLModel.from_encoder(str(decoder), queue_size=2, **LAST)
+    data = Dataset.from_dict({"sentence": ENGLISH[:8], "fraternal": GERMAN[:8]})
+    args = cpu_training_args(tmp_path / "run", per_device_train_batch_size=4, max_steps=2, learning_rate=1e-3)
+    trainer = IFCLTrainer(model=model, args=args, train_dataset=data)
+    assert "its dropout is 0.1 while training (--training_dropout)" in caplog.text
+    assert model.tokenizer("A man.")["input_ids"][-1] == model.tokenizer.eos_token_id  # appended for `last`
+    assert trainer.train_dataset[0]["input_ids"][-1] == model.tokenizer.eos_token_id
+    trainer.train()
+    trained = model.encode(ENGLISH)
+    trainer.save_model()
+
+    folder = str(tmp_path / "run")
+    remote = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    assert (remote.encode(ENGLISH) - trained).abs().max() <= 1e-5
+    view = SentenceTransformer(folder, device="cpu")  # its own lasttoken pooling, the tokenizer as saved
+    assert (view.encode(ENGLISH, convert_to_tensor=True) - trained).abs().max() <= 1e-5
+
+
+def test_left_and_right_padded_batches_give_the_same_losses(tmp_path):
+    """Fusion pairs token i of a sentence with token i of its translation, counted from each one's first token: a
+    left-padded batch is moved to right padding first, so both give the same views and losses."""
+    from ifcl.losses import IFCLTerms
+    from modeling_ifcl import IFCLModel
+
+    model = IFCLModel.from_encoder(str(build_tiny_decoder("qwen2", tmp_path / "qwen2")), queue_size=0, **LAST)
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    model.eval()
+    tokenizer, sentences, translations = model.tokenizer, ENGLISH[:4], GERMAN[:4]
+    views = {}
+    for side in ("left", "right"):
+        tokenizer.padding_side = side
+        batch = tokenizer(sentences, padding=True, return_tensors="pt")
+        fraternal = tokenizer(translations, padding=True, return_tensors="pt")
+        assert side == "right" or not bool(batch["attention_mask"][:, 0].all())  # really padded on the left
+        views[side] = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            fraternal_input_ids=fraternal["input_ids"],
+            fraternal_attention_mask=fraternal["attention_mask"],
+            return_twins=True,
+        )
+    losses = {side: IFCLTerms()(twins)[0].item() for side, twins in views.items()}
+    assert losses["left"] == pytest.approx(losses["right"], abs=1e-5)
+    torch.testing.assert_close(views["left"].fraternal, views["right"].fraternal, atol=1e-5, rtol=0)
+
+
+def test_a_decoder_without_dropout_is_refused_with_training_dropout_0(tmp_path):
+    from datasets import Dataset as TextData
+
+    from modeling_ifcl import IFCLModel
+    from trainer_ifcl import IFCLTrainer
+
+    model = IFCLModel.from_encoder(str(build_tiny_decoder("llama", tmp_path / "llama")), training_dropout=0.0, **LAST)
+    args = cpu_training_args(tmp_path / "run", per_device_train_batch_size=4)
+    data = TextData.from_dict({"sentence": ENGLISH[:8], "fraternal": GERMAN[:8]})
+    with pytest.raises(ValueError, match="identical twins would be exact copies .* set --training_dropout"):
+        IFCLTrainer(model=model, args=args, train_dataset=data)
