@@ -158,12 +158,10 @@ class StartingModel:
         except (OSError, ValueError):
             config = None  # not readable here: AutoConfig says why
         saved_dict = ifcl_config_dict(config) if isinstance(config, dict) else None
-        saved = None
-        if saved_dict is not None:
-            try:
-                saved = IFCLConfig.from_dict(saved_dict)
-            except ValueError as error:
-                raise ValueError(f"{path}/config.json: {error}") from None
+        try:
+            saved = IFCLConfig.from_dict(saved_dict) if saved_dict is not None else None
+        except (TypeError, ValueError) as error:  # a setting of the wrong type or value
+            raise ValueError(f"{path}/config.json: {error}") from None
         try:
             options = {"trust_remote_code": trust_remote_code}
             encoder_config = saved.build_encoder_config() if saved else AutoConfig.from_pretrained(path, **options)
