@@ -1,6 +1,6 @@
 """IFCL: Identical and Fraternal Twins contrastive learning of sentence encoders, the Hugging Face way.
 
-``from ifcl import IFCLConfig, IFCLModel, IFCLSettings, IFCLTrainer, STSEvaluator`` (and ``IFCLLoss`` when
+``from ifcl import IFCLConfig, IFCLModel, IFCLSettings, IFCLTrainer, STSEvaluator`` (and ``IFCLLoss``, ``CachedIFCLLoss`` when
 sentence-transformers is installed). ``IFCLModel.from_pretrained(folder)`` loads a saved IFCL model with this
 package's classes, no remote code run. Importing the package registers the config and model with ``AutoConfig`` and
 ``AutoModel`` under the model type ``ifcl`` (for ``AutoModel.from_config``).
@@ -19,6 +19,7 @@ from modeling_ifcl import IFCLModel
 
 __version__ = "0.2.0"
 __all__ = [
+    "CachedIFCLLoss",
     "IFCLConfig",
     "IFCLLoss",
     "IFCLModel",
@@ -38,14 +39,14 @@ AutoModel.register(IFCLConfig, IFCLModel, exist_ok=True)
 
 
 def __getattr__(name: str) -> Any:
-    """``IFCLTrainer`` on first use (it imports this package's modules, which import the package); ``IFCLLoss``
-    imports sentence-transformers, an optional extra: only when asked for."""
+    """``IFCLTrainer`` on first use (it imports this package's modules, which import the package); ``IFCLLoss`` and
+    ``CachedIFCLLoss`` import sentence-transformers, an optional extra: only when asked for."""
     if name == "IFCLTrainer":
         from trainer_ifcl import IFCLTrainer
 
         return IFCLTrainer
-    if name == "IFCLLoss":
-        from ifcl.sentence_transformers_loss import IFCLLoss
+    if name in ("IFCLLoss", "CachedIFCLLoss"):
+        from ifcl import sentence_transformers_loss
 
-        return IFCLLoss
+        return getattr(sentence_transformers_loss, name)
     raise AttributeError(f"module 'ifcl' has no attribute {name!r}")

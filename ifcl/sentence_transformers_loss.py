@@ -3,27 +3,32 @@
 The same equations, settings and code as the trainer's IFCL objective (``modeling_ifcl.twin_views``,
 ``ifcl.losses.IFCLTerms``, ``ifcl.queue``). BEL_F, its projection and the queue live in the loss module and are not
 saved, so the trained model stays a plain sentence-transformers model. Unlike ``IFCLTrainer``, the queue takes one
-slot per batch, and the in-batch negatives are this process's own. Only this module imports sentence-transformers.
+slot per batch, and the in-batch negatives are this process's own. ``CachedIFCLLoss`` is the same loss with a
+gradient cache (GradCache), for batches larger than memory. Only this module imports sentence-transformers.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from contextlib import nullcontext
+from dataclasses import asdict, astuple, dataclass, field
 from typing import Any
 
 import torch
 from datasets import Dataset
 from sentence_transformers import SentenceTransformer
+from sentence_transformers.base.losses import CachedLossMixin, RandContext
+from sentence_transformers.base.losses.gradcache import _create_minibatch
 from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator
-from sentence_transformers.sentence_transformer.losses.matryoshka import ForwardDecorator
+from sentence_transformers.sentence_transformer.losses.matryoshka import CachedLossDecorator, ForwardDecorator
 from torch import nn
 
 from configuration_ifcl import IFCLSettings, SharedSettings
 from ifcl import queue as ring
 from ifcl.data import check_text_dataset, check_training_data_size
-from ifcl.losses import IFCLTerms
+from ifcl.losses import IFCLTerms, Matryoshka
 from modeling_ifcl import (
     IFCLTwinsOutput,
     QueueBuffers,
@@ -168,6 +173,14 @@ class IFCLLoss(nn.Module):
     def views(self, columns: list[dict[str, torch.Tensor]]) -> tuple[IFCLTwinsOutput, torch.Tensor | None, Any]:
         """The batch's three views (the queue first takes the previous batch's anchors) and the queue's rows with
         their log weights."""
+        self.start_step(columns)
+        twins = self.embed_twins(columns)
+        queue_rows, queue_log_weights = self.queue_negatives()
+        self.keep_anchors(twins.anchor)
+        return twins, queue_rows, queue_log_weights
+
+    def start_step(self, columns: list[dict[str, torch.Tensor]]) -> None:
+        """Check the batch's columns, and push the previous training batch's anchors into the queue."""
         if self.training and not self.collated_by_name and not self.warned_about_positions:
             self.warned_about_positions = True
             logger.warning(
@@ -186,6 +199,9 @@ class IFCLLoss(nn.Module):
             if self.queue is None:
                 self.queue = QueueBuffers(self.settings.queue_size, *anchors.shape).to(anchors.device)
             ring.push(self.queue, anchors)
+
+    def embed_twins(self, columns: list[dict[str, torch.Tensor]]) -> IFCLTwinsOutput:
+        """The three views of the rows of ``columns`` (the sentence, then its fraternal twin): ``twin_views``."""
         sentence = columns[0]
         fraternal = None
         if self.settings.uses_fraternal_twins:
@@ -197,13 +213,18 @@ class IFCLLoss(nn.Module):
                 self.fraternal_pad_token_id,
             )
         tokens = (sentence["input_ids"], sentence["attention_mask"], self.encoder.config.pad_token_id or 0)
-        twins = twin_views(self.encode_views, self.encoder.get_input_embeddings(), tokens, fraternal)
-        queue_rows = queue_log_weights = None
-        if self.queue is not None:
-            queue_rows, queue_log_weights = ring.negatives(self.queue, self.settings.forgetting_rate)
+        return twin_views(self.encode_views, self.encoder.get_input_embeddings(), tokens, fraternal)
+
+    def queue_negatives(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The queue's rows and their log weights (None, None before the first push)."""
+        if self.queue is None:
+            return None, None
+        return ring.negatives(self.queue, self.settings.forgetting_rate)
+
+    def keep_anchors(self, anchors: torch.Tensor) -> None:
+        """Keep a training batch's anchors, to push at the next batch."""
         if self.training and self.settings.queue_size > 0:
-            self.pending_anchors = twins.anchor.detach().float()
-        return twins, queue_rows, queue_log_weights
+            self.pending_anchors = anchors.detach().float()
 
     def get_config_dict(self) -> dict[str, Any]:
         """The loss's settings, for the model card sentence-transformers generates (the fraternal model by a public
@@ -222,6 +243,173 @@ class IFCLLoss(nn.Module):
         from ifcl.objectives import objective_class
 
         return objective_class("ifcl").paper.citation
+
+
+FRATERNAL_PREFIX = "fraternal_"  # the fraternal column's keys inside the one column a CachedIFCLLoss caches
+
+
+class CachedIFCLLoss(CachedLossMixin, IFCLLoss):
+    """:class:`IFCLLoss` with a gradient cache, GradCache (Gao et al., 2021, "Scaling Deep Contrastive Learning Batch
+    Size under Memory Limited Setup", arXiv:2101.06983), through sentence-transformers' own ``CachedLossMixin``: a
+    batch of any size trains in the memory of ``mini_batch_size`` rows, to the same loss and gradients (dropout
+    aside, whose masks are drawn per mini-batch), for one more forward pass of the encoder.
+
+    (1) Each mini-batch's views (anchors and identical twins: the sentence twice under two dropout masks; fraternal
+    twins: the encoder on fused word embeddings) are computed without gradients, the random state recorded before
+    (``RandContext``), and the mean-pooled embedding-layer outputs kept (ℓ^T's margin, which carries no gradient).
+    (2) Eq. 9 is computed over the whole batch, the queue's rows included (one push per step, as ``IFCLLoss``), and
+    back-propagated to the views only. (3) In the backward pass, each mini-batch is embedded again with gradients
+    under its recorded random state, so that every dropout mask, and so each identical twin, is the one of (1), and
+    its cached gradients are back-propagated into the model.
+
+    Args: those of :class:`IFCLLoss`, and ``mini_batch_size``, the rows embedded at once (memory, not the loss:
+    the in-batch negatives and the queue's slot are the whole batch's), and ``show_progress_bar``.
+
+    Inside sentence-transformers' ``MatryoshkaLoss``, whose ``CachedLossDecorator`` would compute every term, ℓ^T
+    included, at every size, the loss takes the decorator's sizes, weights and ``n_dims_per_step`` instead and sums
+    over them itself: ℓ^I (the queue's rows cut alike) and ℓ^F at each size, ℓ^T once at the full size, the same loss
+    as :class:`IFCLLoss` inside ``MatryoshkaLoss``.
+    """
+
+    def __init__(
+        self,
+        model: SentenceTransformer,
+        fraternal_model_name_or_path: str | None = None,
+        temperature: float = SharedSettings.temperature,
+        mini_batch_size: int = 32,
+        show_progress_bar: bool = False,
+        **settings: Any,
+    ) -> None:
+        if isinstance(mini_batch_size, bool) or not isinstance(mini_batch_size, int) or mini_batch_size < 1:
+            raise ValueError(f"CachedIFCLLoss: mini_batch_size must be a positive integer, not {mini_batch_size!r}.")
+        super().__init__(model, fraternal_model_name_or_path, temperature, **settings)
+        self.mini_batch_size, self.show_progress_bar = mini_batch_size, show_progress_bar
+        self.matryoshka: Matryoshka | None = None  # the sizes of a MatryoshkaLoss around this loss
+        self.n_dims_per_step = -1
+        self.step_state: dict[str, Any] | None = None  # one forward pass's queue rows and embedding-layer outputs
+
+    def forward(self, sentence_features: Iterable[dict[str, torch.Tensor]], labels: torch.Tensor | None = None):
+        """The terms of Eq. 9 by name, each times its weight, as :meth:`IFCLLoss.forward`; their sum back-propagates
+        through the gradient cache."""
+        columns = list(sentence_features)
+        self.start_step(columns)
+        # One column for CachedLossMixin, so that each mini-batch holds a sentence and its own fraternal twin.
+        merged = dict(columns[0])
+        if self.settings.uses_fraternal_twins:
+            merged.update({FRATERNAL_PREFIX + key: value for key, value in columns[1].items()})
+        self.step_state = {"queue": self.queue_negatives(), "embedding_outputs": []}
+        try:
+            loss = self.forward_cached([merged], labels)  # detached, its hook running step (3)
+            terms = self.step_state["terms"]
+        finally:
+            self.step_state = None
+        first = next(iter(terms))
+        terms[first] = terms[first] + (loss - loss.detach())  # the trainer sums the terms: one path to the hook
+        return terms
+
+    def embed_minibatch(
+        self,
+        sentence_feature: dict[str, torch.Tensor],
+        begin: int,
+        end: int,
+        with_grad: bool,
+        copy_random_state: bool,
+        random_state: RandContext | None = None,
+    ) -> tuple[torch.Tensor, RandContext | None]:
+        """Rows ``begin:end``'s views stacked, [rows, 2 or 3, dim] (anchor, identical, fraternal), under
+        ``random_state`` when one is given, the state first recorded when ``copy_random_state``; without gradients,
+        their embedding-layer outputs are kept for :meth:`calculate_loss`."""
+        sentence = {key: value for key, value in sentence_feature.items() if not key.startswith(FRATERNAL_PREFIX)}
+        fraternal = {
+            key[len(FRATERNAL_PREFIX) :]: value
+            for key, value in sentence_feature.items()
+            if key.startswith(FRATERNAL_PREFIX)
+        }
+        # CachedLossMixin's slicing: the rows, less the padding columns they all share.
+        columns = [_create_minibatch(column, begin, end) for column in (sentence, fraternal) if column]
+        with nullcontext() if random_state is None else random_state, nullcontext() if with_grad else torch.no_grad():
+            random_state = RandContext(*columns[0].values()) if copy_random_state else None
+            twins = self.embed_twins(columns)
+        if not with_grad:
+            self.step_state["embedding_outputs"].append(
+                (twins.anchor_embedding_output, twins.identical_embedding_output, twins.fraternal_embedding_output)
+            )
+        views = [twins.anchor, twins.identical] + ([] if twins.fraternal is None else [twins.fraternal])
+        return torch.stack(views, dim=1), random_state
+
+    def loss_of_views(
+        self, reps: list[list[torch.Tensor]], labels: torch.Tensor | None = None, *, with_backward: bool = False
+    ) -> torch.Tensor:
+        """``CachedLossMixin.calculate_loss``: Eq. 9 over the whole batch from the mini-batches' views (``reps[0]``),
+        back-propagated to them with ``with_backward``; the weighted terms are kept for :meth:`forward`, the
+        anchors for the queue's next push."""
+        views = torch.cat(reps[0])
+        outputs = [
+            None if parts[0] is None else torch.cat(parts) for parts in zip(*self.step_state["embedding_outputs"])
+        ]
+        twins = IFCLTwinsOutput(
+            anchor=views[:, 0],
+            identical=views[:, 1],
+            fraternal=views[:, 2] if views.shape[1] > 2 else None,
+            anchor_embedding_output=outputs[0],
+            identical_embedding_output=outputs[1],
+            fraternal_embedding_output=outputs[2],
+        )
+        self.keep_anchors(twins.anchor)
+        terms = self.terms
+        if self.matryoshka is not None:
+            (dims, weights), sizes = astuple(self.matryoshka), range(len(self.matryoshka.dims))
+            if 0 < self.n_dims_per_step < len(sizes):  # as MatryoshkaLoss samples them
+                sizes = sorted(random.sample(sizes, self.n_dims_per_step))
+            matryoshka = Matryoshka(tuple(dims[i] for i in sizes), tuple(weights[i] for i in sizes))
+            terms = IFCLTerms(
+                terms.identical_loss.temperature, terms.fraternal_loss_weight, terms.twins_loss_weight, matryoshka
+            )
+        weighted = {
+            name: self.terms.weight(name) * term
+            for name, term in terms.terms(twins, *self.step_state["queue"]).items()
+        }
+        total = sum(weighted.values())
+        if with_backward:
+            total.backward()
+        self.step_state["terms"] = {name: term.detach() for name, term in weighted.items()}
+        return total.detach()
+
+    @property
+    def calculate_loss(self):
+        """``CachedLossMixin``'s loss over the cached views: :meth:`loss_of_views`."""
+        return self.loss_of_views
+
+    @calculate_loss.setter
+    def calculate_loss(self, decorator: CachedLossDecorator) -> None:
+        """What ``MatryoshkaLoss`` sets: its sizes, weights and ``n_dims_per_step`` are taken, the decorator not."""
+        if not isinstance(decorator, CachedLossDecorator):
+            raise TypeError(f"CachedIFCLLoss.calculate_loss takes a MatryoshkaLoss's sizes only, not {decorator!r}.")
+        if self.matryoshka is not None:
+            raise ValueError("CachedIFCLLoss is inside a MatryoshkaLoss already; one MatryoshkaLoss per loss.")
+        self.matryoshka = Matryoshka(tuple(decorator.matryoshka_dims), tuple(decorator.matryoshka_weights))
+        self.n_dims_per_step = decorator.n_dims_per_step
+
+    def get_config_dict(self) -> dict[str, Any]:
+        """:meth:`IFCLLoss.get_config_dict` and ``mini_batch_size``."""
+        return {**super().get_config_dict(), "mini_batch_size": self.mini_batch_size}
+
+    @property
+    def citation(self) -> str:
+        """The IFCL paper's and GradCache's BibTeX entries."""
+        return super().citation + GRADCACHE_CITATION
+
+
+GRADCACHE_CITATION = """
+@misc{gao2021scaling,
+    title={Scaling Deep Contrastive Learning Batch Size under Memory Limited Setup},
+    author={Luyu Gao and Yunyi Zhang and Jiawei Han and Jamie Callan},
+    year={2021},
+    eprint={2101.06983},
+    archivePrefix={arXiv},
+    primaryClass={cs.LG}
+}
+"""
 
 
 @dataclass

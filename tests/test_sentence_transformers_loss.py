@@ -15,8 +15,8 @@ from sentence_transformers import SentenceTransformer, SentenceTransformerTraine
 from sentence_transformers.sentence_transformer.modules import Pooling, Transformer  # noqa: E402
 
 from ifcl import queue as ring  # noqa: E402
-from ifcl.sentence_transformers_loss import IFCLLoss  # noqa: E402
-from modeling_ifcl import IFCLModel  # noqa: E402
+from ifcl.sentence_transformers_loss import CachedIFCLLoss, IFCLLoss  # noqa: E402
+from modeling_ifcl import IFCLModel, IFCLTwinsOutput  # noqa: E402
 from trainer_ifcl import IFCLTrainer  # noqa: E402
 
 SETTINGS = dict(
@@ -304,3 +304,184 @@ def test_inside_sentence_transformers_matryoshka_loss_it_sums_its_terms_over_the
     cut = loaded.encode(ENGLISH[:2], convert_to_tensor=True)
     assert cut.shape == (2, 8)
     torch.testing.assert_close(cut, st_model.encode(ENGLISH[:2], convert_to_tensor=True)[:, :8], atol=1e-5, rtol=0)
+
+
+def features_of(batch: dict) -> list[dict[str, torch.Tensor]]:
+    """A collated batch as sentence-transformers hands it to a loss: one dict per column."""
+    return [
+        {key[len(column) + 1 :]: value for key, value in batch.items() if key.startswith(column + "_")}
+        for column in ("sentence", "fraternal")
+    ]
+
+
+def total_of(loss_output) -> torch.Tensor:
+    """The loss the trainer back-propagates: the sum of the terms when a loss returns them by name."""
+    return torch.stack(list(loss_output.values())).sum() if isinstance(loss_output, dict) else loss_output
+
+
+@pytest.mark.parametrize("matryoshka", [False, True], ids=["one size", "MatryoshkaLoss"])
+@pytest.mark.parametrize("with_fraternal_model", [False, True], ids=["BEL_F a copy of BEL_S", "fraternal model"])
+def test_the_cached_loss_and_its_gradients_equal_the_loss_without_cache(
+    tiny_encoder_dir, tiny_fraternal_dir, with_fraternal_model, matryoshka
+):
+    """Dropout off, float32, both word tables trained: over two steps of 6 rows (the second with the queue holding the
+    first's anchors), mini-batches of 4 and 2 rows give IFCLLoss's terms on the whole batch and the gradient of every
+    trainable parameter within 1e-5, alone and inside sentence-transformers' MatryoshkaLoss."""
+    from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
+
+    fraternal_dir = str(tiny_fraternal_dir) if with_fraternal_model else None
+    torch.manual_seed(0)
+    st_model = sentence_transformer_of(tiny_encoder_dir)
+    without_dropout(st_model)
+    unfrozen = {"freeze_word_embeddings": False, "freeze_fraternal_embeddings": False}
+    plain = IFCLLoss(st_model, fraternal_dir, **SETTINGS, **unfrozen)
+    cached = CachedIFCLLoss(st_model, fraternal_dir, mini_batch_size=4, **SETTINGS, **unfrozen)
+    cached.load_state_dict(plain.state_dict())  # the same BEL_F and projection
+    pairs = Dataset.from_dict({"sentence": ENGLISH, "fraternal": GERMAN})
+    runs = [(plain, plain.data_collator(pairs)), (cached, cached.data_collator(pairs))]
+    if matryoshka:
+        dims, weights = [st_model.get_embedding_dimension(), 16, 8], [1.0, 0.5, 2.0]
+        runs = [(MatryoshkaLoss(st_model, loss, dims, weights), collator) for loss, collator in runs]
+
+    for step in range(2):
+        rows = [pairs[i] for i in range(6 * step, 6 * step + 6)]
+        results = []
+        for loss, collator in runs:
+            loss.train()
+            loss.zero_grad(set_to_none=True)
+            output = loss(features_of(collator(rows)), None)
+            total_of(output).backward()
+            grads = {name: p.grad.clone() for name, p in loss.named_parameters() if p.grad is not None}
+            results.append((output, grads))
+        (plain_output, plain_grads), (cached_output, cached_grads) = results
+        if matryoshka:
+            assert total_of(cached_output).item() == pytest.approx(plain_output.item(), abs=1e-5)
+        else:
+            assert {name: value.item() for name, value in cached_output.items()} == pytest.approx(
+                {name: value.item() for name, value in plain_output.items()}, abs=1e-5
+            )
+        assert plain_grads.keys() == cached_grads.keys()
+        assert any("fraternal_embeddings" in name for name in plain_grads)
+        assert any("word_embeddings" in name for name in plain_grads)
+        for name, grad in plain_grads.items():
+            torch.testing.assert_close(cached_grads[name], grad, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+    assert ring.size(cached.queue) == 6
+    torch.testing.assert_close(cached.queue.embeddings, plain.queue.embeddings, atol=1e-5, rtol=0)
+
+
+def test_with_dropout_the_gradient_pass_replays_the_embedding_pass(tiny_encoder_dir, monkeypatch):
+    """Dropout on: each mini-batch's views, embedded again with gradients in the backward pass, are those of the
+    embedding pass exactly (each identical twin its own dropout mask, replayed), and so is the loss, over two steps
+    (the second with the queue); embedded again without the recorded random state they differ."""
+    st_model = sentence_transformer_of(tiny_encoder_dir)
+    assert any(isinstance(m, nn.Dropout) and m.p > 0 for m in st_model.modules())
+    loss = CachedIFCLLoss(st_model, mini_batch_size=4, **SETTINGS)
+    loss.train()
+    pairs = Dataset.from_dict({"sentence": ENGLISH, "fraternal": GERMAN})
+    collator = loss.data_collator(pairs)
+    recorded: dict[bool, list] = {}
+    embed_twins = loss.embed_twins
+
+    def recording(columns):  # the embedding pass runs without gradients, the gradient pass with them
+        twins = embed_twins(columns)
+        recorded[torch.is_grad_enabled()].append({name: value.detach().clone() for name, value in twins.items()})
+        return twins
+
+    monkeypatch.setattr(loss, "embed_twins", recording)
+    for step in range(2):
+        recorded.update({False: [], True: []})
+        features = features_of(collator([pairs[i] for i in range(6 * step, 6 * step + 6)]))
+        terms = loss(features, None)
+        total_of(terms).backward()
+        assert len(recorded[False]) == len(recorded[True]) == 2  # rows 0-3 and 4-5
+        for first, second in zip(recorded[False], recorded[True]):
+            assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+        twins = {
+            grad: IFCLTwinsOutput(**{name: torch.cat([part[name] for part in parts]) for name in parts[0]})
+            for grad, parts in recorded.items()
+        }
+        assert not torch.allclose(twins[False].anchor, twins[False].identical, atol=1e-3)  # two dropout masks
+        losses = [
+            sum(
+                loss.terms.weight(name) * term
+                for name, term in loss.terms.terms(twins[grad], *loss.queue_negatives()).items()
+            )
+            for grad in (False, True)
+        ]
+        assert losses[0].item() == losses[1].item() == pytest.approx(total_of(terms).item(), abs=1e-6)
+    assert ring.size(loss.queue) == 6
+    merged = {**features[0], **{"fraternal_" + key: value for key, value in features[1].items()}}
+    again, _ = loss.embed_minibatch(merged, 0, 4, with_grad=True, copy_random_state=False)
+    assert not torch.allclose(again[:, 0], recorded[True][0]["anchor"], atol=1e-3)
+
+
+def test_the_cached_loss_trains_with_sentence_transformers_trainer(tiny_encoder_dir, tmp_path):
+    """Three steps of 4 rows in mini-batches of 3 and 1: the model learns, the terms are logged, the queue takes one
+    push per step, and the card's settings name the mini-batch size."""
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    st_model = sentence_transformer_of(tiny_encoder_dir)
+    with pytest.raises(ValueError, match="mini_batch_size must be a positive integer"):
+        CachedIFCLLoss(st_model, mini_batch_size=0)
+    loss = CachedIFCLLoss(st_model, mini_batch_size=3, queue_size=4)
+    assert loss.get_config_dict()["mini_batch_size"] == 3 and "gao2021scaling" in loss.citation
+    before = {name: p.detach().clone() for name, p in st_model.named_parameters() if p.requires_grad}
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(tmp_path / "st"),
+        per_device_train_batch_size=4,
+        max_steps=3,
+        logging_steps=1,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+    )
+    pairs = Dataset.from_dict({"sentence": ENGLISH * 2, "fraternal": GERMAN * 2})
+    trainer = SentenceTransformerTrainer(
+        model=st_model, args=args, train_dataset=pairs, loss=loss, data_collator=loss.data_collator(pairs)
+    )
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "loss_identical" in entry]
+    assert len(logged) == 3 and all(
+        {"loss_identical", "loss_fraternal", "loss_twins"} <= set(entry) for entry in logged
+    )
+    assert ring.size(loss.queue) == 8 and loss.queue.head.item() == 1  # the two steps before the last, 4 slots
+    changed = [name for name, p in st_model.named_parameters() if name in before and not torch.equal(p, before[name])]
+    assert any(name.endswith("encoder.layer.0.attention.self.query.weight") for name in changed)
+
+
+def test_inside_sentence_transformers_matryoshka_loss_the_cached_loss_trains(tiny_encoder_dir, tmp_path):
+    """``MatryoshkaLoss(model, CachedIFCLLoss(model), dims)``: the loss takes MatryoshkaLoss's sizes (not its
+    CachedLossDecorator, which would put ℓ^T at every size); dropout off its loss is Σ_d w_d·(ℓ^I_d + w_F·ℓ^F_d) +
+    w_T·ℓ^T as ``IFCLTerms`` gives it; it trains with one queue push per step, sampling sizes with
+    ``n_dims_per_step``; a second MatryoshkaLoss around it is refused."""
+    from sentence_transformers import SentenceTransformerTrainingArguments
+    from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
+
+    from ifcl.losses import IFCLTerms, Matryoshka
+
+    st_model = sentence_transformer_of(tiny_encoder_dir)
+    dims, weights = (st_model.get_embedding_dimension(), 16, 8), (1.0, 0.5, 2.0)
+    settings = {"queue_size": 4, "forgetting_rate": 0.2, "fraternal_loss_weight": 0.7, "twins_loss_weight": 1.3}
+    loss = CachedIFCLLoss(st_model, mini_batch_size=3, **settings)
+    matryoshka = MatryoshkaLoss(st_model, loss, list(dims), list(weights), n_dims_per_step=2)
+    assert matryoshka.uses_gradient_cache and loss.matryoshka == Matryoshka(dims, weights)
+    with pytest.raises(ValueError, match="inside a MatryoshkaLoss already"):
+        MatryoshkaLoss(st_model, loss, [8])
+    pairs = Dataset.from_dict({"sentence": ENGLISH * 2, "fraternal": GERMAN * 2})
+    features = features_of(loss.data_collator(pairs)([pairs[i] for i in range(4)]))
+    without_dropout(st_model)
+    loss.eval()
+    loss.n_dims_per_step = -1  # every size, to compare
+    twins, _, _ = loss.views(features)
+    expected, _ = IFCLTerms(0.05, 0.7, 1.3, Matryoshka(dims, weights))(twins)
+    assert total_of(matryoshka(features, None)).item() == pytest.approx(expected.item(), rel=1e-5)
+
+    loss.n_dims_per_step = 2
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(tmp_path / "st"), per_device_train_batch_size=4, max_steps=3, use_cpu=True, report_to=[]
+    )
+    loss.train()
+    SentenceTransformerTrainer(
+        model=st_model, args=args, train_dataset=pairs, loss=matryoshka, data_collator=loss.data_collator(pairs)
+    ).train()
+    assert ring.size(loss.queue) == 8 and loss.queue.head.item() == 1
