@@ -145,6 +145,17 @@ class RunArguments:
             "--resume_from_checkpoint last continues it instead."
         },
     )
+    cache_mini_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "A gradient cache (GradCache): embed each per-device batch this many sentences at a time, with "
+            "the dropout masks replayed, so that batches larger than memory train exactly as they would whole."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.cache_mini_batch_size is not None and self.cache_mini_batch_size < 1:
+            raise ValueError(f"--cache_mini_batch_size must be at least 1, got {self.cache_mini_batch_size}.")
 
 
 # The embedded default: a budget that runs in minutes on two CPU cores; every value can be overridden.
@@ -316,6 +327,7 @@ def main(argv: list[str] | None = None):
                 objective=objective_class(run_args.objective)(model, objective_settings),
                 preprocessing_num_workers=data_args.preprocessing_num_workers,
                 tokenize_on_the_fly=data_args.tokenize_on_the_fly,
+                cache_mini_batch_size=run_args.cache_mini_batch_size,
             )
             with training_args.main_process_first(desc="preparing the output folder"):
                 run_folder.start(plan)

@@ -7,16 +7,19 @@ import logging
 import math
 import os
 import time
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import get_device_states, set_device_states
 from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint, speed_metrics
 
 from ifcl.files import read_json, write_json_atomically
 from ifcl.objectives import Objective, build_objective, unwrap_model
+from ifcl.objectives.base import Embeddings
 from ifcl.publishing import without_training_state
 from ifcl.sts.evaluator import STSEvaluator
 
@@ -40,6 +43,19 @@ def global_batch_size(args) -> int:
     return args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
 
 
+def check_cache_mini_batch_size(size: int, args, objective: Objective) -> None:
+    """``ValueError``, in one line, for a gradient cache's mini-batch outside 1 … the per-device batch, or one the
+    objective cannot take."""
+    if not 1 <= size <= args.per_device_train_batch_size:
+        raise ValueError(
+            f"--cache_mini_batch_size {size} must lie between 1 and the per-device batch, "
+            f"--per_device_train_batch_size {args.per_device_train_batch_size}."
+        )
+    reason = objective.gradient_cache_refusal(args.world_size)
+    if reason:
+        raise ValueError(f"--cache_mini_batch_size with --objective {objective.name}: {reason}")
+
+
 def gather_rows_in_one_collective(accelerator, rows: torch.Tensor, capacity: int) -> torch.Tensor:
     """The ``rows`` [n, d] of all processes in rank order, n ≤ ``capacity`` and possibly different per process, with
     one collective: each process sends ``capacity`` rows with a last column that marks the real ones (1) from the
@@ -51,6 +67,102 @@ def gather_rows_in_one_collective(accelerator, rows: torch.Tensor, capacity: int
     packed[: rows.shape[0], -1] = 1
     gathered = accelerator.gather(packed)
     return gathered[gathered[:, -1] > 0, :-1]
+
+
+class RandomState:
+    """The CPU and accelerator random states before a mini-batch's first forward (its dropout masks), replayed for
+    its second: GradCache's ``RandContext``."""
+
+    def __init__(self, *tensors: torch.Tensor) -> None:
+        self.cpu = torch.get_rng_state()
+        self.devices, self.device_states = get_device_states(*tensors)
+
+    @contextmanager
+    def replayed(self) -> Iterator[None]:
+        """The recorded states for the block; the states of before it after."""
+        with torch.random.fork_rng(devices=self.devices):
+            torch.set_rng_state(self.cpu)
+            set_device_states(self.devices, self.device_states)
+            yield
+
+
+def mini_batches(inputs: dict[str, Any], size: int) -> list[dict[str, Any]]:
+    """The batch cut into consecutive mini-batches of ``size`` rows: every tensor whose first dimension is the
+    batch's is cut, anything else kept whole."""
+    rows = inputs["input_ids"].shape[0]
+
+    def cut(value: Any, start: int) -> Any:
+        is_rows = isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == rows
+        return value[start : start + size] if is_rows else value
+
+    return [{key: cut(value, start) for key, value in inputs.items()} for start in range(0, rows, size)]
+
+
+class GradientCache(torch.autograd.Function):
+    """GradCache (Gao et al., 2021) as one autograd node whose outputs are a batch's embeddings (the objective's
+    :meth:`~ifcl.objectives.Objective.embed` rows), so that the Trainer's own backward drives it.
+
+    forward embeds the batch mini-batch by mini-batch without gradients, recording each one's random state and the
+    autocast in force. The loss over the whole batch is computed on those embeddings; its backward (scaled for
+    gradient accumulation and fp16 like any loss) reaches this node with each embedding's gradient, and backward
+    embeds each mini-batch again, with gradients, under its replayed random state (the same dropout masks, so the same
+    twins) and the same autocast, and back-propagates Σ embeddings · gradient: one mini-batch's activations at a time.
+    """
+
+    @staticmethod
+    def forward(ctx, embed: Callable, batches: list, names: list, no_sync: Callable, _: torch.Tensor):
+        ctx.set_materialize_grads(False)
+        device_type = batches[0]["input_ids"].device.type
+        ctx.autocast = {
+            "device_type": device_type,
+            "enabled": torch.is_autocast_enabled(device_type),
+            "dtype": torch.get_autocast_dtype(device_type),
+        }
+        ctx.embed, ctx.batches, ctx.no_sync, ctx.states, parts = embed, batches, no_sync, [], []
+        for batch in batches:
+            ctx.states.append(RandomState(*(value for value in batch.values() if isinstance(value, torch.Tensor))))
+            parts.append(embed(batch, False))
+        names.extend(parts[0])
+        ctx.names, ctx.sizes = list(names), [len(part[names[0]]) for part in parts]
+        return tuple(torch.cat([part[name] for part in parts]) for name in names)
+
+    @staticmethod
+    def backward(ctx, *gradients: torch.Tensor | None):
+        start = 0
+        for index, (batch, state, size) in enumerate(zip(ctx.batches, ctx.states, ctx.sizes)):
+            # Data parallelism reduces the gradients once, in the last mini-batch's backward.
+            last = index == len(ctx.batches) - 1
+            with torch.enable_grad(), state.replayed(), torch.autocast(**ctx.autocast):
+                with nullcontext() if last else ctx.no_sync():
+                    embeddings = ctx.embed(batch, True)
+                    pairs = [
+                        (embeddings[name], gradient[start : start + size])
+                        for name, gradient in zip(ctx.names, gradients)
+                        if gradient is not None and name in embeddings and embeddings[name].requires_grad
+                    ]
+                    if pairs:
+                        torch.autograd.backward(*zip(*pairs))
+            start += size
+        return None, None, None, None, None
+
+
+def embed_with_gradient_cache(
+    objective: Objective, model: torch.nn.Module, inputs: dict[str, Any], mini_batch_size: int
+) -> Embeddings:
+    """The objective's :meth:`~ifcl.objectives.Objective.embed` rows of a batch through a :class:`GradientCache` of
+    ``mini_batch_size`` rows: tensors whose backward runs the cache's re-forward."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    names: list[str] = []
+    no_sync = model.no_sync if isinstance(model, DistributedDataParallel) else nullcontext
+    rows = GradientCache.apply(
+        lambda batch, replay: objective.embed(model, batch, replay),
+        mini_batches(inputs, mini_batch_size),
+        names,
+        no_sync,
+        torch.empty(0, requires_grad=True),
+    )
+    return dict(zip(names, rows))
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -88,6 +200,9 @@ class IFCLTrainer(Trainer):
             checkpointed.
         preprocessing_num_workers, tokenize_on_the_fly: how a text training set is tokenized
             (``Objective.tokenize_dataset``).
+        cache_mini_batch_size: a gradient cache (GradCache, Gao et al. 2021; :class:`GradientCache`): each
+            per-device batch is embedded this many rows at a time, so its size is bounded by time, not memory, and
+            trains as the whole batch would. None: off.
         kwargs: the Trainer's other arguments; the default data collator is the objective's.
 
     ``compute_loss`` is the objective's loss, whose terms are logged (``loss_identical``, ``loss_fraternal``,
@@ -104,10 +219,12 @@ class IFCLTrainer(Trainer):
         objective: Objective | None = None,
         preprocessing_num_workers: int | None = None,
         tokenize_on_the_fly: bool = False,
+        cache_mini_batch_size: int | None = None,
         **kwargs,
     ) -> None:
         if model is None:
             raise ValueError("IFCLTrainer needs a model (an IFCLModel); model_init is not supported.")
+        self.cache_mini_batch_size = cache_mini_batch_size
         kwargs.setdefault("processing_class", model.tokenizer)  # saved with checkpoints and the published model
         self.objective = objective if objective is not None else build_objective(model)
         model.training_objective = self.objective  # optimizer, data parallelism and checkpoints take its weights
@@ -116,6 +233,8 @@ class IFCLTrainer(Trainer):
         if not rest and kwargs.get("data_collator") is None:
             kwargs["data_collator"] = ObjectiveDataCollator(self.objective, kwargs["processing_class"])
         super().__init__(model, args, *rest, **kwargs)
+        if cache_mini_batch_size is not None:
+            check_cache_mini_batch_size(cache_mini_batch_size, self.args, self.objective)
         # The one preparation of the run: the model fitted to it, the text tokenized, the data's size checked.
         self.train_dataset = self.objective.prepare(
             unwrap_model(self.model),
@@ -138,7 +257,11 @@ class IFCLTrainer(Trainer):
     # ---------------------------------------------------------------- training
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        output = self.objective(model, inputs, self.gather_candidates)
+        if self.cache_mini_batch_size and model.training and torch.is_grad_enabled():
+            embeddings = embed_with_gradient_cache(self.objective, model, inputs, self.cache_mini_batch_size)
+            output = self.objective.loss_from(model, embeddings, inputs, self.gather_candidates)
+        else:
+            output = self.objective(model, inputs, self.gather_candidates)
         if model.training:
             for name, value in output.components.items():
                 self._loss_sums[name] = self._loss_sums.get(name, 0.0) + value

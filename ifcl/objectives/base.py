@@ -30,6 +30,8 @@ logger = logging.getLogger(__name__)
 Gather = Callable[[torch.Tensor], tuple[torch.Tensor, int]]
 # (local rows, any number) -> the rows of all processes in rank order, without gradient: what a queue takes.
 RowGather = Callable[[torch.Tensor], torch.Tensor]
+# A batch's rows that the loss reads, by name, each [B, ...] with row i of sentence i (:meth:`Objective.embed`).
+Embeddings = dict[str, torch.Tensor]
 
 # Fields of a tokenized feature that are padded per group: "<prefix>input_ids" leads its group.
 TOKEN_FIELDS = ("input_ids", "attention_mask", "token_type_ids")
@@ -339,8 +341,28 @@ class Objective(nn.Module):
     def forward(
         self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
     ) -> ObjectiveOutput:
-        """The loss of one micro-batch. ``model`` is the (possibly wrapped) model: call it, not its sub-modules, so
-        data parallelism sees the forward. ``gather`` brings in-batch candidates from all processes."""
+        """The loss of one micro-batch: :meth:`loss_from` of :meth:`embed`. ``model`` is the (possibly wrapped) model:
+        call it, not its sub-modules, so data parallelism sees the forward. ``gather`` brings in-batch candidates
+        from all processes."""
+        return self.loss_from(model, self.embed(model, inputs), inputs, gather)
+
+    def embed(self, model: nn.Module, inputs: dict[str, torch.Tensor], replay: bool = False) -> Embeddings:
+        """The rows of a batch that :meth:`loss_from` reads, each [B, ...] with row i of sentence i: all the model and
+        dropout work, none across rows, so a gradient cache (``IFCLTrainer(cache_mini_batch_size=...)``) can embed a
+        batch mini-batch by mini-batch. ``replay``: the cache's re-forward with gradients, which may leave out rows
+        that take none (a momentum encoder's)."""
+        raise NotImplementedError
+
+    def gradient_cache_refusal(self, processes: int) -> str | None:
+        """Why a gradient cache cannot train this objective on ``processes`` processes (None: it can); the trainer
+        refuses ``--cache_mini_batch_size`` with it. By default, when the objective has no :meth:`embed`."""
+        return None if type(self).embed is not Objective.embed else "its loss is not split into embed and loss_from."
+
+    def loss_from(
+        self, model: nn.Module, embeddings: Embeddings, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
+    ) -> ObjectiveOutput:
+        """The loss of a micro-batch given its :meth:`embed` rows (all of them, the cache's too); what runs once per
+        micro-batch (queue rows, the objective's heads) goes here."""
         raise NotImplementedError
 
     def queue_rows(self, rows: torch.Tensor) -> None:

@@ -28,7 +28,7 @@ from torch import nn
 
 from ifcl.losses import float32_region, info_nce
 
-from .base import Gather, Objective, ObjectiveOutput, Paper, no_gather, pad_features, unwrap_model
+from .base import Embeddings, Gather, Objective, ObjectiveOutput, Paper, no_gather, pad_features, unwrap_model
 from .wordnet import DEFAULT_WORDNET_PATH, AntonymLexicon, check_wordnet_folder, load_antonym_lexicon
 
 STRATEGIES = ("s", "o1", "o2")
@@ -443,14 +443,27 @@ class ConIsIObjective(Objective):
                 composed.append(negative)
         return composed
 
-    def forward(
-        self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
-    ) -> ObjectiveOutput:
-        rows = inputs["input_ids"].shape[0]
+    def gradient_cache_refusal(self, processes: int) -> str | None:
+        """Its heads, whose batch norm takes the whole batch, train in the loss's backward outside the encoder's
+        forward: exact in one process, but data parallelism would not reduce their gradients."""
+        if processes > 1:
+            return (
+                "its heads train in the loss's backward, outside the encoder's forward, so data parallelism would not "
+                "reduce their gradients; train ConIsI with the cache in one process."
+            )
+        return None
+
+    def embed(self, model: nn.Module, inputs: dict[str, torch.Tensor], replay: bool = False) -> Embeddings:
+        """The pooled x_i, Y_i and Z_i, before the heads (whose batch norm takes the whole batch: :meth:`loss_from`)."""
         stacked = stack_groups(inputs, (SINGLE, POSITIVE, NEGATIVE))
         pooled = model(**stacked, training_pooler=True).sentence_embedding
-        hidden = self.head(pooled, num_views=3)
-        single, positive, negative = hidden.split(rows)
+        return dict(zip(("single", "positive", "negative"), pooled.split(inputs["input_ids"].shape[0])))
+
+    def loss_from(
+        self, model: nn.Module, embeddings: Embeddings, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
+    ) -> ObjectiveOutput:
+        pooled = torch.cat([embeddings["single"], embeddings["positive"], embeddings["negative"]])
+        single, positive, negative = self.head(pooled, num_views=3).split(embeddings["single"].shape[0])
         pair_candidates, label_offset = gather(positive)
         loss, components = self.loss(
             single, pair_candidates, self.head.score(positive), self.head.score(negative), label_offset

@@ -16,8 +16,10 @@ from torch import nn
 from configuration_ifcl import IFCLSettings
 from ifcl import queue as ring
 from ifcl.losses import IFCLTerms, Matryoshka
+from modeling_ifcl import IFCLTwinsOutput
 
 from .base import (
+    Embeddings,
     Gather,
     Objective,
     ObjectiveOutput,
@@ -97,15 +99,21 @@ class IFCLObjective(Objective):
         """IFCL trains with its own settings (the model config's own fields)."""
         return asdict(self.settings)
 
-    def forward(
-        self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
-    ) -> ObjectiveOutput:
+    def embed(self, model: nn.Module, inputs: dict[str, torch.Tensor], replay: bool = False) -> Embeddings:
+        """The three views and their mean-pooled embedding-layer outputs (ℓ^T's margin), by ``IFCLTwinsOutput``'s
+        field names."""
         if self.settings.uses_fraternal_twins and "fraternal_input_ids" not in inputs:
             raise ValueError(
                 "The batch has no fraternal_input_ids, but fraternal_loss_weight or twins_loss_weight is > 0: "
                 "give a fraternal (translation) column, or set both weights to 0."
             )
         twins = model(**inputs, return_twins=True)
+        return {name: rows for name, rows in twins.items() if rows is not None}
+
+    def loss_from(
+        self, model: nn.Module, embeddings: Embeddings, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
+    ) -> ObjectiveOutput:
+        twins = IFCLTwinsOutput(**embeddings)
         queue = unwrap_model(model).queue
         queue_rows = queue_log_weights = None
         if queue is not None:

@@ -28,6 +28,7 @@ from modeling_ifcl import ALL_LAYER_POOLERS, QueueBuffers, pool_hidden_states
 
 from .base import (
     TOKEN_FIELDS,
+    Embeddings,
     Gather,
     Objective,
     ObjectiveOutput,
@@ -272,6 +273,21 @@ class AttentionMutualInformationLoss(nn.Module):
         generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``attentions_v``: one [B, H, n, n] tensor per encoder layer, view v; ``attention_mask`` [B, n]."""
+        return self.combine(
+            *self.per_sentence(attentions_1, attentions_2, attention_mask, indices, sample_mask, generator)
+        )
+
+    def per_sentence(
+        self,
+        attentions_1: Sequence[torch.Tensor],
+        attentions_2: Sequence[torch.Tensor],
+        attention_mask: torch.Tensor,
+        indices: torch.Tensor | None = None,
+        sample_mask: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sentence's Σ_r MI_i^r over its counted slices and their count, [B] each: L_D's parts, which
+        :meth:`combine` sums over a batch (whole, or a gradient cache's mini-batches); arguments as :meth:`forward`."""
         slices_1 = attention_slices(attentions_1, self.layers, self.heads_per_group)
         slices_2 = attention_slices(attentions_2, self.layers, self.heads_per_group)
         if indices is None:
@@ -282,7 +298,11 @@ class AttentionMutualInformationLoss(nn.Module):
                 )
         information, counted = mutual_information(slices_1, slices_2, indices, sample_mask, self.epsilon)
         counted = counted.float()
-        mean = (information * counted).sum() / counted.sum().clamp_min(1.0)
+        return (information * counted).sum(dim=-1), counted.sum(dim=-1)
+
+    def combine(self, information: torch.Tensor, counted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(L_D, mean MI) of the sentences' :meth:`per_sentence` parts."""
+        mean = information.sum() / counted.detach().sum().clamp_min(1.0)
         return -self.weight * mean, mean
 
 
@@ -370,9 +390,10 @@ class MiCSEObjective(Objective):
         """Whether L_D is on (λ > 0), so the model must return its attention maps."""
         return self.attention_loss.weight > 0
 
-    def forward(
-        self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
-    ) -> ObjectiveOutput:
+    def embed(self, model: nn.Module, inputs: dict[str, torch.Tensor], replay: bool = False) -> Embeddings:
+        """The two views; with L_D each sentence's attention mutual information (:meth:`AttentionMutualInformationLoss.
+        per_sentence`, its positions sampled with the views' dropout); in training with Q, outside ``replay``, the
+        momentum embeddings."""
         inputs = {key: inputs[key] for key in TOKEN_FIELDS if inputs.get(key) is not None}
         batch_size = inputs["input_ids"].shape[0]
         if "attention_mask" not in inputs:  # a tokenizer without one: every token is real, as the model assumes
@@ -380,8 +401,20 @@ class MiCSEObjective(Objective):
         both_views = {key: torch.cat([value, value]) for key, value in inputs.items()}
         output = model(**both_views, training_pooler=True, output_attentions=self.uses_attentions)
         first_views, second_views = output.sentence_embedding.split(batch_size)
+        rows = {"first": first_views, "second": second_views}
+        if self.uses_attentions:
+            attentions_1 = [layer[:batch_size] for layer in output.attentions]
+            attentions_2 = [layer[batch_size:] for layer in output.attentions]
+            parts = self.attention_loss.per_sentence(attentions_1, attentions_2, inputs["attention_mask"])
+            rows["mutual_information"], rows["counted_slices"] = parts
+        if self.queue is not None and model.training and not replay:
+            rows["momentum"] = self.momentum_embeddings(model, inputs)
+        return rows
 
-        candidates, label_offset = gather(second_views)
+    def loss_from(
+        self, model: nn.Module, embeddings: Embeddings, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
+    ) -> ObjectiveOutput:
+        candidates, label_offset = gather(embeddings["second"])
         queue = queue_log_weights = None
         if self.queue is not None:  # every filled row weighs the same, an empty one takes no part
             queue, queue_log_weights = ring.negatives(self.queue)
@@ -389,21 +422,19 @@ class MiCSEObjective(Objective):
         # denominator takes every second view, the positive too: Section 2's "standard InfoNCE"; Eq. 2 writes j ≠ i).
         queue_negatives = (queue, queue_log_weights)
         loss_contrastive = info_nce(
-            first_views, candidates, self.temperature, *queue_negatives, label_offset, self.matryoshka
+            embeddings["first"], candidates, self.temperature, *queue_negatives, label_offset, self.matryoshka
         )
         loss = loss_contrastive
         components = {"loss_contrastive": loss_contrastive.detach()}
         if self.uses_attentions:
-            attentions_1 = [layer[:batch_size] for layer in output.attentions]
-            attentions_2 = [layer[batch_size:] for layer in output.attentions]
-            loss_attention, mutual_information = self.attention_loss(
-                attentions_1, attentions_2, inputs["attention_mask"]
+            loss_attention, mutual_information = self.attention_loss.combine(
+                embeddings["mutual_information"], embeddings["counted_slices"]
             )
             loss = loss + loss_attention
             components["loss_attention"] = loss_attention.detach()
             components["attention_mutual_information"] = mutual_information.detach()
-        if self.queue is not None and model.training:
-            self.queue_rows(self.momentum_embeddings(model, inputs))
+        if "momentum" in embeddings:
+            self.queue_rows(embeddings["momentum"])
         return ObjectiveOutput(loss, components)
 
     @torch.no_grad()

@@ -24,7 +24,7 @@ from torch.nn import functional as F
 from ifcl.losses import Matryoshka, float32_region, over_sizes
 from modeling_ifcl import max_input_length
 
-from .base import TOKEN_FIELDS, Gather, Objective, ObjectiveOutput, Paper, no_gather, unwrap_model
+from .base import TOKEN_FIELDS, Embeddings, Gather, Objective, ObjectiveOutput, Paper, no_gather, unwrap_model
 
 # The five augmentations of Section 3.2 / Appendix A. "dropout" is the continuous one (Δ^(c)), the others are
 # discrete (Δ^(d)) and change the token ids.
@@ -486,9 +486,8 @@ class PCLObjective(Objective):
             batch["positive_token_type_ids"] = torch.zeros_like(batch["positive_input_ids"])
         return batch
 
-    def forward(
-        self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
-    ) -> ObjectiveOutput:
+    def embed(self, model: nn.Module, inputs: dict[str, torch.Tensor], replay: bool = False) -> Embeddings:
+        """Both networks' anchors [N, D] and positives [N, K, D]."""
         num_sentences, num_positives, length = inputs["positive_input_ids"].shape
         # One network's rows: the N anchors, then the N·K positives (sentence-major).
         views = {
@@ -508,12 +507,21 @@ class PCLObjective(Objective):
             # averages their gradients like any other.
             peer = self.peer(**views, training_pooler=True).sentence_embedding
         positives_shape = (num_sentences, num_positives, -1)
-        main_anchors, main_positives = main[:num_sentences], main[num_sentences:].reshape(positives_shape)
-        peer_anchors, peer_positives = peer[:num_sentences], peer[num_sentences:].reshape(positives_shape)
-        main_candidates, label_offset = gather(main_anchors)
-        peer_candidates, _ = gather(peer_anchors)
-        embeddings = (main_anchors, main_positives, peer_anchors, peer_positives, main_candidates, peer_candidates)
+        return {
+            "main_anchors": main[:num_sentences],
+            "main_positives": main[num_sentences:].reshape(positives_shape),
+            "peer_anchors": peer[:num_sentences],
+            "peer_positives": peer[num_sentences:].reshape(positives_shape),
+        }
+
+    def loss_from(
+        self, model: nn.Module, embeddings: Embeddings, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
+    ) -> ObjectiveOutput:
+        main_candidates, label_offset = gather(embeddings["main_anchors"])
+        peer_candidates, _ = gather(embeddings["peer_anchors"])
+        names = ("main_anchors", "main_positives", "peer_anchors", "peer_positives")
+        rows = (*(embeddings[name] for name in names), main_candidates, peer_candidates)
         loss, components = over_sizes(
-            self.matryoshka, lambda d: self.loss(*(rows[..., :d] for rows in embeddings), label_offset)
+            self.matryoshka, lambda d: self.loss(*(view[..., :d] for view in rows), label_offset)
         )
         return ObjectiveOutput(loss, components)

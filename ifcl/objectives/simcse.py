@@ -14,7 +14,7 @@ from torch import nn
 
 from ifcl.losses import Matryoshka, info_nce
 
-from .base import Gather, Objective, ObjectiveOutput, Paper, no_gather
+from .base import Embeddings, Gather, Objective, ObjectiveOutput, Paper, no_gather
 
 
 class SimCSEObjective(Objective):
@@ -37,11 +37,16 @@ class SimCSEObjective(Objective):
         super().__init__(model, settings)
         self.temperature, self.matryoshka = model.config.contrastive_temperature, Matryoshka.of(model.config)
 
-    def forward(
-        self, model: nn.Module, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
-    ) -> ObjectiveOutput:
+    def embed(self, model: nn.Module, inputs: dict[str, torch.Tensor], replay: bool = False) -> Embeddings:
+        """The anchors and their dropout twins."""
         inputs = {k: v for k, v in inputs.items() if not k.startswith("fraternal_")}
         twins = model(**inputs, return_twins=True)
-        positives, offset = gather(twins.identical)
-        loss = info_nce(twins.anchor, positives, self.temperature, label_offset=offset, matryoshka=self.matryoshka)
+        return {"anchor": twins.anchor, "identical": twins.identical}
+
+    def loss_from(
+        self, model: nn.Module, embeddings: Embeddings, inputs: dict[str, torch.Tensor], gather: Gather = no_gather
+    ) -> ObjectiveOutput:
+        positives, offset = gather(embeddings["identical"])
+        anchors = embeddings["anchor"]
+        loss = info_nce(anchors, positives, self.temperature, label_offset=offset, matryoshka=self.matryoshka)
         return ObjectiveOutput(loss, {"loss_contrastive": loss.detach()})

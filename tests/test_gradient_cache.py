@@ -1,0 +1,198 @@
+"""The gradient cache (``IFCLTrainer(cache_mini_batch_size=...)``, ``--cache_mini_batch_size``): one cached step has
+the loss and gradients of the uncached one, replays its dropout masks, leaves the same weights after an SGD step, and
+composes with Matryoshka sizes; bad sizes are refused in one line; a tiny run of ``run_ifcl.py`` with it."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import pytest
+import torch
+from conftest import ENGLISH, GERMAN, cpu_training_args, objective_run_args, run_script
+from datasets import Dataset
+from torch import nn
+
+from ifcl import queue as ring
+from modeling_ifcl import IFCLModel
+from trainer_ifcl import IFCLTrainer
+
+# The model settings of each objective: IFCL with its queue and fraternal twins (BEL_F is BEL_S), miCSE with its
+# attention term on the tiny encoder's 2 layers and a momentum queue.
+SETTINGS = {
+    "ifcl": {"queue_size": 2},
+    "simcse": {"objective": "simcse"},
+    "micse": {
+        "objective": "micse",
+        "objective_settings": {"micse_attention_layers": "top2", "micse_queue_size": 4},
+    },
+    "conisi": {"objective": "conisi", "objective_settings": {"conisi_strategy": "o1"}},
+    "pcl": {"objective": "pcl", "objective_settings": {"pcl_untied_peer": True}},
+}
+
+
+def build(
+    tmp_path, encoder, name: str, batch: int = 4, dropout: bool = False, cache=None, model_settings=None, **args
+):
+    """A trainer of ``name`` on 24 sentence pairs, dropout off unless ``dropout``, its queues holding random rows."""
+    torch.manual_seed(0)
+    model = IFCLModel.from_encoder(str(encoder), **SETTINGS[name], **(model_settings or {}))
+    columns = {"sentence": ENGLISH + GERMAN} | ({"fraternal": GERMAN + ENGLISH} if name == "ifcl" else {})
+    args = cpu_training_args(tmp_path, per_device_train_batch_size=batch, **args)
+    trainer = IFCLTrainer(model, args, train_dataset=Dataset.from_dict(columns), cache_mini_batch_size=cache)
+    for module in model.modules():
+        if isinstance(module, nn.Dropout) and not dropout:
+            module.p = 0.0
+    for queue in (model.queue, getattr(trainer.objective, "queue", None)):
+        if queue is not None:
+            ring.push(queue, torch.randn(queue.valid.numel(), model.hidden_size))
+    return trainer
+
+
+def one_step(trainer: IFCLTrainer, batch: dict, cache: int | None) -> tuple[torch.Tensor, dict, dict, list]:
+    """The loss, its logged terms, every parameter's gradient and the rows queued of one training micro-batch."""
+    trainer.cache_mini_batch_size = cache
+    model, objective = trainer.model, trainer.objective
+    model.train()
+    model.zero_grad()
+    objective.pending_rows.clear()
+    loss, output = trainer.compute_loss(model, batch, return_outputs=True)
+    loss.backward()
+    gradients = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), output.components, gradients, [rows.clone() for rows in objective.pending_rows]
+
+
+def assert_same_step(trainer: IFCLTrainer, batch: dict, cache: int) -> None:
+    loss, terms, gradients, queued = one_step(trainer, batch, None)
+    cached_loss, cached_terms, cached_gradients, cached_queued = one_step(trainer, batch, cache)
+    torch.testing.assert_close(cached_loss, loss, rtol=0, atol=1e-5)
+    assert terms.keys() == cached_terms.keys()
+    for term in terms:
+        torch.testing.assert_close(cached_terms[term], terms[term], rtol=0, atol=1e-5, msg=term)
+    assert gradients and gradients.keys() == cached_gradients.keys()
+    for name, gradient in gradients.items():
+        # Within 1e-5 of the tensor's scale when it exceeds 1: PCL's token-type table sums a gradient of about 70 over
+        # every token, which float32 adds in another order (in float64 the two agree to 1e-13).
+        scale = max(1.0, gradient.abs().max().item())
+        assert (cached_gradients[name] - gradient).abs().max().item() <= 1e-5 * scale, name
+    # The queue takes the micro-batch's rows once, from the embedding pass.
+    assert len(cached_queued) == len(queued)
+    for rows, cached_rows in zip(queued, cached_queued):
+        torch.testing.assert_close(cached_rows, rows, rtol=0, atol=1e-5)
+
+
+def first_batch(trainer: IFCLTrainer, size: int) -> dict:
+    torch.manual_seed(1)
+    return trainer.data_collator([trainer.train_dataset[i] for i in range(size)])
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_a_cached_step_has_the_loss_and_gradients_of_the_uncached_one(tiny_encoder_dir, tmp_path, name):
+    """Dropout off, float32: loss, logged terms, every parameter's gradient and the queued rows, mini-batches of 3
+    rows over a batch of 8 (the last one shorter)."""
+    trainer = build(tmp_path, tiny_encoder_dir, name, batch=8)
+    assert_same_step(trainer, first_batch(trainer, 8), cache=3)
+
+
+def test_the_cache_composes_with_matryoshka_sizes(tiny_encoder_dir, tmp_path):
+    sizes = {"matryoshka_dims": [32, 16, 8], "matryoshka_weights": [1.0, 0.5, 0.25]}
+    trainer = build(tmp_path, tiny_encoder_dir, "ifcl", batch=8, model_settings=sizes)
+    assert_same_step(trainer, first_batch(trainer, 8), cache=2)
+
+
+@pytest.mark.parametrize("name", ["ifcl", "simcse", "micse"])
+def test_the_gradient_pass_replays_the_dropout_masks(tiny_encoder_dir, tmp_path, name, monkeypatch):
+    """Dropout on: the re-forward's rows are those of the embedding pass, and so is the loss computed from them."""
+    trainer = build(tmp_path, tiny_encoder_dir, name, batch=8, dropout=True)
+    objective, embed = trainer.objective, trainer.objective.embed
+    passes: dict[bool, list] = {False: [], True: []}
+
+    def recorded(model, inputs, replay=False):
+        rows = embed(model, inputs, replay)
+        passes[replay].append({key: value.detach().clone() for key, value in rows.items()})
+        return rows
+
+    monkeypatch.setattr(objective, "embed", recorded)
+    batch = first_batch(trainer, 8)
+    loss, _, gradients, _ = one_step(trainer, batch, cache=3)
+    assert len(passes[False]) == len(passes[True]) == 3 and gradients
+    replayed = {key: torch.cat([rows[key] for rows in passes[True]]) for key in passes[True][0]}
+    for key, rows in replayed.items():
+        torch.testing.assert_close(rows, torch.cat([first[key] for first in passes[False]]), rtol=0, atol=1e-6)
+    with torch.no_grad():
+        again = objective.loss_from(trainer.model, replayed, batch).loss
+    torch.testing.assert_close(again, loss, rtol=0, atol=1e-6)
+    # Dropout draws other masks in the uncached step, so the cache is no replay of it.
+    uncached, _, _, _ = one_step(trainer, batch, cache=None)
+    assert uncached.item() != pytest.approx(loss.item(), abs=1e-6)
+
+
+def test_the_gradient_pass_runs_under_the_autocast_of_the_embedding_pass(tiny_encoder_dir, tmp_path, monkeypatch):
+    """bf16 autocast around ``compute_loss`` only, as the Trainer's context: the backward's re-forward takes it too
+    (its rows are the embedding pass's, which autocast changed)."""
+    trainer = build(tmp_path, tiny_encoder_dir, "simcse", batch=8, dropout=True, cache=4)
+    objective, embed = trainer.objective, trainer.objective.embed
+    batch = first_batch(trainer, 8)
+    trainer.model.train()
+
+    def passes_under(autocast: torch.autocast | nullcontext) -> dict[bool, list[torch.Tensor]]:
+        passes: dict[bool, list[torch.Tensor]] = {False: [], True: []}
+
+        def recorded(model, inputs, replay=False):
+            rows = embed(model, inputs, replay)
+            passes[replay].append(rows["anchor"].detach().clone())
+            return rows
+
+        monkeypatch.setattr(objective, "embed", recorded)
+        torch.manual_seed(5)
+        with autocast:
+            loss = trainer.compute_loss(trainer.model, batch)
+        loss.backward()
+        return passes
+
+    bf16, float32 = passes_under(torch.autocast("cpu", dtype=torch.bfloat16)), passes_under(nullcontext())
+    assert len(bf16[True]) == 2
+    for first, again in zip(bf16[False], bf16[True]):
+        torch.testing.assert_close(again, first, rtol=0, atol=0)
+    assert not torch.equal(bf16[False][0].float(), float32[False][0])
+
+
+@pytest.mark.parametrize("name", ["ifcl", "micse"])
+def test_an_sgd_step_leaves_the_same_weights(tiny_encoder_dir, tmp_path, name):
+    weights = []
+    for cache in (None, 4):
+        args = {"optim": "sgd", "learning_rate": 0.5, "max_steps": 1, "seed": 3}
+        trainer = build(tmp_path / str(cache), tiny_encoder_dir, name, batch=16, cache=cache, **args)
+        trainer.train()
+        weights.append({key: value.clone() for key, value in trainer.model.state_dict().items()})
+    before = IFCLModel.from_encoder(str(tiny_encoder_dir), **SETTINGS[name]).state_dict()
+    assert any(not torch.equal(weights[0][key], before[key]) for key in before), "the step changed nothing"
+    for key, value in weights[0].items():
+        torch.testing.assert_close(weights[1][key], value, rtol=0, atol=1e-5, msg=key)
+
+
+@pytest.mark.parametrize("size", [0, 5])
+def test_a_mini_batch_outside_the_batch_is_refused_in_one_line(tiny_encoder_dir, tmp_path, size):
+    with pytest.raises(ValueError, match="--cache_mini_batch_size") as error:
+        build(tmp_path, tiny_encoder_dir, "simcse", batch=4, cache=size)
+    assert "\n" not in str(error.value)
+
+
+def test_conisi_is_refused_with_several_processes(tiny_encoder_dir, tmp_path):
+    """Its heads train in the loss's backward, which data parallelism would not reduce."""
+    objective = build(tmp_path, tiny_encoder_dir, "conisi").objective
+    assert objective.gradient_cache_refusal(1) is None
+    reason = objective.gradient_cache_refusal(2)
+    assert reason and "\n" not in reason
+    assert all(
+        build(tmp_path, tiny_encoder_dir, name).objective.gradient_cache_refusal(2) is None
+        for name in SETTINGS
+        if name != "conisi"
+    )
+
+
+@pytest.mark.slow
+def test_run_ifcl_trains_with_the_cache(tiny_encoder_dir, pairs_data, tmp_path):
+    args = objective_run_args(tiny_encoder_dir, pairs_data, tmp_path / "out", "ifcl", "--cache_mini_batch_size", "2")
+    result = run_script("run_ifcl.py", *args, "--queue_size", "2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "out" / "all_results.json").exists()
