@@ -112,16 +112,20 @@ def prune(output_dir: str) -> None:
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
 
-def train(run: Run, threads: int | None = None, redo: bool = False, log: Callable[[str], None] = print) -> dict:
+def train(
+    run: Run, threads: int | None = None, redo: bool = False, log: Callable[[str], None] = print, keep: bool = False
+) -> dict:
     """Train ``run`` in a fresh process (or read its earlier results); adds wall time and peak resident memory.
 
-    ``threads``: torch threads of the run (``OMP_NUM_THREADS``), so that several runs can share the cores.
+    ``threads``: torch threads of the run (``OMP_NUM_THREADS``), so that several runs can share the cores. ``keep``:
+    the weights stay for the caller to read (which prunes the folder itself).
     """
     results_path = os.path.join(run.output_dir, "all_results.json")
     if run.finished and not redo:
         with open(results_path, encoding="utf-8") as f:
             run.results = json.load(f)
-        prune(run.output_dir)
+        if not keep:
+            prune(run.output_dir)
         return run.results
     shutil.rmtree(run.output_dir, ignore_errors=True)
     os.makedirs(run.output_dir)
@@ -155,7 +159,8 @@ def train(run: Run, threads: int | None = None, redo: bool = False, log: Callabl
     results.update(
         wall_seconds=wall, peak_rss_mb=usage.ru_maxrss / 1024, threads=threads or env.get("OMP_NUM_THREADS")
     )  # Linux: KiB
-    prune(run.output_dir)
+    if not keep:
+        prune(run.output_dir)
     with open(results_path, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
     run.results = results

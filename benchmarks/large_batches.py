@@ -1,0 +1,137 @@
+#!/usr/bin/env python
+"""Large batches on small memory: the peak memory and time of one IFCL training step of all-MiniLM-L6-v2 with and
+without the gradient cache (``IFCLTrainer(cache_mini_batch_size=16)``), at several batch sizes, side by side in one
+run: prints a table and writes JSON.
+
+One step is ``compute_loss`` and its backward (no optimizer step), on trans-de-en pairs padded to length 32, the
+queue off, the embedded default's settings otherwise. Peak memory: on the CPU the profiler's peak of live tensor bytes
+in the step (``train_step.peak_cpu_allocation``: PyTorch keeps no CPU allocator statistics), on a GPU
+``torch.cuda.max_memory_allocated`` above what was allocated before the step. Time: the mean of ``--rounds`` steps
+after one warm-up, wall clock; the cached/uncached ratio is taken at each batch size.
+
+    python benchmarks/large_batches.py                              # batches 32 128 512, mini-batch 16
+    python benchmarks/large_batches.py --batch_sizes 64 256 --mini_batch_size 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from runs import (  # noqa: E402
+    DEFAULT_MODEL_NAME,
+    RESULTS,
+    default_model,
+    machine,
+    package_versions,
+    put_into_readme,
+    relative,
+    write_record,
+)
+from train_step import batches, peak_cpu_allocation  # noqa: E402
+
+RECORD = os.path.join(RESULTS, "large_batches.json")
+README_START, README_END = "<!-- large-batches-table:start -->", "<!-- large-batches-table:end -->"
+
+
+def trainer_of(model, batch_size: int, cache: int | None):
+    """An IFCLTrainer of ``model`` at ``batch_size`` (with a gradient cache of ``cache`` rows when given)."""
+    from transformers import TrainingArguments
+
+    from trainer_ifcl import IFCLTrainer
+
+    args = TrainingArguments(
+        output_dir="/tmp/large-batches",
+        per_device_train_batch_size=batch_size,
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+    )
+    return IFCLTrainer(model=model, args=args, cache_mini_batch_size=cache)
+
+
+def measure(model, batch: dict, batch_size: int, cache: int | None, rounds: int, device) -> dict[str, float]:
+    """Peak memory (MB) and seconds of one step."""
+    trainer = trainer_of(model, batch_size, cache)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        trainer.compute_loss(model, batch).backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    step()  # warm-up
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        step()
+        peak = torch.cuda.max_memory_allocated() - before
+    else:
+        peak = peak_cpu_allocation(step)
+    start = time.perf_counter()
+    for _ in range(rounds):
+        step()
+    return {"peak_mb": peak / 2**20, "seconds": (time.perf_counter() - start) / rounds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch_sizes", type=int, nargs="+", default=[32, 128, 512])
+    parser.add_argument("--mini_batch_size", type=int, default=16)
+    parser.add_argument("--max_length", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--readme", action="store_true", help="Put the table into benchmarks/README.md.")
+    args = parser.parse_args()
+
+    from modeling_ifcl import IFCLModel
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = IFCLModel.from_encoder(default_model(), queue_size=0).to(device)
+    model.train()
+    rows, lines = [], []
+    for batch_size in args.batch_sizes:
+        batch = batches(model.tokenizer, batch_size, args.max_length, 1, device)[0]
+        plain = measure(model, batch, batch_size, None, args.rounds, device)
+        cached = measure(model, batch, batch_size, args.mini_batch_size, args.rounds, device)
+        ratio = cached["seconds"] / plain["seconds"]
+        rows.append({"batch_size": batch_size, "uncached": plain, "cached": cached, "time_ratio": ratio})
+        lines.append(
+            f"| {batch_size} | {plain['peak_mb']:.0f} | {cached['peak_mb']:.0f} | {plain['seconds']:.2f} | "
+            f"{cached['seconds']:.2f} | {ratio:.2f} |"
+        )
+        print(lines[-1], flush=True)
+    where = "GPU: torch.cuda.max_memory_allocated" if device.type == "cuda" else "CPU: profiler peak of live tensors"
+    caption = (
+        f"{machine()}, torch {package_versions()['torch']}; {DEFAULT_MODEL_NAME}, one IFCL step (loss and backward, "
+        f"queue off, float32), trans-de-en pairs of length {args.max_length}; gradient cache of mini-batch "
+        f"{args.mini_batch_size}; peak memory in MB ({where}), seconds per step wall clock (mean of {args.rounds} "
+        f"after one warm-up); record: `{relative(RECORD)}`, made by `python benchmarks/large_batches.py`."
+    )
+    header = "| batch | peak MB, uncached | peak MB, cached | s/step, uncached | s/step, cached | time ratio cached/uncached |"
+    table = "\n".join([header, "|---|---|---|---|---|---|", *lines])
+    print("\n" + caption + "\n\n" + table)
+    write_record(
+        RECORD,
+        {
+            "machine": machine(),
+            "packages": package_versions(),
+            "model": DEFAULT_MODEL_NAME,
+            "mini_batch_size": args.mini_batch_size,
+            "max_length": args.max_length,
+            "unit": {"peak": "MB", "time": "seconds per step, wall clock"},
+            "rows": rows,
+            "caption": caption,
+            "table": table,
+        },
+    )
+    if args.readme:
+        put_into_readme(caption + "\n\n" + table, README_START, README_END)
+
+
+if __name__ == "__main__":
+    main()
