@@ -92,8 +92,8 @@ class SharedSettings:
     training_dropout: float = field(
         default=0.1,
         metadata={
-            "help": "Attention dropout while training an encoder whose own dropouts are all 0 (decoders, "
-            "ModernBERT), so that identical twins differ; 0 refuses such an encoder."
+            "help": "Dropout while training an encoder whose own dropouts are all 0 (decoders, ModernBERT), so that "
+            "identical twins differ; 0: none, the twins copies of the anchors (the log says so)."
         },
     )
 

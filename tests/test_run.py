@@ -120,6 +120,7 @@ def test_two_processes_train_exactly_like_one_process_with_the_global_batch(data
         args = tiny_args(encoder, fraternal, data_dir, output, "--per_device_train_batch_size", str(batch))
         args += ["--max_steps", "4", "--logging_steps", "1", "--learning_rate", "5e-3", "--eval_strategy", "no"]
         args += ["--save_strategy", "no", "--load_best_model_at_end", "false", "--queue_size", "2"]
+        args += ["--training_dropout", "0"]  # no dropout, knowingly
         result = launch(args, processes=processes)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
         state = json.loads((output / "trainer_state.json").read_text())

@@ -112,8 +112,8 @@ def fit_model(model: nn.Module, **settings: Any) -> None:
 def fit_dropout(model: nn.Module) -> str | None:
     """Identical twins are a sentence under two dropout masks, so an encoder whose every dropout is 0 (most decoders,
     ModernBERT, ALBERT) gets the config's ``training_dropout`` in every dropout of its config and modules, as LLM2Vec
-    gives one; returns what was set, for the log. ``ValueError`` naming the setting when it is 0, or when
-    the encoder has no attention dropout to set."""
+    gives one; returns what was set (or, with ``training_dropout`` 0, that the twins are copies), for the log.
+    ``ValueError`` naming the setting when the encoder has no dropout to set."""
     encoder_config = model.encoder.config
     rates = {k: v for k, v in encoder_config.to_dict().items() if "dropout" in k and "classifier" not in k}
     if any(isinstance(rate, float) and rate > 0 for rate in rates.values()):
@@ -123,7 +123,12 @@ def fit_dropout(model: nn.Module) -> str | None:
     floats = [
         (m, k) for m in model.encoder.modules() for k, v in vars(m).items() if "dropout" in k and type(v) is float
     ]
-    if rate == 0 or not (places or floats):
+    if rate == 0:
+        return (
+            f"{type(model.encoder).__name__} has no dropout and --training_dropout is 0: identical twins are exact "
+            "copies of the anchors"
+        )
+    if not (places or floats):
         raise ValueError(
             f"{type(model.encoder).__name__} has no dropout ({', '.join(rates) or 'no dropout setting'} 0), so "
             "identical twins would be exact copies of the anchors; set --training_dropout (e.g. 0.1) to train it "
@@ -270,7 +275,7 @@ class Objective(nn.Module):
         adopt_base(model)
         dropout = fit_dropout(model)
         if dropout:
-            logger.warning(f"{dropout} (--training_dropout), so that identical twins differ.")
+            logger.warning(f"{dropout} (--training_dropout).")
         queue_batch_size = {"queue_batch_size": global_batch} if model.config.queue_batch_size != global_batch else {}
         fit_model(model, **self.run_settings(), **queue_batch_size)
         if model.queue is not None and queue_batch_size:
