@@ -263,19 +263,9 @@ class AttentionMutualInformationLoss(nn.Module):
         self.with_replacement = with_replacement
         self.epsilon = epsilon
 
-    def forward(
-        self,
-        attentions_1: Sequence[torch.Tensor],
-        attentions_2: Sequence[torch.Tensor],
-        attention_mask: torch.Tensor,
-        indices: torch.Tensor | None = None,
-        sample_mask: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``attentions_v``: one [B, H, n, n] tensor per encoder layer, view v; ``attention_mask`` [B, n]."""
-        return self.combine(
-            *self.per_sentence(attentions_1, attentions_2, attention_mask, indices, sample_mask, generator)
-        )
+    def forward(self, *arguments, **options) -> tuple[torch.Tensor, torch.Tensor]:
+        """L_D of a batch: :meth:`combine` of :meth:`per_sentence`, whose arguments it takes."""
+        return self.combine(*self.per_sentence(*arguments, **options))
 
     def per_sentence(
         self,
@@ -287,7 +277,8 @@ class AttentionMutualInformationLoss(nn.Module):
         generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each sentence's Σ_r MI_i^r over its counted slices and their count, [B] each: L_D's parts, which
-        :meth:`combine` sums over a batch (whole, or a gradient cache's mini-batches); arguments as :meth:`forward`."""
+        :meth:`combine` sums over a batch (whole, or a gradient cache's mini-batches). ``attentions_v``: one
+        [B, H, n, n] tensor per encoder layer, view v; ``attention_mask`` [B, n]."""
         slices_1 = attention_slices(attentions_1, self.layers, self.heads_per_group)
         slices_2 = attention_slices(attentions_2, self.layers, self.heads_per_group)
         if indices is None:
