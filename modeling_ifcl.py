@@ -57,9 +57,8 @@ def last_token(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tens
 def right_padded(attention_mask: torch.Tensor, *rows: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
     """A batch padded on the left moved to right padding, each row's real tokens first (the mask, then ``rows``
     reordered alike): positions then count from each sentence's first token, and fusion pairs token i of a sentence
-    with token i of its translation (docs/paper-reading.md). A right-padded batch is returned as it is."""
-    if bool(attention_mask[:, 0].all()):
-        return (attention_mask, *rows)
+    with token i of its translation (docs/paper-reading.md). A right-padded batch comes back as it was (a stable
+    sort, and no check that would wait for the device on every call)."""
     order = torch.argsort((attention_mask == 0).to(torch.int8), dim=1, stable=True)
     return tuple(None if row is None else row.gather(1, order) for row in (attention_mask, *rows))
 
