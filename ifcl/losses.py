@@ -1,7 +1,8 @@
 """The IFCL loss, one small module per term (Xiao et al., arXiv:2307.10932, Section 3.3), and Eq. 4's forgetting
 coefficients of the hippocampus queue.
 
-Every term is computed in float32 with autocast off, so bf16/fp16 training does not round the logits.
+Every term is computed in float32 (float64 for a float64 model) with autocast off, so bf16/fp16 training does not
+round the logits.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ from torch.nn import functional as F
 def float32_region(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
     """A region where autocast is off for ``tensor``'s device type."""
     return torch.autocast(device_type=tensor.device.type, enabled=False)
+
+
+def widened(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in the loss's precision: float32 for half types, float64 left as it is."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
 
 
 def cosine_to_stored_rows(unit_rows: torch.Tensor, stored: torch.Tensor) -> torch.Tensor:
@@ -90,12 +96,12 @@ def info_nce(
 
         return over_sizes(matryoshka, at_size)
     with float32_region(anchors):
-        unit_anchors = F.normalize(anchors.float(), dim=-1)
-        logits = unit_anchors @ F.normalize(positives.float(), dim=-1).T / temperature
+        unit_anchors = F.normalize(widened(anchors), dim=-1)
+        logits = unit_anchors @ F.normalize(widened(positives), dim=-1).T / temperature
         if extra_negatives is not None and extra_negatives.shape[0] > 0:
             extra = cosine_to_stored_rows(unit_anchors, extra_negatives) / temperature
             if extra_log_weights is not None:
-                extra = extra + extra_log_weights.float().unsqueeze(0)
+                extra = extra + widened(extra_log_weights).unsqueeze(0)
             logits = torch.cat([logits, extra], dim=1)
         labels = torch.arange(anchors.shape[0], device=anchors.device) + label_offset
         return F.cross_entropy(logits, labels)
@@ -157,7 +163,7 @@ class TwinsLoss(nn.Module):
         fraternal_embedding_output: torch.Tensor,
     ) -> torch.Tensor:
         with float32_region(anchor):
-            similarity = lambda a, b: F.cosine_similarity(a.float(), b.float(), dim=-1)  # noqa: E731
+            similarity = lambda a, b: F.cosine_similarity(widened(a), widened(b), dim=-1)  # noqa: E731
             with torch.no_grad():
                 margin = (
                     similarity(anchor_embedding_output, identical_embedding_output).exp()

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ifcl.losses import float32_region, info_nce
+from ifcl.losses import float32_region, info_nce, widened
 
 from .base import Embeddings, Gather, Objective, ObjectiveOutput, Paper, no_gather, pad_features, unwrap_model
 from .wordnet import DEFAULT_WORDNET_PATH, AntonymLexicon, check_wordnet_folder, load_antonym_lexicon
@@ -184,7 +184,7 @@ class ConIsILoss(nn.Module):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         contrastive = info_nce(single, pair_candidates, self.temperature, label_offset=label_offset)
         with float32_region(same_scores):
-            interactive = F.softplus(different_scores.float() - same_scores.float()).mean()
+            interactive = F.softplus(widened(different_scores) - widened(same_scores)).mean()
         loss = (1.0 - self.interactive_weight) * contrastive + self.interactive_weight * interactive
         return loss, {"loss_contrastive": contrastive.detach(), "loss_interactive": interactive.detach()}
 

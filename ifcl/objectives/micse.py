@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ifcl import queue as ring
-from ifcl.losses import Matryoshka, float32_region, info_nce
+from ifcl.losses import Matryoshka, float32_region, info_nce, widened
 from modeling_ifcl import ALL_LAYER_POOLERS, QueueBuffers, pool_hidden_states
 
 from .base import (
@@ -167,7 +167,7 @@ def attention_slices(attentions: Sequence[torch.Tensor], layers: Sequence[int], 
     """
     num_heads = attentions[layers[0]].shape[1]
     check_heads_per_group(num_heads, heads_per_group)
-    chosen = torch.stack([attentions[layer].float() for layer in layers], dim=1)  # [B, L', H, n, n], float32
+    chosen = torch.stack([widened(attentions[layer]) for layer in layers], dim=1)  # [B, L', H, n, n]
     batch, num_layers, _, length, _ = chosen.shape
     grouped = chosen.view(batch, num_layers, num_heads // heads_per_group, heads_per_group, length, length)
     return grouped.mean(dim=3).flatten(1, 2)
@@ -225,7 +225,7 @@ def mutual_information(
         count = weights.sum(dim=-1, keepdim=True)
 
         def centred_log(slices: torch.Tensor) -> torch.Tensor:
-            values = slices.float().flatten(2).gather(2, indices)
+            values = widened(slices).flatten(2).gather(2, indices)
             logs = torch.where(sample_mask, values, torch.ones_like(values)).log()
             mean = (logs * weights).sum(dim=-1, keepdim=True) / count.clamp_min(1.0)
             return (logs - mean) * weights

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ifcl.losses import Matryoshka, float32_region, over_sizes
+from ifcl.losses import Matryoshka, float32_region, over_sizes, widened
 from modeling_ifcl import max_input_length
 
 from .base import TOKEN_FIELDS, Embeddings, Gather, Objective, ObjectiveOutput, Paper, no_gather, unwrap_model
@@ -236,9 +236,9 @@ class GroupContrast(nn.Module):
         anchors of all processes, this process's from ``label_offset``): s(anchor_i, positive_ik)/τ [N, K] and
         s(anchor_i, candidate_j)/τ for j ≠ i [N, M − 1] (x_j ∼ X ∧ j ≠ i). Cosine similarity, in float32."""
         with float32_region(anchors):
-            unit_anchors = F.normalize(anchors.float(), dim=-1)
-            positive_logits = torch.einsum("nd,nkd->nk", unit_anchors, F.normalize(positives.float(), dim=-1))
-            candidate_logits = unit_anchors @ F.normalize(candidates.float(), dim=-1).T
+            unit_anchors = F.normalize(widened(anchors), dim=-1)
+            positive_logits = torch.einsum("nd,nkd->nk", unit_anchors, F.normalize(widened(positives), dim=-1))
+            candidate_logits = unit_anchors @ F.normalize(widened(candidates), dim=-1).T
             rows = torch.arange(anchors.shape[0], device=anchors.device)
             own = torch.zeros_like(candidate_logits, dtype=torch.bool)
             own[rows, rows + label_offset] = True
@@ -297,13 +297,13 @@ class PeerCooperationLoss(nn.Module):
         self, log_p_main_peer: torch.Tensor, log_p_peer_peer: torch.Tensor, log_p_peer_main: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         with float32_region(log_p_main_peer):
-            log_target = log_p_main_peer.float()
+            log_target = widened(log_p_main_peer)
             if self.detach_target:
                 log_target = log_target.detach()
             target = log_target.exp()
 
             def kl(log_q: torch.Tensor) -> torch.Tensor:
-                return (target * (log_target - log_q.float())).sum(dim=1).mean()
+                return (target * (log_target - widened(log_q))).sum(dim=1).mean()
 
             return kl(log_p_peer_peer), kl(log_p_peer_main)
 
