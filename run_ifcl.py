@@ -39,7 +39,7 @@ from ifcl.arguments import (
     refuse_other_objectives_settings,
     strategy_name,
 )
-from ifcl.checkpoints import check_resume_settings, interrupted_message
+from ifcl.checkpoints import check_resume_lora, check_resume_settings, interrupted_message
 from ifcl.data import (
     EMBEDDED_MODEL_ID,
     embedded_model_path,
@@ -82,6 +82,37 @@ class ModelArguments:
             "model's own never runs. Without it such a model is refused, and no prompt is ever shown."
         },
     )
+    lora_r: int = field(
+        default=0,
+        metadata={
+            "help": "Train LoRA adapters of this rank (peft: pip install 'ifcl[peft]') instead of the encoder's "
+            "weights, which stay frozen; the published model holds them merged. 0: no LoRA."
+        },
+    )
+    lora_alpha: float | None = field(default=None, metadata={"help": "LoRA's scale alpha (alpha / r). None: 2 × r."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA adapters' input."})
+    lora_target_modules: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Layers the adapters go into (names or their ends, as peft takes them). None: peft's choice for "
+            "the encoder's family (q_proj v_proj for Qwen, Llama, Mistral, Gemma; query value for BERT), else "
+            "all-linear."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        checks.check_lora_arguments(self)
+
+    def lora(self) -> dict[str, Any] | None:
+        """The keywords of ``ifcl.lora.add_lora``; None without LoRA."""
+        if not self.lora_r:
+            return None
+        return {
+            "r": self.lora_r,
+            "alpha": self.lora_alpha,
+            "dropout": self.lora_dropout,
+            "target_modules": self.lora_target_modules,
+        }
 
 
 @dataclass
@@ -280,6 +311,7 @@ def main(argv: list[str] | None = None):
             if plan.resume is not None:
                 training_args.resume_from_checkpoint = plan.resume.checkpoint
                 check_resume_settings(plan.resume.checkpoint, plan.resume.config, json.loads(planned.to_json_string()))
+                check_resume_lora(plan.resume.checkpoint, model_args.lora())
             push_at_end = take_over_push(training_args)
 
             # 4. Training text and STS sets: dev for --do_eval and the evaluations during training, test for
@@ -310,6 +342,10 @@ def main(argv: list[str] | None = None):
             fraternal_model = model_args.fraternal_model_name_or_path if planned.uses_fraternal_twins else None
             trust = model_args.trust_remote_code
             model = load_model(start, model_args.model_name_or_path, fraternal_model, settings, trust)
+            if model_args.lora() is not None:
+                from ifcl.lora import add_lora
+
+                add_lora(model, **model_args.lora())
 
             # 6. The objective and the Trainer, which fits the model to the run once (Objective.prepare: the base's
             # settings, frozen tables, the queue; the training text tokenized by the main process first, into the

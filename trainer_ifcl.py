@@ -165,6 +165,15 @@ def embed_with_gradient_cache(
     return dict(zip(names, rows))
 
 
+def trainable_parameters(model: torch.nn.Module) -> str:
+    """How many of ``model``'s parameters train, for the log: ``trainable: 73,728 of 2,100,000 parameters (3.51%)``
+    (parameters shared between modules counted once)."""
+    parameters = {id(p): p for p in model.parameters()}.values()
+    total = sum(p.numel() for p in parameters)
+    trained = sum(p.numel() for p in parameters if p.requires_grad)
+    return f"trainable: {trained:,} of {total:,} parameters ({100 * trained / max(total, 1):.2f}%)"
+
+
 class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite."""
 
@@ -245,6 +254,7 @@ class IFCLTrainer(Trainer):
             num_proc=preprocessing_num_workers,
             on_the_fly=tokenize_on_the_fly,
         )
+        logger.info(trainable_parameters(unwrap_model(self.model)))
         # compute_loss returns a per-micro-batch mean: the Trainer divides it by the accumulation steps.
         self.loss_is_scaled_for_ga = False
         self._loss_sums: dict[str, torch.Tensor] = {}
@@ -374,7 +384,7 @@ class IFCLTrainer(Trainer):
     def published_model(self) -> AbstractContextManager[torch.nn.Module]:
         """The model without what only training needs (``ifcl.publishing.TRAINING_ONLY``), restored after: the
         objective's own modules (heads, peer network, momentum encoder) and IFCL's queue (a loaded model starts it
-        empty). Checkpoints keep both, for exact resume."""
+        empty), LoRA adapters merged into their layers. Checkpoints keep all three, for exact resume."""
         return without_training_state(unwrap_model(self.model))
 
     def finish_from_checkpoint(self, checkpoint: str) -> None:
@@ -404,10 +414,16 @@ class IFCLTrainer(Trainer):
         return metrics
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Checkpoints keep the objective's modules (exact resume); the published model leaves them out, so that
-        every published model loads alike whatever it was trained with, and gets its sentence-transformers view."""
+        """Checkpoints keep the objective's modules and LoRA adapters (exact resume; the adapters also in peft's
+        files); the published model leaves them out, with adapters merged, so that every published model loads alike
+        whatever it was trained with, and gets its sentence-transformers view."""
         if _internal_call:
-            return super().save_model(output_dir, _internal_call)
+            super().save_model(output_dir, _internal_call)
+            if self.args.should_save:
+                from ifcl.lora import save_adapters
+
+                save_adapters(unwrap_model(self.model), output_dir or self.args.output_dir)
+            return
         with self.published_model() as model:
             super().save_model(output_dir, _internal_call)
             if self.args.should_save:  # the weights' save_pretrained wrote the tokenizers

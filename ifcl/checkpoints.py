@@ -178,6 +178,37 @@ def check_resume_settings(checkpoint: str, saved: dict[str, Any], wanted: dict[s
         )
 
 
+def check_resume_lora(checkpoint: str, lora: dict[str, Any] | None) -> None:
+    """The checkpoint's LoRA adapters (its ``adapter_config.json``) are those this command asks for (``lora``: the
+    keywords of ``ifcl.lora.add_lora``, None without LoRA): LoRA on or off alike, the same rank, alpha, dropout and,
+    when the command names them, target modules."""
+    from ifcl.lora import resolved_alpha
+
+    saved = read_json(checkpoint, "adapter_config.json")
+    if saved is None or lora is None:
+        if saved is not None or lora is not None:
+            trained = f"with LoRA (--lora_r {saved['r']})" if saved else "without LoRA"
+            raise CheckpointError(
+                f"--resume_from_checkpoint {checkpoint} was trained {trained}, unlike this command: resume with the "
+                "checkpoint's LoRA flags, or train anew in another --output_dir."
+            )
+        return
+    pairs = [
+        ("--lora_r", saved["r"], lora["r"]),
+        ("--lora_alpha", saved["lora_alpha"], resolved_alpha(lora["r"], lora["alpha"])),
+        ("--lora_dropout", saved["lora_dropout"], lora["dropout"]),
+    ]
+    if lora["target_modules"] is not None:
+        pairs.append(("--lora_target_modules", sorted(saved["target_modules"]), sorted(lora["target_modules"])))
+    differences = [f"{flag}: {then!r} in the checkpoint, {now!r} now" for flag, then, now in pairs if then != now]
+    if differences:
+        raise CheckpointError(
+            f"--resume_from_checkpoint {checkpoint} was trained with other LoRA settings than this command's: "
+            + "; ".join(differences)
+            + ". Resume with the checkpoint's settings, or train anew in another --output_dir."
+        )
+
+
 def interrupted_message(folder: str, command: list[str]) -> str:
     """What Ctrl-C prints in ``run_ifcl.py``: the newest complete checkpoint of ``folder`` and the ``command``
     that resumes from it."""

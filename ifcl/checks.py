@@ -222,6 +222,28 @@ def check_data_arguments(data_args) -> None:
         raise ValueError(f"--max_train_samples must be ≥ 1, got {data_args.max_train_samples}.")
 
 
+def check_lora_arguments(model_args) -> None:
+    """``run_ifcl.py``'s LoRA flags: a rank ≥ 0, a positive alpha, a dropout in [0, 1), no LoRA flag without
+    ``--lora_r``, and ``peft`` installed when LoRA is asked for, before anything loads."""
+    r = model_args.lora_r
+    if r < 0:
+        raise ValueError(f"--lora_r must be ≥ 0 (0: no LoRA), got {r}.")
+    if model_args.lora_alpha is not None and not model_args.lora_alpha > 0:
+        raise ValueError(f"--lora_alpha must be > 0, got {model_args.lora_alpha}.")
+    if not 0 <= model_args.lora_dropout < 1:
+        raise ValueError(f"--lora_dropout must be in [0, 1), got {model_args.lora_dropout}.")
+    if r == 0:
+        given = [
+            f"--{name}" for name in ("lora_alpha", "lora_target_modules") if getattr(model_args, name) is not None
+        ]
+        if given:
+            raise ValueError(f"{' and '.join(given)} given without --lora_r: set --lora_r (e.g. 16) to train LoRA.")
+        return
+    from ifcl.lora import require_peft
+
+    require_peft()
+
+
 def check_continued_model(start: StartingModel, objective: str, fraternal_model: str | None, wanted) -> None:
     """Refuse continuing an IFCL model with another objective, another fraternal model, fraternal twins it has no word
     table for (``wanted``: the IFCLConfig this command plans), or weights that cannot be read."""

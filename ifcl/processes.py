@@ -43,7 +43,7 @@ def use_all_cpu_cores(training_args) -> None:
 
 def setup_logging(training_args, logger: logging.Logger) -> None:
     """The examples' logging: the process's own level for transformers and datasets, and the script's progress
-    (``logger`` and the package's) on the main process."""
+    (``logger``, the package's and the trainer's) on the main process."""
     logging.basicConfig(
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
         datefmt="%m/%d/%Y %H:%M:%S",
@@ -52,7 +52,8 @@ def setup_logging(training_args, logger: logging.Logger) -> None:
     log_level = training_args.get_process_log_level()
     script_log_level = min(log_level, logging.INFO) if training_args.should_log else log_level
     logger.setLevel(script_log_level)
-    logging.getLogger("ifcl").setLevel(script_log_level)
+    for name in ("ifcl", "trainer_ifcl"):
+        logging.getLogger(name).setLevel(script_log_level)
     import datasets
     import transformers
 

@@ -174,13 +174,16 @@ def append_eos_token(tokenizer) -> bool:
 
 @contextmanager
 def without_training_state(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """``model`` without its :data:`TRAINING_ONLY` sub-modules for the ``with`` block, restored after in their
-    order."""
+    """``model`` as it is published, for the ``with`` block: without its :data:`TRAINING_ONLY` sub-modules, and with
+    LoRA adapters merged into their layers (``ifcl.lora.merged_adapters``); restored after, in their order."""
+    from ifcl.lora import merged_adapters
+
     modules = dict(model._modules)
     for name in TRAINING_ONLY:
         model._modules.pop(name, None)
     try:
-        yield model
+        with merged_adapters(model):
+            yield model
     finally:
         model._modules.clear()
         model._modules.update(modules)

@@ -4,11 +4,12 @@ training dropout where their config has none."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ENGLISH, GERMAN, build_word_tokenizer, cpu_training_args
+from conftest import ENGLISH, GERMAN, build_word_tokenizer, cpu_training_args, saved_weight_names
 from datasets import Dataset
 from torch import nn
 
@@ -49,16 +50,23 @@ def build_tiny_decoder(family: str, folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 @pytest.mark.parametrize("family", list(DECODERS))
-def test_each_decoder_trains_with_the_last_pooler_and_reloads_alike(family, tmp_path, caplog):
+def test_each_decoder_trains_with_the_last_pooler_and_reloads_alike(family, lora, tmp_path, caplog):
+    """Two IFCL steps, with every weight training or LoRA adapters (peft's q_proj and v_proj, which alone change);
+    the published folder (adapters merged) reloads through remote code and sentence-transformers alike."""
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
 
+    from ifcl.lora import add_lora
     from modeling_ifcl import IFCLModel
     from trainer_ifcl import IFCLTrainer
 
     decoder = build_tiny_decoder(family, tmp_path / family)
     model = IFCLModel.from_encoder(str(decoder), queue_size=2, **LAST)
+    if lora:
+        add_lora(model, r=4)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
     data = Dataset.from_dict({"sentence": ENGLISH[:8], "fraternal": GERMAN[:8]})
     args = cpu_training_args(tmp_path / "run", per_device_train_batch_size=4, max_steps=2, learning_rate=1e-3)
     trainer = IFCLTrainer(model=model, args=args, train_dataset=data)
@@ -66,10 +74,18 @@ def test_each_decoder_trains_with_the_last_pooler_and_reloads_alike(family, tmp_
     assert model.tokenizer("A man.")["input_ids"][-1] == model.tokenizer.eos_token_id  # appended for `last`
     assert trainer.train_dataset[0]["input_ids"][-1] == model.tokenizer.eos_token_id
     trainer.train()
+    changed = {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}
+    if lora:
+        assert changed and all(".lora_B." in name or ".lora_A." in name for name in changed), changed
+        assert {name.split(".")[-4] for name in changed} == {"q_proj", "v_proj"}
+    else:
+        assert any("layers.1.mlp" in name for name in changed)
     trained = model.encode(ENGLISH)
     trainer.save_model()
 
     folder = str(tmp_path / "run")
+    assert not {"adapter_config.json", "adapter_model.safetensors"} & set(os.listdir(folder))
+    assert not [name for name in saved_weight_names(tmp_path / "run") if "lora_" in name or "base_layer" in name]
     remote = AutoModel.from_pretrained(folder, trust_remote_code=True)
     assert (remote.encode(ENGLISH) - trained).abs().max() <= 1e-5
     view = SentenceTransformer(folder, device="cpu")  # its own lasttoken pooling, the tokenizer as saved

@@ -119,7 +119,8 @@ def fit_dropout(model: nn.Module) -> str | None:
     if any(isinstance(rate, float) and rate > 0 for rate in rates.values()):
         return None
     rate = getattr(model.config, "training_dropout", 0.0)
-    places = [m for m in model.encoder.modules() if isinstance(m, nn.Dropout)]
+    # LoRA's dropout on the adapters' input (ifcl.lora) is its own setting, --lora_dropout.
+    places = [m for n, m in model.encoder.named_modules() if isinstance(m, nn.Dropout) and "lora_dropout" not in n]
     floats = [
         (m, k) for m in model.encoder.modules() for k, v in vars(m).items() if "dropout" in k and type(v) is float
     ]

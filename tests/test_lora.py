@@ -1,0 +1,232 @@
+"""LoRA through peft (``ifcl.lora``, ``--lora_r``), gradient checkpointing with frozen word tables, and bf16 on a
+decoder: only the adapters train, checkpoints hold them and resume exactly, the published folder holds merged weights
+that load without peft, and ``run_ifcl.py`` does it all from the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ENGLISH, GERMAN, ROOT, cpu_training_args, losses_by_step, run_script, write_sts_file
+from datasets import Dataset
+from safetensors import safe_open
+from test_decoders import LAST, build_tiny_decoder
+from torch import nn
+
+from ifcl.checkpoints import CheckpointError, check_resume_lora
+from ifcl.lora import add_lora, merged_adapters
+from modeling_ifcl import IFCLModel
+from trainer_ifcl import IFCLTrainer
+
+PAIRS = {"sentence": ENGLISH[:8], "fraternal": GERMAN[:8]}
+
+
+def without_dropout(model: nn.Module) -> nn.Module:
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    return model
+
+
+def test_lora_defaults_follow_the_family_and_only_the_adapters_train(tmp_path, tiny_encoder_dir):
+    decoder = IFCLModel.from_encoder(str(build_tiny_decoder("qwen3", tmp_path / "qwen3")), **LAST)
+    config = add_lora(decoder, r=4)
+    assert config.target_modules == {"q_proj", "v_proj"} and config.lora_alpha == 8 and config.lora_dropout == 0.05
+    trained = {name for name, p in decoder.named_parameters() if p.requires_grad}
+    assert trained and all(".lora_A." in name or ".lora_B." in name for name in trained)
+    bert = IFCLModel.from_encoder(str(tiny_encoder_dir), freeze_word_embeddings=False)
+    assert add_lora(bert, r=2, alpha=4).target_modules == {"query", "value"}
+    assert bert.get_input_embeddings().weight.requires_grad  # the config's setting, not peft's freezing
+
+
+def test_merged_weights_embed_like_the_adapters_and_leave_them_unchanged(tmp_path):
+    model = IFCLModel.from_encoder(str(build_tiny_decoder("llama", tmp_path / "llama")), **LAST).eval()
+    base = model.encode(ENGLISH)
+    add_lora(model, r=4)
+    torch.manual_seed(0)
+    for name, parameter in model.named_parameters():
+        if ".lora_B." in name:  # peft starts B at 0: give the adapters an effect
+            nn.init.normal_(parameter, std=0.2)
+    adapted = model.encode(ENGLISH)
+    state = {name: value.clone() for name, value in model.state_dict().items()}
+    with merged_adapters(model):
+        assert not [name for name in model.state_dict() if "lora_" in name or "base_layer" in name]
+        merged = model.encode(ENGLISH)
+    assert (adapted - base).abs().max() > 1e-3 and (merged - adapted).abs().max() <= 1e-5
+    assert (model.encode(ENGLISH) - adapted).abs().max() == 0
+    assert all(torch.equal(value, state[name]) for name, value in model.state_dict().items())
+
+
+def lora_trainer(decoder: Path, output: str, lora: bool = True, **settings) -> IFCLTrainer:
+    torch.manual_seed(0)
+    model = IFCLModel.from_encoder(str(decoder), queue_size=2, **LAST)
+    if lora:
+        add_lora(model, r=4)
+    defaults = {"per_device_train_batch_size": 4, "max_steps": 4, "learning_rate": 1e-2, "logging_steps": 1}
+    args = cpu_training_args(output, **{**defaults, "seed": 0, **settings})
+    return IFCLTrainer(model=model, args=args, train_dataset=Dataset.from_dict(PAIRS))
+
+
+def test_a_lora_run_resumes_exactly_from_a_checkpoint_that_holds_its_adapters(tmp_path):
+    decoder = build_tiny_decoder("qwen2", tmp_path / "qwen2")
+    saving = {"save_strategy": "steps", "save_steps": 2}
+    whole = lora_trainer(decoder, str(tmp_path / "a"), **saving)
+    whole.train()
+    checkpoint = tmp_path / "a" / "checkpoint-2"
+    with open(checkpoint / "adapter_config.json") as handle:
+        assert json.load(handle)["r"] == 4
+    with safe_open(str(checkpoint / "adapter_model.safetensors"), "pt") as adapters:
+        names = list(adapters.keys())
+    assert names and all(".lora_A." in name or ".lora_B." in name for name in names)
+    resumed = lora_trainer(decoder, str(tmp_path / "b"), **saving)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    expected, got = losses_by_step(whole), losses_by_step(resumed)
+    for step in (3, 4):
+        assert got[step] == pytest.approx(expected[step], abs=1e-6), step
+    final = dict(whole.model.named_parameters())
+    for name, value in resumed.model.named_parameters():
+        torch.testing.assert_close(value, final[name], atol=1e-6, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_gradient_checkpointing_with_frozen_tables_trains_as_without_it(tmp_path, lora):
+    """The usual pitfall: with frozen word tables (and the encoder frozen under LoRA) nothing entering the first
+    checkpointed layer needs a gradient. One SGD step with ``gradient_checkpointing`` moves the same weights, the
+    first layer's included, as without it (dropout replayed by the checkpoint)."""
+    decoder = build_tiny_decoder("mistral", tmp_path / "mistral")
+    weights = {}
+    for checkpointing in (False, True):
+        trainer = lora_trainer(
+            decoder,
+            str(tmp_path / str(checkpointing)),
+            lora,
+            max_steps=1,
+            optim="sgd",
+            gradient_checkpointing=checkpointing,
+        )
+        before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+        trainer.train()
+        weights[checkpointing] = dict(trainer.model.named_parameters())
+        moved = [name for name, p in weights[checkpointing].items() if not torch.equal(p, before[name])]
+        assert any("layers.0." in name for name in moved), moved
+        assert not any("embed_tokens" in name for name in moved)
+    for name, value in weights[True].items():
+        torch.testing.assert_close(value, weights[False][name], atol=1e-6, rtol=0, msg=name)
+
+
+def test_bf16_lora_on_a_bf16_decoder_keeps_float32_losses_and_queue_and_saves_bf16(tmp_path):
+    from transformers import AutoModel
+
+    folder = build_tiny_decoder("gemma3", tmp_path / "gemma3")
+    AutoModel.from_pretrained(folder).to(torch.bfloat16).save_pretrained(folder)
+    trainer = lora_trainer(folder, str(tmp_path / "run"), max_steps=2, bf16=True)
+    model = trainer.model
+    assert model.encoder.dtype == torch.bfloat16
+    trained = [p for p in model.parameters() if p.requires_grad]
+    assert trained and all(p.dtype == torch.float32 for p in trained)  # peft keeps adapters in float32
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+    with trainer.autocast_smart_context_manager():
+        loss = trainer.compute_loss(model, batch)
+    assert loss.dtype == torch.float32
+    trainer.train()
+    assert model.queue.embeddings.dtype == torch.float32 and model.queue.valid.any()
+    trainer.save_model()
+    with safe_open(str(tmp_path / "run" / "model.safetensors"), "pt") as saved:
+        dtypes = {saved.get_slice(name).get_dtype() for name in saved.keys()}
+    assert dtypes == {"BF16"}
+
+
+LOADS_WITHOUT_PEFT = """
+import sys
+sys.modules["peft"] = None  # import peft fails, as without it installed
+import torch
+from sentence_transformers import SentenceTransformer
+from transformers import AutoModel
+folder, sentences = sys.argv[1], ["A man plays a guitar.", "Ein Hund rennt."]
+remote = AutoModel.from_pretrained(folder, trust_remote_code=True).encode(sentences)
+view = SentenceTransformer(folder, device="cpu").encode(sentences, convert_to_tensor=True)
+torch.save({"remote": remote, "view": view}, sys.argv[2])
+"""
+
+
+@pytest.mark.slow
+def test_run_ifcl_trains_a_decoder_with_lora_checkpointing_and_bf16(tmp_path):
+    """The issue's command on a tiny Qwen3: it exits 0, fewer than 10% of the parameters train, checkpoints hold
+    the adapters, the published folder holds none and loads without peft, embedding as the trained model does."""
+    decoder = build_tiny_decoder("qwen3", tmp_path / "qwen3")
+    (tmp_path / "train.txt").write_text("\n".join(f"{en}\t{de}" for en, de in zip(ENGLISH, GERMAN)) + "\n")
+    write_sts_file(tmp_path / "sts.tsv")
+    output = tmp_path / "run"
+    flags = [
+        *("--model_name_or_path", str(decoder), "--train_file", str(tmp_path / "train.txt")),
+        *("--validation_file", str(tmp_path / "sts.tsv"), "--test_file", str(tmp_path / "sts.tsv")),
+        *("--output_dir", str(output), "--max_steps", "4", "--per_device_train_batch_size", "4"),
+        *("--eval_steps", "2", "--save_steps", "2", "--max_seq_length", "16", "--learning_rate", "1e-3"),
+        *("--pooler_type", "last", "--eval_pooler_type", "last", "--lora_r", "8"),
+        *("--gradient_checkpointing", "--bf16", "--use_cpu"),
+    ]
+    done = run_script("run_ifcl.py", *flags, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = done.stdout + done.stderr
+    trained, total, share = re.search(r"trainable: ([\d,]+) of ([\d,]+) parameters \(([\d.]+)%\)", log).groups()
+    assert 0 < float(share) < 10 and int(trained.replace(",", "")) < int(total.replace(",", ""))
+    assert "LoRA r=8, alpha=16" in log
+    checkpoint = next(output.glob("checkpoint-*"))
+    assert (checkpoint / "adapter_config.json").is_file() and (checkpoint / "adapter_model.safetensors").is_file()
+    assert not list(output.glob("adapter_*"))
+
+    script = tmp_path / "load.py"
+    script.write_text(LOADS_WITHOUT_PEFT)
+    embedded = tmp_path / "embedded.pt"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    loaded = subprocess.run(
+        [sys.executable, str(script), str(output), str(embedded)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    embeddings = torch.load(embedded)
+    torch.testing.assert_close(embeddings["view"], embeddings["remote"], atol=1e-5, rtol=0)
+    sys.path.insert(0, str(ROOT))
+    trained_model = IFCLModel.from_pretrained(str(output))
+    expected = trained_model.encode(["A man plays a guitar.", "Ein Hund rennt."])
+    torch.testing.assert_close(embeddings["remote"], expected, atol=1e-5, rtol=0)
+
+    # A resume is checked against the checkpoint's adapters before any model loads.
+    lora = {"r": 8, "alpha": None, "dropout": 0.05, "target_modules": None}
+    check_resume_lora(str(checkpoint), lora)
+    with pytest.raises(CheckpointError, match="--lora_r: 8 in the checkpoint, 4 now"):
+        check_resume_lora(str(checkpoint), {**lora, "r": 4})
+    with pytest.raises(CheckpointError, match=r"trained with LoRA \(--lora_r 8\), unlike this command"):
+        check_resume_lora(str(checkpoint), None)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--lora_alpha", "8"], "--lora_alpha given without --lora_r"),
+        (["--lora_r", "-1"], "--lora_r must be ≥ 0"),
+        (["--lora_r", "4", "--lora_dropout", "1"], "--lora_dropout must be in [0, 1)"),
+    ],
+)
+def test_bad_lora_flags_are_one_line_before_any_model_loads(flags, message):
+    import run_ifcl
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        run_ifcl.parse_arguments(["--output_dir", "unused", *flags])
+
+
+def test_lora_without_peft_says_how_to_install_it(monkeypatch):
+    import run_ifcl
+
+    monkeypatch.setitem(sys.modules, "peft", None)
+    with pytest.raises(ImportError, match=re.escape("pip install 'ifcl[peft]'")):
+        run_ifcl.parse_arguments(["--output_dir", "unused", "--lora_r", "4"])
