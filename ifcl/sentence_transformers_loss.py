@@ -29,12 +29,14 @@ from configuration_ifcl import IFCLSettings, SharedSettings
 from ifcl import queue as ring
 from ifcl.data import check_text_dataset, check_training_data_size
 from ifcl.losses import IFCLTerms, Matryoshka
+from ifcl.objectives.base import fit_dropout
 from modeling_ifcl import (
     IFCLTwinsOutput,
     QueueBuffers,
     check_model_path,
     load_fraternal,
     mean_pool,
+    right_padded,
     scaled_orthogonal_projection,
     twin_views,
     word_table_of,
@@ -54,10 +56,14 @@ class IFCLLoss(nn.Module):
         fraternal_model_name_or_path: a model whose word table is BEL_F and whose tokenizer reads the fraternal
             column (through :meth:`data_collator`); default the encoder's own table.
         temperature: τ of ℓ^I and ℓ^F (``SharedSettings``' default).
+        training_dropout: the dropout an encoder whose every dropout is 0 (decoder-based ones) trains with, so that
+            identical twins differ from their anchors (``SharedSettings``' default, 0.1; 0: none, said in the log).
         settings: the fields of ``configuration_ifcl.IFCLSettings`` (``fusion_rate``, ``queue_size``, ...), with
             its defaults and checks.
 
-    Inputs: the sentence and its fraternal twin (a translation), taken by name with :meth:`data_collator`.
+    Inputs: the sentence and its fraternal twin (a translation), taken by name with :meth:`data_collator`. Batches
+    padded on the left (decoder tokenizers) are moved to the right first, as ``IFCLModel`` does, so that fusion pairs
+    each sentence's tokens from its first one.
     """
 
     def __init__(
@@ -65,14 +71,18 @@ class IFCLLoss(nn.Module):
         model: SentenceTransformer,
         fraternal_model_name_or_path: str | None = None,
         temperature: float = SharedSettings.temperature,
+        training_dropout: float = SharedSettings.training_dropout,
         **settings: Any,
     ) -> None:
         super().__init__()
         self.settings = IFCLSettings(**settings)
-        SharedSettings(temperature=temperature)  # its check
+        SharedSettings(temperature=temperature, training_dropout=training_dropout)  # their checks
         check_model_path("fraternal_model_name_or_path", fraternal_model_name_or_path)
         self.model = model
         self.terms = IFCLTerms(temperature, self.settings.fraternal_loss_weight, self.settings.twins_loss_weight)
+        dropout = fit_dropout(self.encoder, training_dropout)
+        if dropout:
+            logger.warning(f"IFCLLoss: {dropout} (training_dropout).")
         words = word_table_of(self.encoder, "IFCLLoss")
         words.weight.requires_grad_(not self.settings.freeze_word_embeddings)
         self.fraternal_model_name_or_path = fraternal_model_name_or_path
@@ -202,17 +212,18 @@ class IFCLLoss(nn.Module):
 
     def embed_twins(self, columns: list[dict[str, torch.Tensor]]) -> IFCLTwinsOutput:
         """The three views of the rows of ``columns`` (the sentence, then its fraternal twin): ``twin_views``."""
-        sentence = columns[0]
+        mask, input_ids = right_padded(columns[0]["attention_mask"], columns[0]["input_ids"])
         fraternal = None
         if self.settings.uses_fraternal_twins:
+            fraternal_mask, fraternal_ids = right_padded(columns[1]["attention_mask"], columns[1]["input_ids"])
             fraternal = (
                 self.fraternal_word_embeddings,
                 self.settings.fusion_rate,
-                columns[1]["input_ids"],
-                columns[1]["attention_mask"],
+                fraternal_ids,
+                fraternal_mask,
                 self.fraternal_pad_token_id,
             )
-        tokens = (sentence["input_ids"], sentence["attention_mask"], self.encoder.config.pad_token_id or 0)
+        tokens = (input_ids, mask, self.encoder.config.pad_token_id or 0)
         return twin_views(self.encode_views, self.encoder.get_input_embeddings(), tokens, fraternal)
 
     def queue_negatives(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:

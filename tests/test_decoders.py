@@ -133,3 +133,60 @@ def test_a_decoder_trained_with_training_dropout_0_is_said_to_have_copied_twins(
     data = TextData.from_dict({"sentence": ENGLISH[:8], "fraternal": GERMAN[:8]})
     IFCLTrainer(model=model, args=args, train_dataset=data)  # knowingly: the log says so
     assert "--training_dropout is 0: identical twins are exact copies of the anchors" in caplog.text
+
+
+def decoder_sentence_transformer(family: str, folder: Path, padding_side: str = "left"):
+    """A SentenceTransformer of a tiny decoder with sentence-transformers' own ``lasttoken`` pooling, its tokenizer
+    padding on ``padding_side`` (left, as Qwen's and Llama's do)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    transformer = Transformer(str(build_tiny_decoder(family, folder)), max_seq_length=16)
+    transformer.tokenizer.padding_side = padding_side
+    pooling = Pooling(transformer.get_embedding_dimension(), "lasttoken")
+    return SentenceTransformer(modules=[transformer, pooling], device="cpu")
+
+
+@pytest.mark.parametrize("family", list(DECODERS))
+def test_each_decoder_trains_with_ifcl_loss_in_sentence_transformers(family, tmp_path, caplog):
+    """The sentence-transformers route: IFCLLoss sets the training dropout the decoder lacks (and says so), trains
+    two steps, and the saved model embeds as the trained one."""
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
+
+    from ifcl.sentence_transformers_loss import IFCLLoss
+
+    model = decoder_sentence_transformer(family, tmp_path / family)
+    loss = IFCLLoss(model, queue_size=2)
+    assert "has no dropout: its dropout is 0.1 while training (training_dropout)" in caplog.text
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(tmp_path / "st"), per_device_train_batch_size=4, max_steps=2, learning_rate=1e-3, use_cpu=True
+    )
+    args.report_to, args.save_strategy = [], "no"
+    data = Dataset.from_dict(PAIRS := {"sentence": ENGLISH[:8], "fraternal": GERMAN[:8]})
+    trainer = SentenceTransformerTrainer(
+        model=model, args=args, train_dataset=data, loss=loss, data_collator=loss.data_collator(data)
+    )
+    before = model.encode(PAIRS["sentence"], convert_to_tensor=True)
+    trainer.train()
+    trained = model.encode(ENGLISH, convert_to_tensor=True)
+    assert (model.encode(PAIRS["sentence"], convert_to_tensor=True) - before).abs().max() > 0
+    model.save(str(tmp_path / "saved"))
+    loaded = SentenceTransformer(str(tmp_path / "saved"), device="cpu")
+    assert (loaded.encode(ENGLISH, convert_to_tensor=True) - trained).abs().max() <= 1e-5
+
+
+def test_ifcl_loss_gives_left_and_right_padded_batches_the_same_losses(tmp_path):
+    from ifcl.sentence_transformers_loss import IFCLLoss
+
+    losses = {}
+    for side in ("left", "right"):
+        model = decoder_sentence_transformer("llama", tmp_path / side, padding_side=side)
+        loss = IFCLLoss(model, queue_size=0, training_dropout=0.0)
+        features = [model.preprocess(ENGLISH[:4]), model.preprocess(GERMAN[:4])]
+        assert side == "right" or not bool(features[0]["attention_mask"][:, 0].all())  # really padded on the left
+        losses[side] = {name: term.item() for name, term in loss(features).items()}
+    assert losses["left"] == pytest.approx(losses["right"], abs=1e-5)

@@ -109,31 +109,25 @@ def fit_model(model: nn.Module, **settings: Any) -> None:
         model.fraternal_embeddings.weight.requires_grad_(not config.freeze_fraternal_embeddings)
 
 
-def fit_dropout(model: nn.Module) -> str | None:
-    """Identical twins are a sentence under two dropout masks, so an encoder whose every dropout is 0 (most decoders,
-    ModernBERT, ALBERT) gets the config's ``training_dropout`` in every dropout of its config and modules, as LLM2Vec
-    gives one; returns what was set (or, with ``training_dropout`` 0, that the twins are copies), for the log.
-    ``ValueError`` naming the setting when the encoder has no dropout to set."""
-    encoder_config = model.encoder.config
+def fit_dropout(encoder: nn.Module, rate: float) -> str | None:
+    """Identical twins are a sentence under two dropout masks, so an ``encoder`` (a transformers model) whose every
+    dropout is 0 (most decoders, ModernBERT, ALBERT) gets ``rate`` (the config's ``training_dropout``) in every
+    dropout of its config and modules, as LLM2Vec gives one; returns what was set (or, with ``rate`` 0, that the
+    twins are copies), for the log. ``ValueError`` naming the setting when the encoder has no dropout to set."""
+    encoder_config = encoder.config
     rates = {k: v for k, v in encoder_config.to_dict().items() if "dropout" in k and "classifier" not in k}
-    if any(isinstance(rate, float) and rate > 0 for rate in rates.values()):
+    if any(isinstance(value, float) and value > 0 for value in rates.values()):
         return None
-    rate = getattr(model.config, "training_dropout", 0.0)
     # LoRA's dropout on the adapters' input (ifcl.lora) is its own setting, --lora_dropout.
-    places = [m for n, m in model.encoder.named_modules() if isinstance(m, nn.Dropout) and "lora_dropout" not in n]
-    floats = [
-        (m, k) for m in model.encoder.modules() for k, v in vars(m).items() if "dropout" in k and type(v) is float
-    ]
+    places = [m for n, m in encoder.named_modules() if isinstance(m, nn.Dropout) and "lora_dropout" not in n]
+    floats = [(m, k) for m in encoder.modules() for k, v in vars(m).items() if "dropout" in k and type(v) is float]
+    encoder_name = type(encoder).__name__
     if rate == 0:
-        return (
-            f"{type(model.encoder).__name__} has no dropout and --training_dropout is 0: identical twins are exact "
-            "copies of the anchors"
-        )
+        return f"{encoder_name} has no dropout and --training_dropout is 0: identical twins are exact copies of the anchors"
     if not (places or floats):
         raise ValueError(
-            f"{type(model.encoder).__name__} has no dropout ({', '.join(rates) or 'no dropout setting'} 0), so "
-            "identical twins would be exact copies of the anchors; set --training_dropout (e.g. 0.1) to train it "
-            "with dropout."
+            f"{encoder_name} has no dropout ({', '.join(rates) or 'no dropout setting'} 0), so identical twins would be "
+            "exact copies of the anchors; set --training_dropout (e.g. 0.1) to train it with dropout."
         )
     for name in rates:
         setattr(encoder_config, name, rate)
@@ -141,7 +135,7 @@ def fit_dropout(model: nn.Module) -> str | None:
         module.p = rate
     for module, name in floats:
         setattr(module, name, rate)
-    return f"{type(model.encoder).__name__} has no dropout: its dropout is {rate} while training"
+    return f"{encoder_name} has no dropout: its dropout is {rate} while training"
 
 
 @dataclass(frozen=True)
@@ -274,7 +268,7 @@ class Objective(nn.Module):
         ``global_batch`` rows (``fit_model``); a text ``train_dataset`` is tokenized under ``main_process_first``
         and its size checked (``check_training_data_size``). Returns the training features."""
         adopt_base(model)
-        dropout = fit_dropout(model)
+        dropout = fit_dropout(model.encoder, model.config.training_dropout)
         if dropout:
             logger.warning(f"{dropout} (--training_dropout).")
         queue_batch_size = {"queue_batch_size": global_batch} if model.config.queue_batch_size != global_batch else {}
