@@ -20,8 +20,6 @@ import os
 import sys
 import time
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from runs import (  # noqa: E402
@@ -34,14 +32,16 @@ from runs import (  # noqa: E402
     relative,
     write_record,
 )
-from train_step import batches, peak_cpu_allocation  # noqa: E402
 
 RECORD = os.path.join(RESULTS, "large_batches.json")
 README_START, README_END = "<!-- large-batches-table:start -->", "<!-- large-batches-table:end -->"
+# How the peak memory is measured on each kind of device, for the caption.
+PEAK_MEASURES = {"cuda": "GPU: torch.cuda.max_memory_allocated", "cpu": "CPU: profiler peak of live tensors"}
 
 
 def trainer_of(model, batch_size: int, cache: int | None):
     """An IFCLTrainer of ``model`` at ``batch_size`` (with a gradient cache of ``cache`` rows when given)."""
+    import torch
     from transformers import TrainingArguments
 
     from trainer_ifcl import IFCLTrainer
@@ -57,6 +57,9 @@ def trainer_of(model, batch_size: int, cache: int | None):
 
 def measure(model, batch: dict, batch_size: int, cache: int | None, rounds: int, device) -> dict[str, float]:
     """Peak memory (MB) and seconds of one step."""
+    import torch
+    from train_step import peak_cpu_allocation
+
     trainer = trainer_of(model, batch_size, cache)
 
     def step() -> None:
@@ -79,6 +82,34 @@ def measure(model, batch: dict, batch_size: int, cache: int | None, rounds: int,
     return {"peak_mb": peak / 2**20, "seconds": (time.perf_counter() - start) / rounds}
 
 
+def row_line(row: dict) -> str:
+    """One batch size's line of the table, from its entry in the record's ``rows``."""
+    plain, cached = row["uncached"], row["cached"]
+    return (
+        f"| {row['batch_size']} | {plain['peak_mb']:.0f} | {cached['peak_mb']:.0f} | {plain['seconds']:.2f} | "
+        f"{cached['seconds']:.2f} | {row['time_ratio']:.2f} |"
+    )
+
+
+def readme_text(record: dict) -> str:
+    """The caption and table that benchmarks/README.md shows, from the JSON record alone.
+
+    A record written before ``rounds`` and ``device`` were recorded gives its caption as it recorded it."""
+    if "rounds" in record:
+        caption = (
+            f"{record['machine']}, torch {record['packages']['torch']}; {record['model']}, one IFCL step (loss and "
+            f"backward, queue off, float32), trans-de-en pairs of length {record['max_length']}; gradient cache of "
+            f"mini-batch {record['mini_batch_size']}; peak memory in MB ({PEAK_MEASURES[record['device']]}), seconds "
+            f"per step wall clock (mean of {record['rounds']} after one warm-up); record: `{relative(RECORD)}`, made "
+            "by `python benchmarks/large_batches.py`."
+        )
+    else:
+        caption = record["caption"]
+    header = "| batch | peak MB, uncached | peak MB, cached | s/step, uncached | s/step, cached | time ratio cached/uncached |"
+    table = "\n".join([header, "|---|---|---|---|---|---|", *map(row_line, record["rows"])])
+    return caption + "\n\n" + table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch_sizes", type=int, nargs="+", default=[32, 128, 512])
@@ -88,49 +119,38 @@ def main() -> None:
     parser.add_argument("--readme", action="store_true", help="Put the table into benchmarks/README.md.")
     args = parser.parse_args()
 
+    import torch
+    from train_step import batches
+
     from modeling_ifcl import IFCLModel
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = IFCLModel.from_encoder(default_model(), queue_size=0).to(device)
     model.train()
-    rows, lines = [], []
+    rows = []
     for batch_size in args.batch_sizes:
         batch = batches(model.tokenizer, batch_size, args.max_length, 1, device)[0]
         plain = measure(model, batch, batch_size, None, args.rounds, device)
         cached = measure(model, batch, batch_size, args.mini_batch_size, args.rounds, device)
         ratio = cached["seconds"] / plain["seconds"]
         rows.append({"batch_size": batch_size, "uncached": plain, "cached": cached, "time_ratio": ratio})
-        lines.append(
-            f"| {batch_size} | {plain['peak_mb']:.0f} | {cached['peak_mb']:.0f} | {plain['seconds']:.2f} | "
-            f"{cached['seconds']:.2f} | {ratio:.2f} |"
-        )
-        print(lines[-1], flush=True)
-    where = "GPU: torch.cuda.max_memory_allocated" if device.type == "cuda" else "CPU: profiler peak of live tensors"
-    caption = (
-        f"{machine()}, torch {package_versions()['torch']}; {DEFAULT_MODEL_NAME}, one IFCL step (loss and backward, "
-        f"queue off, float32), trans-de-en pairs of length {args.max_length}; gradient cache of mini-batch "
-        f"{args.mini_batch_size}; peak memory in MB ({where}), seconds per step wall clock (mean of {args.rounds} "
-        f"after one warm-up); record: `{relative(RECORD)}`, made by `python benchmarks/large_batches.py`."
-    )
-    header = "| batch | peak MB, uncached | peak MB, cached | s/step, uncached | s/step, cached | time ratio cached/uncached |"
-    table = "\n".join([header, "|---|---|---|---|---|---|", *lines])
-    print("\n" + caption + "\n\n" + table)
-    write_record(
-        RECORD,
-        {
-            "machine": machine(),
-            "packages": package_versions(),
-            "model": DEFAULT_MODEL_NAME,
-            "mini_batch_size": args.mini_batch_size,
-            "max_length": args.max_length,
-            "unit": {"peak": "MB", "time": "seconds per step, wall clock"},
-            "rows": rows,
-            "caption": caption,
-            "table": table,
-        },
-    )
+        print(row_line(rows[-1]), flush=True)
+    record = {
+        "machine": machine(),
+        "packages": package_versions(),
+        "model": DEFAULT_MODEL_NAME,
+        "device": device.type,
+        "mini_batch_size": args.mini_batch_size,
+        "max_length": args.max_length,
+        "rounds": args.rounds,
+        "unit": {"peak": "MB", "time": "seconds per step, wall clock"},
+        "rows": rows,
+    }
+    text = readme_text(record)
+    print("\n" + text)
+    write_record(RECORD, record)
     if args.readme:
-        put_into_readme(caption + "\n\n" + table, README_START, README_END)
+        put_into_readme(text, README_START, README_END)
 
 
 if __name__ == "__main__":

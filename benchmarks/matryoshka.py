@@ -61,17 +61,16 @@ def train_and_score(run: Run, threads: int | None) -> None:
         json.dump(run.results, handle, indent=2)
 
 
-def table(runs: dict[str, list[Run]]) -> tuple[str, dict]:
-    """The Markdown table and its record: per size, both settings' dev and test, and the paired test difference."""
-    rows, record = [], {}
+def sizes_record(runs: dict[str, list[Run]]) -> dict:
+    """The record's figures per size: both settings' dev and test over seeds, and the paired test difference."""
+    record = {}
     for size in SIZES:
-        cells, entry = [str(size)], {}
+        entry = {}
         for key in SETTINGS:
             done = [run for run in runs[key] if run.results]
             entry[key] = {
                 split: mean_std([run.results[f"{split}_{size}"] for run in done]) for split in ("dev", "test")
             }
-            cells += [pm(entry[key]["dev"]), pm(entry[key]["test"])]
         plain = {run.seed: run.results[f"test_{size}"] for run in runs["plain"] if run.results}
         differences = {
             run.seed: run.results[f"test_{size}"] - plain[run.seed]
@@ -81,14 +80,36 @@ def table(runs: dict[str, list[Run]]) -> tuple[str, dict]:
         spread = max(entry["plain"]["test"][1], entry["matryoshka"]["test"][1])
         mean = statistics.fmean(differences.values())
         verdict = "tie" if abs(mean) <= spread else ("better" if mean > 0 else "worse")
-        per_seed = ", ".join(f"{value:+.2f}" for _, value in sorted(differences.items()))
-        cells.append(f"{mean:+.2f} ({per_seed}): {verdict}")
         entry["paired_test_difference"] = {"per_seed": differences, "mean": mean, "verdict": verdict}
-        rows.append(cells)
         record[str(size)] = entry
-    header = "| dimensions | plain dev | plain test | Matryoshka dev | Matryoshka test | paired test difference |"
-    lines = [header, "|---|---|---|---|---|---|", *("| " + " | ".join(row) + " |" for row in rows)]
-    return "\n".join(lines), record
+    return record
+
+
+def readme_text(record: dict) -> str:
+    """The caption and table that benchmarks/README.md shows, from the JSON record alone."""
+    sizes = record["sizes"]
+    caption = (
+        f"{record['machine']}, torch {record['packages']['torch']}, {record['how']}; all-MiniLM-L6-v2 on "
+        f"trans-de-en, 200 steps of batch 32, lr 1e-5, seeds {', '.join(map(str, record['seeds']))}; plain: the "
+        f"embedded default; Matryoshka: the same with --matryoshka_dims {' '.join(sizes)}. Best dev checkpoint, its "
+        "embeddings cut to each size, STS-B Spearman × 100, mean ± std over seeds; paired test difference "
+        f"Matryoshka − plain per seed (record: `{relative(RECORD)}`, made by `python benchmarks/matryoshka.py`)."
+    )
+    lines = [
+        "| dimensions | plain dev | plain test | Matryoshka dev | Matryoshka test | paired test difference |",
+        "|---|---|---|---|---|---|",
+    ]
+    for size, entry in sizes.items():
+        cells = [size]
+        for key in SETTINGS:
+            cells += [pm(entry[key]["dev"]), pm(entry[key]["test"])]
+        paired = entry["paired_test_difference"]
+        per_seed = ", ".join(
+            f"{value:+.2f}" for _, value in sorted(paired["per_seed"].items(), key=lambda item: int(item[0]))
+        )
+        cells.append(f"{paired['mean']:+.2f} ({per_seed}): {paired['verdict']}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return caption + "\n\n" + "\n".join(lines)
 
 
 def main() -> None:
@@ -111,22 +132,19 @@ def main() -> None:
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(lambda run: train_and_score(run, threads), todo))
-    text, record = table(runs)
     how = f"{args.jobs} runs at a time, {threads or 'all'} thread(s) each"
-    caption = (
-        f"{machine()}, torch {package_versions()['torch']}, {how}; all-MiniLM-L6-v2 on trans-de-en, 200 steps of "
-        f"batch 32, lr 1e-5, seeds {', '.join(map(str, args.seeds))}; plain: the embedded default; Matryoshka: the "
-        f"same with --matryoshka_dims {' '.join(map(str, SIZES))}. Best dev checkpoint, its embeddings cut to each "
-        "size, STS-B Spearman × 100, mean ± std over seeds; paired test difference Matryoshka − plain per seed "
-        f"(record: `{relative(RECORD)}`, made by `python benchmarks/matryoshka.py`)."
-    )
-    print("\n" + caption + "\n\n" + text)
-    benchmark_runs.write_record(
-        RECORD,
-        {"machine": machine(), "packages": package_versions(), "how": how, "seeds": args.seeds, "sizes": record},
-    )
+    record = {
+        "machine": machine(),
+        "packages": package_versions(),
+        "how": how,
+        "seeds": args.seeds,
+        "sizes": sizes_record(runs),
+    }
+    text = readme_text(record)
+    print("\n" + text)
+    benchmark_runs.write_record(RECORD, record)
     if args.readme:
-        benchmark_runs.put_into_readme(caption + "\n\n" + text, README_START, README_END)
+        benchmark_runs.put_into_readme(text, README_START, README_END)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,13 @@ difference within the spread between seeds is a tie), seconds per step and peak 
 evaluation included; the Trainer's own memory metrics are not used, since their monitoring thread keeps a CPU core
 busy and would slow the runs it measures).
 
-Equal time (``--equal_time``): IFCL, SimCSE and PCL each get the training time of the IFCL default instead of its
+Equal time (``--equal_time``): IFCL, SimCSE, PCL and miCSE each get the training time of the IFCL default instead of its
 number of steps, counted in one unit: CPU seconds of training with the STS evaluations left out, on both sides. The
 budget is the IFCL runs' mean; a method's steps are the budget over its training CPU seconds per step, taken from its
 equal-step runs where they recorded it, else from a 20-step calibration run without evaluations
-(``results/objectives-step-cost/``). Each equal-time run has four dev evaluations, as the default has; the table
-shows the training CPU seconds each actually spent.
+(``results/objectives-step-cost/``); ConIsI's is measured the same way and recorded beside theirs, so that every
+cost ratio the READMEs give is in this one unit. Each equal-time run has four dev evaluations, as the default has;
+the table shows the training CPU seconds each actually spent.
 
     python benchmarks/objectives.py                               # every run, seeds 1 2 3, two runs at a time
     python benchmarks/objectives.py --only ifcl,simcse --seeds 1 2 3 4 5          # the headline at five seeds
@@ -69,8 +70,10 @@ RUNS = [
     ("pcl", "PCL", "pcl", ["--pcl_untied_peer"]),  # the paper ties the peer only for large models
     ("micse", "miCSE", "micse", []),
 ]
+NAMES = {key: name for key, name, *_ in RUNS}
 BASELINE = "simcse"
-EQUAL_TIME_RUNS = ("ifcl", "simcse", "pcl")
+EQUAL_TIME_RUNS = ("ifcl", "simcse", "pcl", "micse")
+COSTED_ONLY = ("conisi",)  # its training CPU seconds per step recorded beside theirs, for the ratios in one unit
 DEFAULT_STEPS = 200  # run_ifcl.py's embedded default
 
 
@@ -170,73 +173,101 @@ def by_seed(runs: dict[str, list[Run]]) -> list[Run]:
     return [runs[key][i] for i in range(count) for key in runs if i < len(runs[key])]
 
 
-def table(runs: dict[str, list[Run]], names: dict[str, str], steps: dict[str, int] | None = None) -> tuple[str, dict]:
-    """A Markdown table of the runs over seeds, and its figures for the JSON file. With ``steps`` (equal time), the
-    CPU seconds of training each run spent, evaluations excluded, take the place of the wall-clock s/step."""
+def table_record(runs: dict[str, list[Run]], steps: dict[str, int] | None = None) -> dict:
+    """The record of each objective's runs over seeds: its summary, the per-seed paired test difference to SimCSE
+    and its verdict, and every run's figures; ``steps``: each objective's steps (equal time), else the default's."""
     baseline = runs.get(BASELINE, [])
     baseline_summary = summary(baseline) if baseline else {}
-    steps_column = " steps |" if steps else ""
-    cost_column = "training CPU s (evaluations excluded)" if steps else "s/step (wall clock)"
-    lines = [
-        f"| objective | seeds |{steps_column} STS-B dev | STS-B test | test gain | paired test difference to SimCSE, per "
-        f"seed | verdict | {cost_column} | peak memory (MB) |",
-        "|---|---|" + ("---|" if steps else "") + "---|---|---|---|---|---|---|",
-    ]
     records = {}
     for key, key_runs in runs.items():
+        key_steps = steps[key] if steps else DEFAULT_STEPS
         result = summary(key_runs)
         if not result:
-            lines.append(f"| {names[key]} | |" + (f" {steps[key]} |" if steps else "") + " not run | | | | | | |")
+            records[key] = {"name": NAMES[key], "steps": key_steps, "summary": {}}  # a "not run" row
             continue
         differences = paired(key_runs, baseline, "test") if key != BASELINE else {}
         spread = max(result["test"][1], baseline_summary.get("test", (0, 0))[1])
-        judged = verdict(differences, spread) if key != BASELINE else ""
-        mean_difference = f"{statistics.fmean(differences.values()):+.2f}" if differences else ""
-        per_seed = f"{mean_difference} ({', '.join(f'{d:+.2f}' for d in differences.values())})" if differences else ""
-        if steps:
-            spent = [
-                training_cpu_seconds(run.results) for run in key_runs if run.results and "error" not in run.results
-            ]
-            cost = f"{statistics.fmean(spent):.0f}" if None not in spent else "not recorded"
-        else:
-            cost = f"{result['seconds_per_step'][0]:.2f}"
-        lines.append(
-            f"| {names[key]} | {len(result['seeds'])} |"
-            + (f" {steps[key]} |" if steps else "")
-            + f" {pm(result['dev'])} | {pm(result['test'])} | {result['gain'][0]:+.2f} | {per_seed} | {judged} | "
-            f"{cost} | {result['peak_memory_mb'][0]:.0f} |"
-        )
         records[key] = {
-            "name": names[key],
+            "name": NAMES[key],
             "flags": key_runs[0].flags,
-            "steps": steps[key] if steps else DEFAULT_STEPS,
+            "steps": key_steps,
             "summary": result,
             "paired_test_difference_to_simcse": differences,
-            "verdict": judged,
+            "verdict": verdict(differences, spread) if key != BASELINE else "",
             "runs": {
                 str(run.seed): {"output_dir": relative(run.output_dir), "results": run.results}
                 for run in key_runs
                 if run.results and "error" not in run.results
             },
         }
-    return "\n".join(lines), records
+    return records
 
 
-def headline(runs: dict[str, list[Run]]) -> str:
-    """The main README's table: IFCL against SimCSE on the seeds both have, with the spread of the paired
-    difference (its mean ± std over seeds, then each seed's)."""
-    ifcl, simcse = runs["ifcl"], runs[BASELINE]
+def table_text(records: dict, equal_time: bool = False) -> str:
+    """The Markdown table of a ``table_record``. At ``equal_time`` each objective's steps are shown, and the CPU
+    seconds of training its runs spent, evaluations excluded, take the place of the wall-clock s/step."""
+    steps_column = " steps |" if equal_time else ""
+    cost_column = "training CPU s (evaluations excluded)" if equal_time else "s/step (wall clock)"
+    lines = [
+        f"| objective | seeds |{steps_column} STS-B dev | STS-B test | test gain | paired test difference to SimCSE, per "
+        f"seed | verdict | {cost_column} | peak memory (MB) |",
+        "|---|---|" + ("---|" if equal_time else "") + "---|---|---|---|---|---|---|",
+    ]
+    for entry in records.values():
+        steps_cell = f" {entry['steps']} |" if equal_time else ""
+        result = entry["summary"]
+        if not result:
+            lines.append(f"| {entry['name']} | |{steps_cell} not run | | | | | | |")
+            continue
+        differences = entry["paired_test_difference_to_simcse"]
+        mean_difference = f"{statistics.fmean(differences.values()):+.2f}" if differences else ""
+        per_seed = f"{mean_difference} ({', '.join(f'{d:+.2f}' for d in differences.values())})" if differences else ""
+        if equal_time:
+            spent = [training_cpu_seconds(run["results"]) for run in entry["runs"].values()]
+            cost = f"{statistics.fmean(spent):.0f}" if None not in spent else "not recorded"
+        else:
+            cost = f"{result['seconds_per_step'][0]:.2f}"
+        lines.append(
+            f"| {entry['name']} | {len(result['seeds'])} |{steps_cell} {pm(result['dev'])} | {pm(result['test'])} | "
+            f"{result['gain'][0]:+.2f} | {per_seed} | {entry['verdict']} | {cost} | "
+            f"{result['peak_memory_mb'][0]:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def readme_text(record: dict) -> str:
+    """The caption and equal-step table that benchmarks/README.md shows, from the JSON record alone."""
+    extra = record["extra"]
+    caption = (
+        f"{record['machine']}, torch {record['packages']['torch']}, {record['how']}; all-MiniLM-L6-v2 on trans-de-en "
+        f"(English side for the objectives without fraternal twins), {DEFAULT_STEPS} steps of batch 32, lr 1e-5, avg "
+        f"pooling, every objective at its paper's defaults; the seeds counted in each row (from 1 up)"
+        f"{' ' + ' '.join(extra) if extra else ''}. Best dev checkpoint, then STS-B test; Spearman × 100, mean ± std "
+        "over seeds. Verdict: a mean paired difference within the larger seed std of the two is a tie."
+    )
+    return caption + "\n\n" + table_text(record["equal_steps"])
+
+
+def runs_in_record(key: str, entry: dict) -> list[Run]:
+    """The runs one objective's entry of the record holds, with their results."""
+    return [
+        Run(key, int(seed), entry["flags"], run["output_dir"], run["results"]) for seed, run in entry["runs"].items()
+    ]
+
+
+def headline_text(record: dict) -> str:
+    """The main README's table, from the JSON record alone: IFCL against SimCSE at equal steps on the seeds both
+    have, with the spread of the paired difference (its mean ± std over seeds, then each seed's)."""
+    ifcl = runs_in_record("ifcl", record["equal_steps"]["ifcl"])
+    simcse = runs_in_record(BASELINE, record["equal_steps"][BASELINE])
     differences = paired(ifcl, simcse, "test")
     seeds = sorted(differences)
-    both = {
-        key: [run for run in key_runs if run.seed in differences]
-        for key, key_runs in (("ifcl", ifcl), (BASELINE, simcse))
-    }
-    ifcl_summary, simcse_summary = summary(both["ifcl"]), summary(both[BASELINE])
+    ifcl_summary = summary([run for run in ifcl if run.seed in differences])
+    simcse_summary = summary([run for run in simcse if run.seed in differences])
     spread = statistics.stdev(differences.values()) if len(differences) > 1 else float("nan")
     caption = (
         f"all-MiniLM-L6-v2 on trans-de-en, {DEFAULT_STEPS} steps of batch 32, lr 1e-5; best dev checkpoint, then "
-        f"STS-B test; Spearman × 100, mean ± std over seeds {', '.join(map(str, seeds))} ({machine()}; record: "
+        f"STS-B test; Spearman × 100, mean ± std over seeds {', '.join(map(str, seeds))} ({record['machine']}; record: "
         "`benchmarks/results/objectives.json`, made by `python benchmarks/objectives.py --only ifcl,simcse --seeds "
         f"{' '.join(map(str, seeds))}`)."
     )
@@ -254,12 +285,33 @@ def headline(runs: dict[str, list[Run]]) -> str:
     )
 
 
-def equal_time(args, extra: list[str], equal_steps: dict, names: dict, previous: dict, wanted: list[str]):
-    """Train and tabulate the equal-time runs; returns the table's text and its JSON record."""
-    spent = [training_cpu_seconds(run.results) for run in equal_steps["ifcl"] if run.results]
-    spent = [seconds for seconds in spent if seconds is not None]
-    if not spent:
-        raise SystemExit("--equal_time needs IFCL runs at equal steps that recorded their training CPU seconds.")
+def equal_time_text(record: dict) -> str:
+    """The equal-time caption and table that benchmarks/README.md shows, from the JSON record's ``equal_time``
+    (in the format of ``equal_time``'s record: one with a ``unit``)."""
+    timed = record["equal_time"]
+    costs = timed["step_cpu_seconds"]
+    caption = (
+        f"Equal time: each objective trains for the IFCL default's mean training time at {DEFAULT_STEPS} steps, "
+        f"{timed['budget_cpu_seconds']:.0f} {timed['unit']}, as many steps as its own training CPU seconds per step "
+        f"allow (IFCL {costs['ifcl']:.2f}, "
+        + ", ".join(f"{NAMES[key]} {costs[key]:.2f}" for key in timed["steps"] if key != "ifcl")
+        + "), four dev evaluations each; otherwise as above."
+    )
+    return caption + "\n\n" + table_text(timed["runs"], equal_time=True)
+
+
+def equal_time(args, extra: list[str], equal_steps: dict, previous: dict, wanted: list[str]) -> dict:
+    """Train the equal-time runs; returns their JSON record (``equal_time_text`` is its table). The budget is the mean
+    training time of IFCL's equal-step runs at the table's seeds (this call's and those recorded before)."""
+    recorded = recorded_seeds(previous, "equal_time")
+    seeds = {key: sorted(set(args.seeds) | set(recorded.get(key, []))) for key in EQUAL_TIME_RUNS}
+    ifcl_runs = [run for run in equal_steps["ifcl"] if run.seed in seeds["ifcl"]]
+    spent = [training_cpu_seconds(run.results) for run in ifcl_runs if run.results]
+    if not spent or None in spent:
+        raise SystemExit(
+            f"--equal_time needs IFCL runs at equal steps at seeds {seeds['ifcl']} that recorded their training CPU "
+            "seconds: train them first (--only ifcl --redo)."
+        )
     budget = statistics.fmean(spent)
     kept = previous.get("equal_time", {})
     same_budget = kept.get("unit") == EQUAL_TIME_UNIT and not args.redo
@@ -268,11 +320,15 @@ def equal_time(args, extra: list[str], equal_steps: dict, names: dict, previous:
         if same_budget and key in kept.get("steps", {}):  # a budget once trained on is kept
             steps[key], step_costs[key] = kept["steps"][key], kept["step_cpu_seconds"][key]
             continue
-        cost = recorded_step_cost(equal_steps[key]) or calibrated_step_cost(key, extra, args.jobs)
+        at_seeds = [run for run in equal_steps[key] if run.seed in seeds[key]]
+        cost = recorded_step_cost(at_seeds) or calibrated_step_cost(key, extra, args.jobs)
         steps[key], step_costs[key] = max(4, round(budget / cost)), cost
+    costs = dict(step_costs)
+    for key in COSTED_ONLY:
+        costs[key] = kept.get("step_cpu_seconds", {}).get(key) if same_budget else None
+        costs[key] = costs[key] or calibrated_step_cost(key, extra, args.jobs)
     # IFCL's equal-time runs are its equal-step runs: the budget is their time.
-    timed = {"ifcl": equal_steps["ifcl"]}
-    seeds = {key: sorted(set(args.seeds) | set(recorded_seeds(previous, "equal_time").get(key, []))) for key in steps}
+    timed = {"ifcl": ifcl_runs}
     for key in steps:
         if key == "ifcl":
             continue
@@ -282,29 +338,22 @@ def equal_time(args, extra: list[str], equal_steps: dict, names: dict, previous:
     benchmark_runs.restore_recorded(by_seed(timed), os.path.join(RESULTS, "objectives.json"))
     train_all([run for run in by_seed(timed) if run.key in wanted and run.key != "ifcl"], jobs=args.jobs)
     read_finished(by_seed(timed))
-    text, records = table(timed, names, steps)
-    caption = (
-        f"Equal time: each objective trains for the IFCL default's mean training time at {DEFAULT_STEPS} steps, "
-        f"{budget:.0f} {EQUAL_TIME_UNIT}, as many steps as its own training CPU seconds per step allow (IFCL "
-        f"{step_costs['ifcl']:.2f}, "
-        + ", ".join(f"{names[key]} {step_costs[key]:.2f}" for key in steps if key != "ifcl")
-        + "), four dev evaluations each; otherwise as above."
-    )
-    record = {
+    return {
         "unit": EQUAL_TIME_UNIT,
         "budget_cpu_seconds": budget,
         "steps": steps,
-        "step_cpu_seconds": step_costs,
-        "runs": records,
+        "step_cpu_seconds": costs,
+        "runs": table_record(timed, steps),
     }
-    return caption + "\n\n" + text, record
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="Seeds of every run (default: 3).")
     parser.add_argument("--only", default=None, help=f"Comma-separated run keys: {', '.join(k for k, *_ in RUNS)}.")
-    parser.add_argument("--equal_time", action="store_true", help="Also the equal-time table (IFCL, SimCSE, PCL).")
+    parser.add_argument(
+        "--equal_time", action="store_true", help="Also the equal-time table (IFCL, SimCSE, PCL, miCSE)."
+    )
     parser.add_argument("--jobs", type=int, default=2, help="Runs at a time (each gets cores / jobs threads).")
     parser.add_argument("--redo", action="store_true", help="Train finished runs again.")
     parser.add_argument("--report", action="store_true", help="Train nothing: the tables of the finished runs.")
@@ -318,7 +367,6 @@ def main() -> None:
     unknown = set(wanted) - set(keys)
     if unknown:
         raise SystemExit(f"--only: unknown run(s) {sorted(unknown)}; choose from {keys}.")
-    names = {key: name for key, name, *_ in RUNS}
 
     recorded = os.path.join(RESULTS, "objectives.json")
     previous: dict = {}
@@ -338,38 +386,28 @@ def main() -> None:
     train_all(trained, jobs=args.jobs, redo=args.redo)
     read_finished(by_seed(equal_steps))  # and what earlier calls finished
     shown = {key: runs for key, runs in equal_steps.items() if any(run.results for run in runs)}
-    text, records = table(shown, names)
     how = f"{args.jobs} runs at a time, {max(1, (os.cpu_count() or 1) // args.jobs)} thread(s) each"
-    caption = (
-        f"{machine()}, torch {package_versions()['torch']}, {how}; all-MiniLM-L6-v2 on trans-de-en (English side "
-        f"for the objectives without fraternal twins), {DEFAULT_STEPS} steps of batch 32, lr 1e-5, avg pooling, "
-        f"every objective at its paper's defaults; the seeds counted in each row (from 1 up)"
-        f"{' ' + ' '.join(extra) if extra else ''}. Best dev checkpoint, then STS-B test; Spearman × 100, mean ± std "
-        "over seeds. Verdict: a mean paired difference within the larger seed std of the two is a tie."
-    )
-    print("\n" + caption + "\n\n" + text)
     output: dict = {
         "machine": machine(),
         "packages": package_versions(),
         "extra": extra,
         "how": how,
-        "equal_steps": records,
+        "equal_steps": table_record(shown),
     }
+    print("\n" + readme_text(output))
 
-    equal_time_text = None
     if args.equal_time:
-        equal_time_text, output["equal_time"] = equal_time(args, extra, equal_steps, names, previous, wanted)
-        print("\n" + equal_time_text)
-
-    if not args.equal_time and "equal_time" in previous:
+        output["equal_time"] = equal_time(args, extra, equal_steps, previous, wanted)
+        print("\n" + equal_time_text(output))
+    elif "equal_time" in previous:
         output["equal_time"] = previous["equal_time"]  # kept as recorded: this call did not look at it
     benchmark_runs.write_record(recorded, output)
     if args.readme:
-        benchmark_runs.put_into_readme(caption + "\n\n" + text, README_START, README_END)
+        benchmark_runs.put_into_readme(readme_text(output), README_START, README_END)
         main_readme = os.path.join(os.path.dirname(RESULTS), os.pardir, "README.md")
-        benchmark_runs.put_into_readme(headline(equal_steps), HEADLINE_START, HEADLINE_END, path=main_readme)
-        if equal_time_text is not None:
-            benchmark_runs.put_into_readme(equal_time_text, EQUAL_TIME_START, EQUAL_TIME_END)
+        benchmark_runs.put_into_readme(headline_text(output), HEADLINE_START, HEADLINE_END, path=main_readme)
+        if "unit" in output.get("equal_time", {}):  # a record from before the unit was recorded has no table here
+            benchmark_runs.put_into_readme(equal_time_text(output), EQUAL_TIME_START, EQUAL_TIME_END)
 
 
 if __name__ == "__main__":

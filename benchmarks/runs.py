@@ -275,17 +275,24 @@ def verdict(differences: dict[int, float], spread: float) -> str:
 def put_into_readme(
     text: str, start: str, end: str, path: str = os.path.join(ROOT, "benchmarks", "README.md")
 ) -> None:
-    """Replace what lies between two marker lines of a Markdown file (the results page, benchmarks/README.md)."""
+    """Replace what lies between two marker lines of a Markdown file (the results page, benchmarks/README.md) with
+    ``text`` on lines of its own."""
     with open(path, encoding="utf-8") as f:
         readme = f.read()
     if start not in readme or end not in readme:
         raise SystemExit(f"{path} has no {start} … {end} markers to put the table between.")
-    before, rest = readme.split(start, 1)
-    after = rest.split(end, 1)[1]
+    before, _, after = split_at_markers(readme, start, end)
     with open(path, "w", encoding="utf-8") as f:
         f.write(f"{before}{start}\n{text}\n{end}{after}")
 
 
-def pm(value: tuple[float, float], digits: int = 2) -> str:
-    """``mean ± std`` for a table."""
+def split_at_markers(readme: str, start: str, end: str) -> tuple[str, str, str]:
+    """A Markdown text cut at two marker lines: what lies before ``start``, between the two, and after ``end``."""
+    before, rest = readme.split(start, 1)
+    inside, after = rest.split(end, 1)
+    return before, inside, after
+
+
+def pm(value: Sequence[float], digits: int = 2) -> str:
+    """``mean ± std`` for a table, of a ``mean_std`` pair (or the list a JSON record reads it back as)."""
     return f"{value[0]:.{digits}f} ± {value[1]:.{digits}f}"

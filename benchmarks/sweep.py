@@ -66,6 +66,64 @@ def flags_of(changes: dict[str, str]) -> list[str]:
     return [item for pair in merged.items() for item in pair]
 
 
+def settings_record(runs: dict[str, list[Run]]) -> dict:
+    """The record of each setting that finished runs: its dev summary over seeds, the per-seed paired dev
+    difference to the centre and its verdict, and every run's figures."""
+    centre = runs["centre"]
+    centre_spread = summary(centre).get("dev", (0.0, 0.0))[1]
+    records = {}
+    for key, key_runs in runs.items():
+        result = summary(key_runs)
+        if not result:
+            continue
+        differences = paired(key_runs, centre, "dev") if key != "centre" else {}
+        spread = max(result["dev"][1], centre_spread)
+        records[key] = {
+            "setting": SETTINGS[key][0],
+            "flags": flags_of(SETTINGS[key][1]),
+            "summary": result,
+            "paired_dev_difference_to_centre": differences,
+            "verdict": verdict(differences, spread) if key != "centre" else "",
+            "runs": {
+                str(run.seed): {
+                    "output_dir": relative(run.output_dir),
+                    "dev": metric(run.results, "dev"),
+                    "test": metric(run.results, "test"),
+                    "results": run.results,
+                }
+                for run in key_runs
+                if run.results and "error" not in run.results
+            },
+        }
+    return records
+
+
+def readme_text(record: dict) -> str:
+    """The caption and table that benchmarks/README.md shows, from the JSON record alone. A record written before
+    ``jobs`` was recorded gives a caption without the runs at a time."""
+    settings = record["settings"]
+    at_a_time = f", {record['jobs']} run(s) at a time" if "jobs" in record else ""
+    caption = (
+        f"{record['machine']}, torch {record['packages']['torch']}; all-MiniLM-L6-v2 on trans-de-en, batch 32, seeds "
+        f"{', '.join(map(str, record['seeds']))}{at_a_time}; STS-B dev (Spearman × 100) of the best dev checkpoint, "
+        f"before training {settings['centre']['summary']['dev0']:.2f}. Verdict: a mean paired difference within the "
+        "larger of the two settings' seed std is a tie."
+    )
+    lines = [
+        "| setting | STS-B dev (mean ± std) | paired dev difference to the centre, per seed | verdict |",
+        "|---|---|---|---|",
+    ]
+    for key, entry in settings.items():
+        cells = "| |"
+        if key != "centre":
+            differences = entry["paired_dev_difference_to_centre"]
+            mean_difference = statistics.fmean(differences.values()) if differences else 0.0
+            per_seed = ", ".join(f"{d:+.2f}" for d in differences.values())
+            cells = f"{mean_difference:+.2f} ({per_seed}) | {entry['verdict']} |"
+        lines.append(f"| {entry['setting']} | {pm(entry['summary']['dev'])} | {cells}")
+    return caption + "\n\n" + "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="Seeds of every setting.")
@@ -100,61 +158,17 @@ def main() -> None:
     train_all([run for run in order if run.key in wanted], jobs=args.jobs, redo=args.redo)
     read_finished(order)
 
-    centre = runs["centre"]
-    centre_spread = summary(centre).get("dev", (0.0, 0.0))[1]
-    lines = [
-        "| setting | STS-B dev (mean ± std) | paired dev difference to the centre, per seed | verdict |",
-        "|---|---|---|---|",
-    ]
-    records = {}
-    for key in keys:
-        result = summary(runs[key])
-        if not result:
-            continue
-        differences = paired(runs[key], centre, "dev") if key != "centre" else {}
-        spread = max(result["dev"][1], centre_spread)
-        mean_difference = statistics.fmean(differences.values()) if differences else 0.0
-        per_seed = ", ".join(f"{d:+.2f}" for d in differences.values())
-        judged = verdict(differences, spread) if key != "centre" else ""
-        lines.append(
-            f"| {SETTINGS[key][0]} | {pm(result['dev'])} | "
-            + (f"{mean_difference:+.2f} ({per_seed}) | {judged} |" if key != "centre" else "| |")
-        )
-        records[key] = {
-            "setting": SETTINGS[key][0],
-            "flags": flags_of(SETTINGS[key][1]),
-            "summary": result,
-            "paired_dev_difference_to_centre": differences,
-            "verdict": judged,
-            "runs": {
-                str(run.seed): {
-                    "output_dir": relative(run.output_dir),
-                    "dev": metric(run.results, "dev"),
-                    "test": metric(run.results, "test"),
-                    "results": run.results,
-                }
-                for run in runs[key]
-                if run.results and "error" not in run.results
-            },
-        }
-    caption = (
-        f"{machine()}, torch {package_versions()['torch']}; all-MiniLM-L6-v2 on trans-de-en, batch 32, seeds "
-        f"{', '.join(map(str, args.seeds))}, {args.jobs} run(s) at a time; STS-B dev (Spearman × 100) of the best dev "
-        f"checkpoint, before training {summary(centre)['dev0']:.2f}. Verdict: a mean paired difference within the "
-        f"larger of the two settings' seed std is a tie."
-    )
-    text = caption + "\n\n" + "\n".join(lines)
+    record = {
+        "machine": machine(),
+        "packages": package_versions(),
+        "seeds": args.seeds,
+        "jobs": args.jobs,
+        "centre": CENTRE,
+        "settings": settings_record(runs),
+    }
+    text = readme_text(record)
     print("\n" + text)
-    write_record(
-        path,
-        {
-            "machine": machine(),
-            "packages": package_versions(),
-            "seeds": args.seeds,
-            "centre": CENTRE,
-            "settings": records,
-        },
-    )
+    write_record(path, record)
     if args.readme:
         put_into_readme(text, README_START, README_END)
 
