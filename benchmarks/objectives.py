@@ -173,10 +173,13 @@ def by_seed(runs: dict[str, list[Run]]) -> list[Run]:
     return [runs[key][i] for i in range(count) for key in runs if i < len(runs[key])]
 
 
-def table_record(runs: dict[str, list[Run]], steps: dict[str, int] | None = None) -> dict:
-    """The record of each objective's runs over seeds: its summary, the per-seed paired test difference to SimCSE
-    and its verdict, and every run's figures; ``steps``: each objective's steps (equal time), else the default's."""
-    baseline = runs.get(BASELINE, [])
+def table_record(
+    runs: dict[str, list[Run]], steps: dict[str, int] | None = None, baseline_key: str = BASELINE
+) -> dict:
+    """The record of each objective's runs over seeds: its summary, the per-seed paired test difference to the
+    ``baseline_key`` objective (SimCSE; IFCL at equal time) and its verdict, and every run's figures; ``steps``: each
+    objective's steps (equal time), else the default's."""
+    baseline = runs.get(baseline_key, [])
     baseline_summary = summary(baseline) if baseline else {}
     records = {}
     for key, key_runs in runs.items():
@@ -185,15 +188,15 @@ def table_record(runs: dict[str, list[Run]], steps: dict[str, int] | None = None
         if not result:
             records[key] = {"name": NAMES[key], "steps": key_steps, "summary": {}}  # a "not run" row
             continue
-        differences = paired(key_runs, baseline, "test") if key != BASELINE else {}
+        differences = paired(key_runs, baseline, "test") if key != baseline_key else {}
         spread = max(result["test"][1], baseline_summary.get("test", (0, 0))[1])
         records[key] = {
             "name": NAMES[key],
             "flags": key_runs[0].flags,
             "steps": key_steps,
             "summary": result,
-            "paired_test_difference_to_simcse": differences,
-            "verdict": verdict(differences, spread) if key != BASELINE else "",
+            f"paired_test_difference_to_{baseline_key}": differences,
+            "verdict": verdict(differences, spread) if key != baseline_key else "",
             "runs": {
                 str(run.seed): {"output_dir": relative(run.output_dir), "results": run.results}
                 for run in key_runs
@@ -204,13 +207,15 @@ def table_record(runs: dict[str, list[Run]], steps: dict[str, int] | None = None
 
 
 def table_text(records: dict, equal_time: bool = False) -> str:
-    """The Markdown table of a ``table_record``. At ``equal_time`` each objective's steps are shown, and the CPU
-    seconds of training its runs spent, evaluations excluded, take the place of the wall-clock s/step."""
+    """The Markdown table of a ``table_record``. At ``equal_time`` each objective's steps are shown, the paired
+    differences are to IFCL, and the CPU seconds of training its runs spent, evaluations excluded, take the place of
+    the wall-clock s/step."""
+    baseline_key = "ifcl" if equal_time else BASELINE
     steps_column = " steps |" if equal_time else ""
     cost_column = "training CPU s (evaluations excluded)" if equal_time else "s/step (wall clock)"
     lines = [
-        f"| objective | seeds |{steps_column} STS-B dev | STS-B test | test gain | paired test difference to SimCSE, per "
-        f"seed | verdict | {cost_column} | peak memory (MB) |",
+        f"| objective | seeds |{steps_column} STS-B dev | STS-B test | test gain | paired test difference to "
+        f"{NAMES[baseline_key]}, per seed | verdict | {cost_column} | peak memory (MB) |",
         "|---|---|" + ("---|" if equal_time else "") + "---|---|---|---|---|---|---|",
     ]
     for entry in records.values():
@@ -219,7 +224,7 @@ def table_text(records: dict, equal_time: bool = False) -> str:
         if not result:
             lines.append(f"| {entry['name']} | |{steps_cell} not run | | | | | | |")
             continue
-        differences = entry["paired_test_difference_to_simcse"]
+        differences = entry[f"paired_test_difference_to_{baseline_key}"]
         mean_difference = f"{statistics.fmean(differences.values()):+.2f}" if differences else ""
         per_seed = f"{mean_difference} ({', '.join(f'{d:+.2f}' for d in differences.values())})" if differences else ""
         if equal_time:
@@ -343,7 +348,7 @@ def equal_time(args, extra: list[str], equal_steps: dict, previous: dict, wanted
         "budget_cpu_seconds": budget,
         "steps": steps,
         "step_cpu_seconds": costs,
-        "runs": table_record(timed, steps),
+        "runs": table_record(timed, steps, baseline_key="ifcl"),
     }
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,13 +78,9 @@ def committed_records() -> dict[str, dict]:
 
 def rendered_block(name: str, records: dict[str, dict]) -> str:
     """What lies between a table's markers when the table is its record: the rendered text on lines of its own, as
-    ``runs.put_into_readme`` writes it. An equal-time record in the format before its ``unit`` (an older run's,
-    which the renderer does not read) has no table: its block is empty."""
+    ``runs.put_into_readme`` writes it."""
     table = TABLES[name]
-    record = records[table.record]
-    if name == "equal-time-table" and "unit" not in record.get("equal_time", {}):
-        return "\n"
-    return f"\n{table.render(record)}\n"
+    return f"\n{table.render(records[table.record])}\n"
 
 
 def drifted_tables(readmes: dict[str, str], records: dict[str, dict]) -> list[str]:
@@ -109,9 +104,8 @@ def edit_one_figure(readme: str, table: MarkedTable) -> str:
     return f"{before}{table.start}{changed}{table.end}{after}"
 
 
-@pytest.mark.parametrize("name", [name for name in TABLES if name != "equal-time-table"])
+@pytest.mark.parametrize("name", list(TABLES))
 def test_a_hand_edit_of_one_figure_is_caught(name):
-    """(The equal-time block is empty until a run in the record's current format: see the next tests.)"""
     table = TABLES[name]
     readmes = committed_readmes()
     readmes[table.readme] = edit_one_figure(readmes[table.readme], table)
@@ -122,49 +116,3 @@ def test_a_changed_figure_of_a_record_is_caught():
     records = copy.deepcopy(committed_records())
     records["matryoshka"]["sizes"]["64"]["plain"]["dev"][0] += 0.01
     assert drifted_tables(committed_readmes(), records) == ["matryoshka-table"]
-
-
-def equal_time_record(record: dict) -> dict:
-    """An equal-time section in the current format, made by ``objectives.table_record`` as ``equal_time`` makes it,
-    from the committed equal-step runs: IFCL at the seeds that recorded their training CPU seconds, SimCSE and PCL at
-    all of theirs, miCSE not run."""
-    steps = {"ifcl": objectives.DEFAULT_STEPS, "simcse": 310, "pcl": 22, "micse": 250}
-    timed = {key: objectives.runs_in_record(key, record["equal_steps"][key]) for key in ("ifcl", "simcse", "pcl")}
-    timed["ifcl"] = [run for run in timed["ifcl"] if run.seed in (4, 5)]
-    timed["micse"] = []
-    return {
-        "unit": objectives.EQUAL_TIME_UNIT,
-        "budget_cpu_seconds": 338.4,
-        "steps": steps,
-        "step_cpu_seconds": {"ifcl": 1.69, "simcse": 1.09, "pcl": 15.38, "micse": 1.35, "conisi": 4.01},
-        "runs": json.loads(json.dumps(objectives.table_record(timed, steps))),  # as read back from the JSON file
-    }
-
-
-def test_the_equal_time_table_of_a_record_in_the_current_format(tmp_path):
-    records = copy.deepcopy(committed_records())
-    records["objectives"]["equal_time"] = equal_time_record(records["objectives"])
-    text = objectives.equal_time_text(records["objectives"])
-    caption, table = text.split("\n\n")
-    assert caption.startswith("Equal time: ") and objectives.EQUAL_TIME_UNIT in caption
-    assert "(IFCL 1.69, SimCSE 1.09, PCL 15.38, miCSE 1.35)" in caption  # ConIsI's cost is recorded, not shown
-    header, _, *rows = table.splitlines()
-    assert "| steps |" in header and "training CPU s (evaluations excluded)" in header
-    assert [row.split(" | ")[:3] for row in rows[:3]] == [
-        ["| IFCL", "2", "200"],
-        ["| SimCSE", "5", "310"],
-        ["| PCL", "3", "22"],
-    ]
-    assert rows[3] == "| miCSE | | 250 | not run | | | | | | |"
-    ifcl = records["objectives"]["equal_time"]["runs"]["ifcl"]["runs"].values()
-    spent = statistics.fmean(objectives.training_cpu_seconds(run["results"]) for run in ifcl)
-    assert f"| better | {spent:.0f} |" in rows[0]
-    assert "| not recorded |" in rows[1]  # SimCSE's seeds 1 to 3 did not record their training CPU seconds
-
-    # The committed (empty) block is not this record's table; the block the script writes is.
-    assert drifted_tables(committed_readmes(), records) == ["equal-time-table"]
-    readme = tmp_path / "README.md"
-    readme.write_text(committed_readmes()["benchmarks/README.md"], encoding="utf-8")
-    runs.put_into_readme(text, objectives.EQUAL_TIME_START, objectives.EQUAL_TIME_END, path=str(readme))
-    readmes = {**committed_readmes(), "benchmarks/README.md": readme.read_text(encoding="utf-8")}
-    assert drifted_tables(readmes, records) == []
