@@ -92,19 +92,14 @@ def row_line(row: dict) -> str:
 
 
 def readme_text(record: dict) -> str:
-    """The caption and table that benchmarks/README.md shows, from the JSON record alone.
-
-    A record written before ``rounds`` and ``device`` were recorded gives its caption as it recorded it."""
-    if "rounds" in record:
-        caption = (
-            f"{record['machine']}, torch {record['packages']['torch']}; {record['model']}, one IFCL step (loss and "
-            f"backward, queue off, float32), trans-de-en pairs of length {record['max_length']}; gradient cache of "
-            f"mini-batch {record['mini_batch_size']}; peak memory in MB ({PEAK_MEASURES[record['device']]}), seconds "
-            f"per step wall clock (mean of {record['rounds']} after one warm-up); record: `{relative(RECORD)}`, made "
-            "by `python benchmarks/large_batches.py`."
-        )
-    else:
-        caption = record["caption"]
+    """The caption and table that benchmarks/README.md shows, from the JSON record alone."""
+    caption = (
+        f"{record['machine']}, torch {record['packages']['torch']}; {record['model']}, one IFCL step (loss and "
+        f"backward, queue off, float32), trans-de-en pairs of length {record['max_length']}; gradient cache of "
+        f"mini-batch {record['mini_batch_size']}; peak memory in MB ({PEAK_MEASURES[record['device']]}), seconds "
+        f"per step wall clock (mean of {record['rounds']} after one warm-up); record: `{relative(RECORD)}`, made "
+        "by `python benchmarks/large_batches.py`."
+    )
     header = "| batch | peak MB, uncached | peak MB, cached | s/step, uncached | s/step, cached | time ratio cached/uncached |"
     table = "\n".join([header, "|---|---|---|---|---|---|", *map(row_line, record["rows"])])
     return caption + "\n\n" + table
