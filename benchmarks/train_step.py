@@ -11,8 +11,12 @@
 4. On a GPU: samples/s and model FLOPs utilisation of a BERT-base-sized random-weight encoder at batch 64,
    length 32, bf16, and the projected time for one epoch of 10^6 sentences.
 
+With ``--bf16``, instead: the IFCL and SimCSE steps in float32 and under bf16 autocast (``--bf16``'s mixed precision,
+on the CPU when there is no GPU, labelled so), side by side, written to ``results/train_step_bf16.json``.
+
     python benchmarks/train_step.py                      # all-MiniLM-L6-v2, batch 32, length 32
     python benchmarks/train_step.py --steps 20 --batch_size 64
+    python benchmarks/train_step.py --bf16               # float32 against bf16 autocast
 """
 
 from __future__ import annotations
@@ -296,6 +300,42 @@ def gpu_throughput(args, device) -> dict[str, float]:
     }
 
 
+def bf16_against_float32(args, device, model_name: str) -> None:
+    """The IFCL and SimCSE steps in float32 and under bf16 autocast, taking turns batch by batch: s/step and ratios."""
+    runners = {
+        f"{name}_{label}": IFCLStep(args.model, device, args.batch_size, dtype, **settings)
+        for name, settings in (
+            ("ifcl", {"queue_size": 4, "forgetting_rate": 0.1}),
+            ("simcse", {"objective": "simcse"}),
+        )
+        for label, dtype in (("float32", torch.float32), ("bf16_autocast", torch.bfloat16))
+    }
+    data = batches(runners["ifcl_float32"].model.tokenizer, args.batch_size, args.max_length, args.steps + 2, device)
+    seconds = time_steps(runners, data, rounds=args.rounds, warmup=2, device=device)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
+    results = {
+        "device": where,
+        "machine": machine(),
+        "model": model_name,
+        "packages": package_versions(),
+        "batch_size": args.batch_size,
+        "max_length": args.max_length,
+        "seconds_per_step": seconds,
+        "bf16_over_float32": {
+            name: seconds[f"{name}_bf16_autocast"] / seconds[f"{name}_float32"] for name in ("ifcl", "simcse")
+        },
+    }
+    print(
+        f"\nTraining step, float32 and bf16 autocast on the {where}, batch {args.batch_size}, length {args.max_length}"
+    )
+    print("| runner | s/step |\n|---|---|")
+    for name, value in seconds.items():
+        print(f"| {name} | {value:.3f} |")
+    for name, ratio in results["bf16_over_float32"].items():
+        print(f"{name}: bf16 autocast / float32 s/step {ratio:.2f}×")
+    write_record(os.path.join(os.path.dirname(args.output), "train_step_bf16.json"), results)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="encoder folder or Hub id (default: all-MiniLM-L6-v2)")
@@ -306,6 +346,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "train_step.json"))
     parser.add_argument("--measure_queue_memory", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--bf16", action="store_true", help="float32 against bf16 autocast (train_step_bf16.json)")
     args = parser.parse_args()
     model_name = args.model or DEFAULT_MODEL_NAME
     args.model = args.model or default_model()
@@ -313,6 +354,9 @@ def main() -> None:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if args.measure_queue_memory is not None:
         measure_queue_memory(args, device, dtype)
+        return
+    if args.bf16:
+        bf16_against_float32(args, device, model_name)
         return
 
     # "ifcl": the default, both word tables frozen; "ifcl_trained_tables": both trained; "simcse": the SimCSE
