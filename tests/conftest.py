@@ -265,6 +265,24 @@ def cpu_training_args(output_dir: Path | str, **settings):
     return TrainingArguments(**{**defaults, **settings})
 
 
+def st_training_args(output_dir: Path | str, **settings):
+    """``SentenceTransformerTrainingArguments`` of a test run, as :func:`cpu_training_args` for the Trainer."""
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    defaults = {"output_dir": str(output_dir), "use_cpu": True, "report_to": [], "save_strategy": "no"}
+    return SentenceTransformerTrainingArguments(**{**defaults, **settings})
+
+
+def without_dropout(module):
+    """``module`` with every dropout of its sub-modules set to 0."""
+    from torch import nn
+
+    for child in module.modules():
+        if isinstance(child, nn.Dropout):
+            child.p = 0.0
+    return module
+
+
 def objective_run_args(
     encoder: Path,
     data: Path,

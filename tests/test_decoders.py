@@ -9,9 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ENGLISH, GERMAN, build_word_tokenizer, cpu_training_args, saved_weight_names
+from conftest import (
+    ENGLISH,
+    GERMAN,
+    build_word_tokenizer,
+    cpu_training_args,
+    saved_weight_names,
+    st_training_args,
+    without_dropout,
+)
 from datasets import Dataset
-from torch import nn
 
 DECODERS = {
     "qwen2": ("Qwen2Config", {}),
@@ -99,10 +106,7 @@ def test_left_and_right_padded_batches_give_the_same_losses(tmp_path):
     from modeling_ifcl import IFCLModel
 
     model = IFCLModel.from_encoder(str(build_tiny_decoder("qwen2", tmp_path / "qwen2")), queue_size=0, **LAST)
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
-    model.eval()
+    without_dropout(model).eval()
     tokenizer, sentences, translations = model.tokenizer, ENGLISH[:4], GERMAN[:4]
     views = {}
     for side in ("left", "right"):
@@ -154,7 +158,6 @@ def test_each_decoder_trains_with_ifcl_loss_in_sentence_transformers(family, tmp
     from sentence_transformers import (
         SentenceTransformer,
         SentenceTransformerTrainer,
-        SentenceTransformerTrainingArguments,
     )
 
     from ifcl.sentence_transformers_loss import IFCLLoss
@@ -162,10 +165,7 @@ def test_each_decoder_trains_with_ifcl_loss_in_sentence_transformers(family, tmp
     model = decoder_sentence_transformer(family, tmp_path / family)
     loss = IFCLLoss(model, queue_size=2)
     assert "has no dropout: its dropout is 0.1 while training (training_dropout)" in caplog.text
-    args = SentenceTransformerTrainingArguments(
-        output_dir=str(tmp_path / "st"), per_device_train_batch_size=4, max_steps=2, learning_rate=1e-3, use_cpu=True
-    )
-    args.report_to, args.save_strategy = [], "no"
+    args = st_training_args(tmp_path / "st", per_device_train_batch_size=4, max_steps=2, learning_rate=1e-3)
     data = Dataset.from_dict(PAIRS := {"sentence": ENGLISH[:8], "fraternal": GERMAN[:8]})
     trainer = SentenceTransformerTrainer(
         model=model, args=args, train_dataset=data, loss=loss, data_collator=loss.data_collator(data)

@@ -8,9 +8,8 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from conftest import ENGLISH, GERMAN, cpu_training_args, objective_run_args, run_script
+from conftest import ENGLISH, GERMAN, cpu_training_args, objective_run_args, run_script, without_dropout
 from datasets import Dataset
-from torch import nn
 
 from ifcl import queue as ring
 from modeling_ifcl import IFCLModel
@@ -48,9 +47,8 @@ def build(
     args = cpu_training_args(tmp_path, per_device_train_batch_size=batch, **args)
     trainer = IFCLTrainer(model, args, train_dataset=Dataset.from_dict(columns), cache_mini_batch_size=cache)
     trainer.objective.to(dtype)  # ConIsI's and PCL's heads, miCSE's momentum encoder
-    for module in model.modules():
-        if isinstance(module, nn.Dropout) and not dropout:
-            module.p = 0.0
+    if not dropout:
+        without_dropout(model)
     for queue in (model.queue, getattr(trainer.objective, "queue", None)):
         if queue is not None:
             ring.push(queue, torch.randn(queue.valid.numel(), model.hidden_size))

@@ -27,13 +27,6 @@ from trainer_ifcl import IFCLTrainer
 PAIRS = {"sentence": ENGLISH[:8], "fraternal": GERMAN[:8]}
 
 
-def without_dropout(model: nn.Module) -> nn.Module:
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
-    return model
-
-
 def test_lora_defaults_follow_the_family_and_only_the_adapters_train(tmp_path, tiny_encoder_dir):
     decoder = IFCLModel.from_encoder(str(build_tiny_decoder("qwen3", tmp_path / "qwen3")), **LAST)
     config = add_lora(decoder, r=4)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import ENGLISH, GERMAN, cpu_training_args, objective_run_args
+from conftest import ENGLISH, GERMAN, cpu_training_args, objective_run_args, without_dropout
 from datasets import Dataset
 from torch import nn
 
@@ -34,10 +34,7 @@ def test_each_objective_sums_its_terms_over_the_sizes(tiny_encoder_dir, tmp_path
     """With dropout off, each sized term with sizes (W, 8) weighted (1, w) is the term at W plus w times the term at
     8 alone, on the same views; the other terms are those of the full size."""
     settings = {"objective": name, "objective_settings": PEER_SETTINGS.get(name, {}), "queue_size": 2}
-    model = IFCLModel.from_encoder(str(tiny_encoder_dir), **settings)
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
+    model = without_dropout(IFCLModel.from_encoder(str(tiny_encoder_dir), **settings))
     columns = {"sentence": ENGLISH[:8]} | ({"fraternal": GERMAN[:8]} if name == "ifcl" else {})
     args = cpu_training_args(tmp_path, per_device_train_batch_size=4)
     trainer = IFCLTrainer(model, args, train_dataset=Dataset.from_dict(columns))

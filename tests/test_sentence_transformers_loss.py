@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from conftest import ENGLISH, GERMAN, cpu_training_args
+from conftest import ENGLISH, GERMAN, cpu_training_args, st_training_args, without_dropout
 from datasets import Dataset
 from torch import nn
 
@@ -27,12 +27,6 @@ SETTINGS = dict(
     fraternal_loss_weight=0.7,
     twins_loss_weight=1.3,
 )
-
-
-def without_dropout(module: nn.Module) -> None:
-    for child in module.modules():
-        if isinstance(child, nn.Dropout):
-            child.p = 0.0
 
 
 def sentence_transformer_of(encoder_dir, ifcl_model: IFCLModel | None = None) -> SentenceTransformer:
@@ -95,22 +89,13 @@ def test_the_loss_equals_the_ifcl_objective_in_ifcl_trainer(
 
 
 def test_the_loss_trains_with_sentence_transformers_trainer_and_logs_its_terms(tiny_encoder_dir, tmp_path):
-    from sentence_transformers import SentenceTransformerTrainingArguments
 
     st_model = sentence_transformer_of(tiny_encoder_dir)
     table = st_model[0].auto_model.get_input_embeddings().weight
     before = table.detach().clone()
     loss = IFCLLoss(st_model, queue_size=2)
     assert not table.requires_grad  # BEL_S frozen by default, as in the trainer
-    args = SentenceTransformerTrainingArguments(
-        output_dir=str(tmp_path / "st"),
-        per_device_train_batch_size=4,
-        max_steps=3,
-        logging_steps=1,
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-    )
+    args = st_training_args(tmp_path / "st", per_device_train_batch_size=4, max_steps=3, logging_steps=1)
     pairs = Dataset.from_dict({"sentence": ENGLISH * 2, "fraternal": GERMAN * 2})
     trainer = SentenceTransformerTrainer(model=st_model, args=args, train_dataset=pairs, loss=loss)
     trainer.train()
@@ -189,18 +174,10 @@ def test_sentence_transformers_trainer_writes_the_ifcl_settings_and_citation_int
 ):
     """The card that ``SentenceTransformer.save`` writes after training shows the loss's settings
     (``get_config_dict``) and cites the IFCL paper; a local fraternal model is named by its folder's base name."""
-    from sentence_transformers import SentenceTransformerTrainingArguments
 
     st_model = sentence_transformer_of(tiny_encoder_dir)
     loss = IFCLLoss(st_model, fraternal_model_name_or_path=str(tiny_fraternal_dir), **SETTINGS)
-    args = SentenceTransformerTrainingArguments(
-        output_dir=str(tmp_path / "run"),
-        per_device_train_batch_size=4,
-        max_steps=1,
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-    )
+    args = st_training_args(tmp_path / "run", per_device_train_batch_size=4, max_steps=1)
     pairs = Dataset.from_dict({"sentence": ENGLISH[:4], "fraternal": GERMAN[:4]})
     trainer = SentenceTransformerTrainer(
         model=st_model, args=args, train_dataset=pairs, loss=loss, data_collator=loss.data_collator(pairs)
@@ -241,7 +218,6 @@ def test_under_sentence_transformers_trainer_bad_data_is_named_in_one_error_or_w
     made, naming a row by its index in the set, and warns of a queue larger than the data at the first batch; an
     extra column is left out. The set is required: without it sentence-transformers would stop first, in its own
     card statistics (a None) or its sampler (an empty set), and no batch knows its rows' indices."""
-    from sentence_transformers import SentenceTransformerTrainingArguments
 
     model = sentence_transformer_of(tiny_encoder_dir)
     loss = IFCLLoss(model, **{"queue_size": 0, **settings})
@@ -254,9 +230,7 @@ def test_under_sentence_transformers_trainer_bad_data_is_named_in_one_error_or_w
         with pytest.raises(ValueError, match=re.escape(error)):
             loss.data_collator(data)
         return
-    args = SentenceTransformerTrainingArguments(
-        str(tmp_path / "st"), per_device_train_batch_size=2, max_steps=1, use_cpu=True, report_to=[]
-    )
+    args = st_training_args(tmp_path / "st", per_device_train_batch_size=2, max_steps=1)
     trainer = SentenceTransformerTrainer(
         model=model, args=args, train_dataset=data, loss=loss, data_collator=loss.data_collator(data)
     )
@@ -270,7 +244,6 @@ def test_inside_sentence_transformers_matryoshka_loss_it_sums_its_terms_over_the
     """``MatryoshkaLoss(model, IFCLLoss(model), dims)``: with dropout off, its loss is Σ_d w_d·(ℓ^I_d + w_F·ℓ^F_d) +
     w_T·ℓ^T, as ``IFCLTerms`` with the same sizes gives it (ℓ^T at the full size, once); it trains with one queue push
     per step, saves, and the folder loads with ``truncate_dim``."""
-    from sentence_transformers import SentenceTransformerTrainingArguments
     from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
 
     from ifcl.losses import IFCLTerms, Matryoshka
@@ -292,9 +265,7 @@ def test_inside_sentence_transformers_matryoshka_loss_it_sums_its_terms_over_the
     expected, _ = IFCLTerms(0.05, 0.7, 1.3, Matryoshka(dims, weights))(twins)
     assert matryoshka(features, None).item() == pytest.approx(expected.item(), rel=1e-5)
 
-    args = SentenceTransformerTrainingArguments(
-        output_dir=str(tmp_path / "st"), per_device_train_batch_size=4, max_steps=3, use_cpu=True, report_to=[]
-    )
+    args = st_training_args(tmp_path / "st", per_device_train_batch_size=4, max_steps=3)
     loss.train()
     SentenceTransformerTrainer(model=st_model, args=args, train_dataset=pairs, loss=matryoshka).train()
     # One push of four rows per step, not one per size: the two steps before the last, in 4 slots.
@@ -418,7 +389,6 @@ def test_with_dropout_the_gradient_pass_replays_the_embedding_pass(tiny_encoder_
 def test_the_cached_loss_trains_with_sentence_transformers_trainer(tiny_encoder_dir, tmp_path):
     """Three steps of 4 rows in mini-batches of 3 and 1: the model learns, the terms are logged, the queue takes one
     push per step, and the card's settings name the mini-batch size."""
-    from sentence_transformers import SentenceTransformerTrainingArguments
 
     st_model = sentence_transformer_of(tiny_encoder_dir)
     with pytest.raises(ValueError, match="mini_batch_size must be a positive integer"):
@@ -426,15 +396,7 @@ def test_the_cached_loss_trains_with_sentence_transformers_trainer(tiny_encoder_
     loss = CachedIFCLLoss(st_model, mini_batch_size=3, queue_size=4)
     assert loss.get_config_dict()["mini_batch_size"] == 3 and "gao2021scaling" in loss.citation
     before = {name: p.detach().clone() for name, p in st_model.named_parameters() if p.requires_grad}
-    args = SentenceTransformerTrainingArguments(
-        output_dir=str(tmp_path / "st"),
-        per_device_train_batch_size=4,
-        max_steps=3,
-        logging_steps=1,
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-    )
+    args = st_training_args(tmp_path / "st", per_device_train_batch_size=4, max_steps=3, logging_steps=1)
     pairs = Dataset.from_dict({"sentence": ENGLISH * 2, "fraternal": GERMAN * 2})
     trainer = SentenceTransformerTrainer(
         model=st_model, args=args, train_dataset=pairs, loss=loss, data_collator=loss.data_collator(pairs)
@@ -454,7 +416,6 @@ def test_inside_sentence_transformers_matryoshka_loss_the_cached_loss_trains(tin
     CachedLossDecorator, which would put ℓ^T at every size); dropout off its loss is Σ_d w_d·(ℓ^I_d + w_F·ℓ^F_d) +
     w_T·ℓ^T as ``IFCLTerms`` gives it; it trains with one queue push per step, sampling sizes with
     ``n_dims_per_step``; a second MatryoshkaLoss around it is refused."""
-    from sentence_transformers import SentenceTransformerTrainingArguments
     from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
 
     from ifcl.losses import IFCLTerms, Matryoshka
@@ -477,9 +438,7 @@ def test_inside_sentence_transformers_matryoshka_loss_the_cached_loss_trains(tin
     assert total_of(matryoshka(features, None)).item() == pytest.approx(expected.item(), rel=1e-5)
 
     loss.n_dims_per_step = 2
-    args = SentenceTransformerTrainingArguments(
-        output_dir=str(tmp_path / "st"), per_device_train_batch_size=4, max_steps=3, use_cpu=True, report_to=[]
-    )
+    args = st_training_args(tmp_path / "st", per_device_train_batch_size=4, max_steps=3)
     loss.train()
     SentenceTransformerTrainer(
         model=st_model, args=args, train_dataset=pairs, loss=matryoshka, data_collator=loss.data_collator(pairs)
