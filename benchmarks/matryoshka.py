@@ -20,7 +20,7 @@ import os
 import statistics
 
 import runs as benchmark_runs
-from runs import RESULTS, Run, machine, mean_std, package_versions, pm, relative
+from runs import RESULTS, Run, machine, mean_std, package_versions, pm, relative, verdict
 
 SIZES = (384, 256, 128, 64, 32)
 SETTINGS = {"plain": [], "matryoshka": ["--matryoshka_dims", *map(str, SIZES)]}
@@ -79,8 +79,11 @@ def sizes_record(runs: dict[str, list[Run]]) -> dict:
         }
         spread = max(entry["plain"]["test"][1], entry["matryoshka"]["test"][1])
         mean = statistics.fmean(differences.values())
-        verdict = "tie" if abs(mean) <= spread else ("better" if mean > 0 else "worse")
-        entry["paired_test_difference"] = {"per_seed": differences, "mean": mean, "verdict": verdict}
+        entry["paired_test_difference"] = {
+            "per_seed": differences,
+            "mean": mean,
+            "verdict": verdict(differences, spread),
+        }
         record[str(size)] = entry
     return record
 
