@@ -56,7 +56,8 @@ def add_lora(
     """Adapters of rank ``r`` into ``model.encoder`` (an ``IFCLModel``), scaled by ``alpha / r`` (default alpha
     2·r), with ``dropout`` on their input, in ``target_modules`` (default :func:`default_target_modules`); ``options``
     are other ``peft.LoraConfig`` fields. The adapters are float32 whatever the encoder's dtype; the encoder's own
-    weights are frozen, the word tables keep the config's setting. Returns the ``LoraConfig``."""
+    weights are frozen (the word tables then train or not as the config says, when the run is prepared:
+    ``fit_model``). Returns the ``LoraConfig``."""
     require_peft()
     from peft import LoraConfig, inject_adapter_in_model
     from peft.tuners.tuners_utils import cast_adapter_dtype
@@ -75,8 +76,6 @@ def add_lora(
     )
     inject_adapter_in_model(config, encoder)
     cast_adapter_dtype(encoder, "default")  # float32 adapters on a bf16/fp16 base, as get_peft_model keeps them
-    words = model.get_input_embeddings()
-    words.weight.requires_grad_(not model.config.freeze_word_embeddings)
     logger.info(f"LoRA r={config.r}, alpha={config.lora_alpha}, dropout={dropout} on {sorted(config.target_modules)}")
     return config
 

@@ -35,6 +35,7 @@ def test_lora_defaults_follow_the_family_and_only_the_adapters_train(tmp_path, t
     assert trained and all(".lora_A." in name or ".lora_B." in name for name in trained)
     bert = IFCLModel.from_encoder(str(tiny_encoder_dir), freeze_word_embeddings=False)
     assert add_lora(bert, r=2, alpha=4).target_modules == {"query", "value"}
+    IFCLTrainer(model=bert, args=cpu_training_args(tmp_path / "run"), train_dataset=Dataset.from_dict(PAIRS))
     assert bert.get_input_embeddings().weight.requires_grad  # the config's setting, not peft's freezing
 
 

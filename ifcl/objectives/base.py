@@ -123,11 +123,14 @@ def fit_dropout(encoder: nn.Module, rate: float) -> str | None:
     floats = [(m, k) for m in encoder.modules() for k, v in vars(m).items() if "dropout" in k and type(v) is float]
     encoder_name = type(encoder).__name__
     if rate == 0:
-        return f"{encoder_name} has no dropout and --training_dropout is 0: identical twins are exact copies of the anchors"
+        return (
+            f"{encoder_name} has no dropout and --training_dropout is 0: identical twins are exact copies of the "
+            "anchors"
+        )
     if not (places or floats):
         raise ValueError(
-            f"{encoder_name} has no dropout ({', '.join(rates) or 'no dropout setting'} 0), so identical twins would be "
-            "exact copies of the anchors; set --training_dropout (e.g. 0.1) to train it with dropout."
+            f"{encoder_name} has no dropout ({', '.join(rates) or 'no dropout setting'} 0), so identical twins "
+            "would be exact copies of the anchors; set --training_dropout (e.g. 0.1) to train it with dropout."
         )
     for name in rates:
         setattr(encoder_config, name, rate)
