@@ -108,19 +108,26 @@ def test_two_processes_end_with_the_same_queue(tiny_encoder_dir, tiny_fraternal_
 
 
 @pytest.mark.slow
-def test_two_processes_train_exactly_like_one_process_with_the_global_batch(data_dir, tmp_path):
+@pytest.mark.parametrize(
+    "two_process_flags",
+    [[], ["--cache_mini_batch_size", "1"]],
+    ids=["uncached", "gradient cache"],
+)
+def test_two_processes_train_exactly_like_one_process_with_the_global_batch(data_dir, tmp_path, two_process_flags):
     """Batch 2 on each of 2 processes = batch 4 on one: same losses at every step (dropout off, so the only
     randomness is the data order), which needs the in-batch candidates of both processes, in rank order, with
-    gradients flowing back to both."""
+    gradients flowing back to both; also with Matryoshka sizes, and with the 2 processes' rows embedded one at a
+    time through the gradient cache."""
     encoder = build_tiny_bert(tmp_path / "encoder", ENGLISH + GERMAN, dropout=0.0)
     fraternal = build_tiny_bert(tmp_path / "fraternal", GERMAN, hidden_size=24, seed=1, dropout=0.0)
+    sizes = ["--matryoshka_dims", "32", "8"] if two_process_flags else []
     histories = {}
-    for processes, batch in ((1, 4), (2, 2)):
+    for processes, batch, flags in ((1, 4, []), (2, 2, two_process_flags)):
         output = tmp_path / f"p{processes}"
         args = tiny_args(encoder, fraternal, data_dir, output, "--per_device_train_batch_size", str(batch))
         args += ["--max_steps", "4", "--logging_steps", "1", "--learning_rate", "5e-3", "--eval_strategy", "no"]
         args += ["--save_strategy", "no", "--load_best_model_at_end", "false", "--queue_size", "2"]
-        args += ["--training_dropout", "0"]  # no dropout, knowingly
+        args += ["--training_dropout", "0", *sizes, *flags]  # no dropout, knowingly
         result = launch(args, processes=processes)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
         state = json.loads((output / "trainer_state.json").read_text())
