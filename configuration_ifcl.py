@@ -82,8 +82,8 @@ class SharedSettings:
     matryoshka_dims: list[int] = field(
         default_factory=list,
         metadata={
-            "help": "Matryoshka sizes, e.g. 384 256 128 64 32: the contrastive terms are summed over the "
-            "embeddings' first that many dimensions, each an embedding of its own. None: the full size alone."
+            "help": "Matryoshka sizes, e.g. 384 256 128 64 32: the loss is summed over the sizes, its contrastive "
+            "terms on the embeddings' first that many dimensions, each an embedding of its own. None: the full size."
         },
     )
     matryoshka_weights: list[float] = field(

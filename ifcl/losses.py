@@ -176,8 +176,9 @@ class TwinsLoss(nn.Module):
 class IFCLTerms(nn.Module):
     """Eq. 9: ℓ^I + w_F·ℓ^F + w_T·ℓ^T, each averaged over the batch, for the trainer's IFCL objective and the
     sentence-transformers ``IFCLLoss`` alike. With w_F = w_T = 0 and no queue this is unsupervised SimCSE. With
-    ``matryoshka``, ℓ^I (the queue's rows cut alike) and ℓ^F are summed over its sizes; ℓ^T, whose margin is the
-    embedding layer's, keeps the full size (docs/paper-reading.md)."""
+    ``matryoshka``, Eq. 9 is summed over its sizes: ℓ^I (the queue's rows cut alike) and ℓ^F at each size; ℓ^T,
+    whose margin is the embedding layer's, at the full size for each, which keeps the terms' balance
+    (docs/paper-reading.md)."""
 
     def __init__(
         self,
@@ -187,11 +188,17 @@ class IFCLTerms(nn.Module):
         matryoshka: Matryoshka | None = None,
     ):
         super().__init__()
+        self.matryoshka = matryoshka
         self.identical_loss = IdenticalTwinsLoss(temperature, matryoshka)
         self.fraternal_loss = FraternalTwinsLoss(temperature, matryoshka)
         self.twins_loss = TwinsLoss()
         self.fraternal_loss_weight = fraternal_loss_weight
         self.twins_loss_weight = twins_loss_weight
+
+    def at_sizes(self, matryoshka: Matryoshka | None) -> IFCLTerms:
+        """These terms, with their weights and temperature, over ``matryoshka``'s sizes."""
+        temperature = self.identical_loss.temperature
+        return IFCLTerms(temperature, self.fraternal_loss_weight, self.twins_loss_weight, matryoshka)
 
     def weight(self, term: str) -> float:
         """The weight of a term of Eq. 9 by its logged name (ℓ^I's is 1)."""
@@ -224,7 +231,7 @@ class IFCLTerms(nn.Module):
         if self.fraternal_loss_weight > 0:
             terms["loss_fraternal"] = self.fraternal_loss(twins.anchor, fraternal, label_offset)
         if self.twins_loss_weight > 0:
-            terms["loss_twins"] = self.twins_loss(
+            twins_loss = self.twins_loss(
                 twins.anchor,
                 twins.identical,
                 twins.fraternal,
@@ -232,6 +239,8 @@ class IFCLTerms(nn.Module):
                 twins.identical_embedding_output,
                 twins.fraternal_embedding_output,
             )
+            # ℓ^T is the same at every size: Σ_d w_d · ℓ^T keeps Eq. 9's balance with the terms summed over sizes.
+            terms["loss_twins"] = over_sizes(self.matryoshka, lambda _: twins_loss)
         return terms
 
     def forward(

@@ -158,25 +158,19 @@ class IFCLLoss(nn.Module):
 
         Inside sentence-transformers' ``MatryoshkaLoss`` (which calls it once per size, the largest first, with its
         ``ForwardDecorator`` on the model), the views are computed once, at the first call, and cut to each size: ℓ^I
-        (the queue's rows cut alike) and ℓ^F at each size, ℓ^T at the full size in the first call only; the queue
-        takes one push per step; the weighted sum is returned, as ``MatryoshkaLoss`` adds tensors.
+        (the queue's rows cut alike) and ℓ^F at each size, ℓ^T at the full size in every call (so weighted by the sum
+        of the sizes' weights, as in the trainer route); the queue takes one push per step; the weighted sum is
+        returned, as ``MatryoshkaLoss`` adds tensors.
         """
         decorator = self.model.forward if isinstance(self.model.forward, ForwardDecorator) else None
         if decorator is not None and self.views_of_step is not None and self.views_of_step[0] is decorator:
-            first, (twins, queue_rows, queue_log_weights) = False, self.views_of_step[1]
+            twins, queue_rows, queue_log_weights = self.views_of_step[1]
         else:
-            first, (twins, queue_rows, queue_log_weights) = True, self.views(list(sentence_features))
+            twins, queue_rows, queue_log_weights = self.views(list(sentence_features))
             self.views_of_step = (decorator, (twins, queue_rows, queue_log_weights)) if decorator else None
         size = getattr(decorator, "dim", None)
-        cut = IFCLTwinsOutput(**{name: value for name, value in twins.items()})
-        cut.anchor, cut.identical = twins.anchor[:, :size], twins.identical[:, :size]
-        cut.fraternal = None if twins.fraternal is None else twins.fraternal[:, :size]
-        terms = self.terms.terms(cut, None if queue_rows is None else queue_rows[:, :size], queue_log_weights)
-        if "loss_twins" in terms and decorator is not None:
-            if first:
-                terms["loss_twins"] = self.terms.terms(twins)["loss_twins"]  # ℓ^T keeps the full size
-            else:
-                del terms["loss_twins"]
+        at_size = self.terms if size is None else self.terms.at_sizes(Matryoshka((size,), (1.0,)))
+        terms = at_size.terms(twins, queue_rows, queue_log_weights)
         weighted = {name: self.terms.weight(name) * term for name, term in terms.items()}
         return weighted if decorator is None else sum(weighted.values())
 
@@ -276,10 +270,10 @@ class CachedIFCLLoss(CachedLossMixin, IFCLLoss):
     Args: those of :class:`IFCLLoss`, and ``mini_batch_size``, the rows embedded at once (memory, not the loss:
     the in-batch negatives and the queue's slot are the whole batch's), and ``show_progress_bar``.
 
-    Inside sentence-transformers' ``MatryoshkaLoss``, whose ``CachedLossDecorator`` would compute every term, ℓ^T
-    included, at every size, the loss takes the decorator's sizes, weights and ``n_dims_per_step`` instead and sums
-    over them itself: ℓ^I (the queue's rows cut alike) and ℓ^F at each size, ℓ^T once at the full size, the same loss
-    as :class:`IFCLLoss` inside ``MatryoshkaLoss``.
+    Inside sentence-transformers' ``MatryoshkaLoss``, whose ``CachedLossDecorator`` would cut every view, ℓ^T's
+    included, the loss takes the decorator's sizes, weights and ``n_dims_per_step`` instead and sums over them itself:
+    ℓ^I (the queue's rows cut alike) and ℓ^F at each size, ℓ^T at the full size for each, the same loss as
+    :class:`IFCLLoss` inside ``MatryoshkaLoss``.
     """
 
     def __init__(
@@ -372,10 +366,7 @@ class CachedIFCLLoss(CachedLossMixin, IFCLLoss):
             (dims, weights), sizes = astuple(self.matryoshka), range(len(self.matryoshka.dims))
             if 0 < self.n_dims_per_step < len(sizes):  # as MatryoshkaLoss samples them
                 sizes = sorted(random.sample(sizes, self.n_dims_per_step))
-            matryoshka = Matryoshka(tuple(dims[i] for i in sizes), tuple(weights[i] for i in sizes))
-            terms = IFCLTerms(
-                terms.identical_loss.temperature, terms.fraternal_loss_weight, terms.twins_loss_weight, matryoshka
-            )
+            terms = terms.at_sizes(Matryoshka(tuple(dims[i] for i in sizes), tuple(weights[i] for i in sizes)))
         weighted = {
             name: self.terms.weight(name) * term
             for name, term in terms.terms(twins, *self.step_state["queue"]).items()

@@ -176,7 +176,7 @@ QUEUE_3D = [[-1.0, 0.0, 1.0], [0.0, 1.0, 2.0]]
 
 def test_matryoshka_sums_each_contrastive_term_over_the_cut_embeddings():
     """Σ_d w_d · ℓ(h[:, :d]) for ℓ^I (the queue's rows cut alike) and ℓ^F, by hand at d = 3 and d = 2; ℓ^T keeps the
-    full size (its margin is the embedding layer's)."""
+    full size (its margin is the embedding layer's) and is weighted by Σ_d w_d = 1.5, as the other terms are."""
     from ifcl.losses import Matryoshka, info_nce
 
     sizes = Matryoshka(dims=(3, 2), weights=(1.0, 0.5))
@@ -205,7 +205,7 @@ def test_matryoshka_sums_each_contrastive_term_over_the_cut_embeddings():
     terms = IFCLTerms(TAU, matryoshka=sizes).terms(twins, torch.tensor(QUEUE_3D), log_weights)
     assert terms["loss_identical"].item() == pytest.approx(by_hand(ANCHOR_3D, IDENTICAL_3D, QUEUE_3D, QUEUE_WEIGHTS))
     assert terms["loss_fraternal"].item() == pytest.approx(by_hand(ANCHOR_3D, FRATERNAL_3D))
-    assert terms["loss_twins"].item() == pytest.approx(plain["loss_twins"].item())  # not cut
+    assert terms["loss_twins"].item() == pytest.approx(1.5 * plain["loss_twins"].item())  # not cut
     assert terms["loss_identical"].item() != pytest.approx(plain["loss_identical"].item())
 
 

@@ -241,9 +241,9 @@ def test_under_sentence_transformers_trainer_bad_data_is_named_in_one_error_or_w
 
 
 def test_inside_sentence_transformers_matryoshka_loss_it_sums_its_terms_over_the_sizes(tiny_encoder_dir, tmp_path):
-    """``MatryoshkaLoss(model, IFCLLoss(model), dims)``: with dropout off, its loss is Σ_d w_d·(ℓ^I_d + w_F·ℓ^F_d) +
-    w_T·ℓ^T, as ``IFCLTerms`` with the same sizes gives it (ℓ^T at the full size, once); it trains with one queue push
-    per step, saves, and the folder loads with ``truncate_dim``."""
+    """``MatryoshkaLoss(model, IFCLLoss(model), dims)``: with dropout off, its loss is Σ_d w_d·(ℓ^I_d + w_F·ℓ^F_d +
+    w_T·ℓ^T), as ``IFCLTerms`` with the same sizes gives it (ℓ^T at the full size at each); it trains with one queue
+    push per step, saves, and the folder loads with ``truncate_dim``."""
     from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
 
     from ifcl.losses import IFCLTerms, Matryoshka

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ifcl import queue as ring
-from ifcl.losses import Matryoshka, float32_region, info_nce, widened
+from ifcl.losses import Matryoshka, float32_region, info_nce, over_sizes, widened
 from modeling_ifcl import ALL_LAYER_POOLERS, QueueBuffers, pool_hidden_states
 
 from .base import (
@@ -421,6 +421,8 @@ class MiCSEObjective(Objective):
             loss_attention, mutual_information = self.attention_loss.combine(
                 embeddings["mutual_information"], embeddings["counted_slices"]
             )
+            # The same at every size: counted at each, as L_C is, so that sizes keep the two terms' balance.
+            loss_attention = over_sizes(self.matryoshka, lambda _: loss_attention)
             loss = loss + loss_attention
             components["loss_attention"] = loss_attention.detach()
             components["attention_mutual_information"] = mutual_information.detach()
