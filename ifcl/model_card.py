@@ -285,7 +285,7 @@ def settings_table(config: IFCLConfig, objective_class) -> str:
         rows.append((name, value, default_of(field), field.metadata.get("help", "")))
     for field in fields(SharedSettings):
         name = "contrastive_temperature" if field.name == "temperature" else field.name
-        rows.append((name, getattr(config, name), field.default, field.metadata.get("help", "")))
+        rows.append((name, getattr(config, name), default_of(field), field.metadata.get("help", "")))
     model_fields = {f.name: f for f in fields(ModelSettings)}
     for name in (*(name for name in objective_class.card_settings if name not in own), "max_seq_length"):
         rows.append((name, getattr(config, name), default_of(model_fields[name]), MODEL_SETTING_HELP[name]))

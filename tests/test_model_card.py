@@ -379,6 +379,8 @@ def test_settings_under_the_ifcl_key_of_an_encoder_config_are_read(tmp_path):
     assert "- **Output Dimensionality:** 64 dimensions" in text
     # A setting the entry leaves out is IFCLConfig's default, as the model loaded from that config has it.
     assert "| `forgetting_rate` | `0.1` | `0.1` |" in text and "| `pooler_type` | `avg` | `avg` |" in text
+    # A list setting's default is its factory's value, not dataclasses' MISSING marker.
+    assert "| `matryoshka_dims` | `[]` | `[]` |" in text and "MISSING" not in text
 
 
 def test_a_peer_objectives_settings_are_read_from_its_own_entry(tmp_path):
