@@ -10,51 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import (
+    DECODERS,
     ENGLISH,
     GERMAN,
-    build_word_tokenizer,
+    LAST,
+    build_tiny_decoder,
     cpu_training_args,
     saved_weight_names,
     st_training_args,
     without_dropout,
 )
 from datasets import Dataset
-
-DECODERS = {
-    "qwen2": ("Qwen2Config", {}),
-    "qwen3": ("Qwen3Config", {"head_dim": 16}),
-    "llama": ("LlamaConfig", {}),
-    "mistral": ("MistralConfig", {}),
-    "gemma3": ("Gemma3TextConfig", {"head_dim": 16}),
-}
-LAST = {"pooler_type": "last", "eval_pooler_type": "last", "max_seq_length": 16}
-
-
-def build_tiny_decoder(family: str, folder: Path) -> Path:
-    """A random tiny decoder of ``family`` (hidden size 32, attention dropout 0 as theirs is) and a word-level
-    tokenizer that, like theirs, ends a sentence with no end-of-sequence token."""
-    import transformers
-    from transformers import AutoModel
-
-    tokenizer = build_word_tokenizer(ENGLISH + GERMAN)
-    tokenizer.backend_tokenizer.post_processor = None
-    config_class, settings = DECODERS[family]
-    ids = {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id") for name in ("pad", "bos", "eos")}
-    config = getattr(transformers, config_class)(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        **ids,
-        **settings,
-    )
-    torch.manual_seed(0)
-    AutoModel.from_config(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])

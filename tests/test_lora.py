@@ -13,10 +13,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ENGLISH, GERMAN, ROOT, cpu_training_args, losses_by_step, run_script, write_sts_file
+from conftest import (
+    ENGLISH,
+    GERMAN,
+    LAST,
+    ROOT,
+    build_tiny_decoder,
+    cpu_training_args,
+    losses_by_step,
+    run_script,
+    write_sts_file,
+)
 from datasets import Dataset
 from safetensors import safe_open
-from test_decoders import LAST, build_tiny_decoder
 from torch import nn
 
 from ifcl.checkpoints import CheckpointError, check_resume_lora
