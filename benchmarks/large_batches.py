@@ -11,6 +11,7 @@ after one warm-up, wall clock; the cached/uncached ratio is taken at each batch 
 
     python benchmarks/large_batches.py                              # batches 32 128 512, mini-batch 16
     python benchmarks/large_batches.py --batch_sizes 64 256 --mini_batch_size 32
+    python benchmarks/large_batches.py --model FOLDER --bf16 --output OTHER.json   # on a GPU (gpu_check.sh)
 """
 
 from __future__ import annotations
@@ -55,8 +56,10 @@ def trainer_of(model, batch_size: int, cache: int | None):
     return IFCLTrainer(model=model, args=args, cache_mini_batch_size=cache)
 
 
-def measure(model, batch: dict, batch_size: int, cache: int | None, rounds: int, device) -> dict[str, float]:
-    """Peak memory (MB) and seconds of one step."""
+def measure(
+    model, batch: dict, batch_size: int, cache: int | None, rounds: int, device, bf16: bool = False
+) -> dict[str, float]:
+    """Peak memory (MB) and seconds of one step (under bf16 autocast with ``bf16``)."""
     import torch
     from train_step import peak_cpu_allocation
 
@@ -64,7 +67,9 @@ def measure(model, batch: dict, batch_size: int, cache: int | None, rounds: int,
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
-        trainer.compute_loss(model, batch).backward()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = trainer.compute_loss(model, batch)
+        loss.backward()
         if device.type == "cuda":
             torch.cuda.synchronize()
 
@@ -95,7 +100,7 @@ def readme_text(record: dict) -> str:
     """The caption and table that benchmarks/README.md shows, from the JSON record alone."""
     caption = (
         f"{record['machine']}, torch {record['packages']['torch']}; {record['model']}, one IFCL step (loss and "
-        f"backward, queue off, float32), trans-de-en pairs of length {record['max_length']}; gradient cache of "
+        f"backward, queue off, {record.get('precision', 'float32')}), trans-de-en pairs of length {record['max_length']}; gradient cache of "
         f"mini-batch {record['mini_batch_size']}; peak memory in MB ({PEAK_MEASURES[record['device']]}), seconds "
         f"per step wall clock (mean of {record['rounds']} after one warm-up); record: `{relative(RECORD)}`, made "
         "by `python benchmarks/large_batches.py`."
@@ -111,8 +116,13 @@ def main() -> None:
     parser.add_argument("--mini_batch_size", type=int, default=16)
     parser.add_argument("--max_length", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--model", default=None, help="encoder folder (default: all-MiniLM-L6-v2)")
+    parser.add_argument("--bf16", action="store_true", help="each step under bf16 autocast")
+    parser.add_argument("--output", default=RECORD, help="the JSON record")
     parser.add_argument("--readme", action="store_true", help="Put the table into benchmarks/README.md.")
     args = parser.parse_args()
+    if args.readme and os.path.abspath(args.output) != RECORD:
+        parser.error("--readme puts the default record's table into benchmarks/README.md: leave --output out.")
 
     import torch
     from train_step import batches
@@ -120,21 +130,22 @@ def main() -> None:
     from modeling_ifcl import IFCLModel
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = IFCLModel.from_encoder(default_model(), queue_size=0).to(device)
+    model = IFCLModel.from_encoder(args.model or default_model(), queue_size=0).to(device)
     model.train()
     rows = []
     for batch_size in args.batch_sizes:
         batch = batches(model.tokenizer, batch_size, args.max_length, 1, device)[0]
-        plain = measure(model, batch, batch_size, None, args.rounds, device)
-        cached = measure(model, batch, batch_size, args.mini_batch_size, args.rounds, device)
+        plain = measure(model, batch, batch_size, None, args.rounds, device, args.bf16)
+        cached = measure(model, batch, batch_size, args.mini_batch_size, args.rounds, device, args.bf16)
         ratio = cached["seconds"] / plain["seconds"]
         rows.append({"batch_size": batch_size, "uncached": plain, "cached": cached, "time_ratio": ratio})
         print(row_line(rows[-1]), flush=True)
     record = {
         "machine": machine(),
         "packages": package_versions(),
-        "model": DEFAULT_MODEL_NAME,
+        "model": os.path.basename(os.path.normpath(args.model)) if args.model else DEFAULT_MODEL_NAME,
         "device": device.type,
+        "precision": "bf16 autocast" if args.bf16 else "float32",
         "mini_batch_size": args.mini_batch_size,
         "max_length": args.max_length,
         "rounds": args.rounds,
@@ -143,7 +154,7 @@ def main() -> None:
     }
     text = readme_text(record)
     print("\n" + text)
-    write_record(RECORD, record)
+    write_record(args.output, record)
     if args.readme:
         put_into_readme(text, README_START, README_END)
 

@@ -247,22 +247,29 @@ def measure_queue_memory(args, device, dtype) -> None:
 
 
 def encoder_only_ratio(runner: IFCLStep, batch_size: int, max_length: int, device, rounds: int = 4) -> float:
-    """Forward and backward of the bare encoder over 3N sequences (as two calls, 2N and N) against 2N.
+    """Forward and backward of the bare encoder over 3N sequences against 2N, the 3N as the model makes them: one
+    stacked call where it stacks the views (``stack_views``, the default off the CPU), else two calls, 2N and N.
 
-    The floor of the IFCL/SimCSE ratio on this machine: what the third view costs with nothing else around it.
+    The floor of the IFCL/SimCSE ratio on this machine: what the third view costs with nothing else around it (in
+    the runners' precision).
     """
     encoder = runner.model.encoder
     hidden = runner.model.hidden_size
     inputs = torch.randn(3 * batch_size, max_length, hidden, device=device)
+    stacked = runner.model.config.stack_views
+    stacked = device.type != "cpu" if stacked is None else stacked
+    three_views = (3 * batch_size,) if stacked else (2 * batch_size, batch_size)
 
     def forward_backward(rows: int) -> None:
         embeds = inputs[:rows].clone().requires_grad_()
-        encoder(inputs_embeds=embeds).last_hidden_state.float().sum().backward()
+        with torch.autocast(device.type, dtype=runner.dtype, enabled=runner.dtype != torch.float32):
+            hidden = encoder(inputs_embeds=embeds).last_hidden_state
+        hidden.float().sum().backward()
 
-    times: dict[str, list[float]] = {"2N": [], "2N+N": []}
+    times: dict[str, list[float]] = {"2N": [], "3N": []}
     forward_backward(2 * batch_size)
     for _ in range(rounds):
-        for name, calls in (("2N", (2 * batch_size,)), ("2N+N", (2 * batch_size, batch_size))):
+        for name, calls in (("2N", (2 * batch_size,)), ("3N", three_views)):
             sync(device)
             start = time.perf_counter()
             for rows in calls:
@@ -270,11 +277,12 @@ def encoder_only_ratio(runner: IFCLStep, batch_size: int, max_length: int, devic
             sync(device)
             times[name].append(time.perf_counter() - start)
     encoder.zero_grad(set_to_none=True)
-    return statistics.median(times["2N+N"]) / statistics.median(times["2N"])
+    return statistics.median(times["3N"]) / statistics.median(times["2N"])
 
 
 def gpu_throughput(args, device) -> dict[str, float]:
-    """BERT-base-sized random-weight encoder, batch 64, length 32, bf16: samples/s, MFU, 10^6-sentence epoch."""
+    """BERT-base-sized random-weight encoder, batch 64, length 32, bf16: samples/s, MFU, and the projected time of an
+    epoch of 10^6 sentences, from the median of ``--throughput_steps`` timed steps (the batches taken in turn)."""
     import tempfile
 
     from transformers import BertConfig, BertModel, BertTokenizerFast
@@ -284,8 +292,9 @@ def gpu_throughput(args, device) -> dict[str, float]:
         tokenizer = BertTokenizerFast.from_pretrained(args.model)  # any WordPiece vocabulary of 30522 will do
         tokenizer.save_pretrained(folder)
         runner = IFCLStep(folder, device, 64, torch.bfloat16, queue_size=4)
-        data = batches(runner.model.tokenizer, 64, 32, args.steps + 3, device)
-        seconds = time_steps({"ifcl": runner}, data, rounds=1, warmup=3, device=device)["ifcl"]
+        data = batches(runner.model.tokenizer, 64, 32, 53, device)
+        timed = [data[3 + step % 50] for step in range(args.throughput_steps)]
+        seconds = time_steps({"ifcl": runner}, data[:3] + timed, rounds=1, warmup=3, device=device)["ifcl"]
     parameters = sum(p.numel() for n, p in runner.model.encoder.named_parameters() if "embeddings" not in n)
     tokens = sum(int(batch["attention_mask"].numel()) for batch in data[:1]) * 3  # three views
     flops = 6 * parameters * tokens
@@ -294,10 +303,29 @@ def gpu_throughput(args, device) -> dict[str, float]:
     return {
         "device": name,
         "seconds_per_step": seconds,
+        "timed_steps": args.throughput_steps,
         "samples_per_second": 64 / seconds,
         "model_flops_utilisation": (flops / seconds / peak) if peak else None,
         "projected_epoch_hours_1e6_sentences": 1e6 / 64 * seconds / 3600,
     }
+
+
+def profile_step(runner: IFCLStep, data: list[dict], device, path: str) -> None:
+    """``torch.profiler`` over 5 IFCL steps after 2 warm-ups: the operators by their own device time (CPU time
+    without a GPU), as a table written to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    for batch in data[:2]:
+        runner(batch)
+    with profile(activities=activities) as profiler:
+        for batch in data[2:7]:
+            runner(batch)
+        sync(device)
+    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(profiler.key_averages().table(sort_by=sort_by, row_limit=30) + "\n")
+    print(f"profile of the IFCL step: {path}")
 
 
 def bf16_against_float32(args, device, model_name: str) -> None:
@@ -347,6 +375,8 @@ def main() -> None:
     parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "train_step.json"))
     parser.add_argument("--measure_queue_memory", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--bf16", action="store_true", help="float32 against bf16 autocast (train_step_bf16.json)")
+    parser.add_argument("--throughput_steps", type=int, default=500, help="timed steps of the GPU's BERT-base figures")
+    parser.add_argument("--profile", default=None, help="write torch.profiler's table of the IFCL step to this file")
     args = parser.parse_args()
     model_name = args.model or DEFAULT_MODEL_NAME
     args.model = args.model or default_model()
@@ -429,6 +459,8 @@ def main() -> None:
     }
     if "sentence_transformers_mnrl" in seconds:
         results["simcse_over_sentence_transformers"] = seconds["simcse"] / seconds["sentence_transformers_mnrl"]
+    if args.profile:
+        profile_step(runners["ifcl"], data, device, args.profile)
     results["queue_memory"] = queue_memory(args, device)
     if device.type == "cuda":
         results["bert_base_bf16"] = gpu_throughput(args, device)
