@@ -1,0 +1,229 @@
+"""On a GPU (marker ``gpu``, skipped without CUDA; ``benchmarks/gpu_check.sh`` runs them): the stacked and two-call
+views, bf16 against float32 on a BERT-base-sized model, the five objectives in bf16, a saved model on CUDA and on the
+CPU, the gradient cache, a LoRA decoder, and CTranslate2 on CUDA.
+
+``IFCL_TEST_DEVICE=cpu python -m pytest -m gpu tests/test_gpu.py`` runs the same checks on the CPU, to check the tests
+themselves where there is no GPU; what they measure is then the CPU's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+from conftest import (
+    ENGLISH,
+    GERMAN,
+    LAST,
+    TRANSLATION_SENTENCES,
+    build_tiny_decoder,
+    build_tokenizer,
+    cpu_training_args,
+    losses_by_step,
+    read_pairs,
+    tool_args,
+    without_dropout,
+)
+from datasets import Dataset
+
+from ifcl import queue as ring
+from modeling_ifcl import IFCLModel
+from trainer_ifcl import IFCLTrainer
+
+DEVICE = torch.device(os.environ.get("IFCL_TEST_DEVICE", "cuda"))
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+# Each objective's model settings: IFCL with its queue and fraternal twins, the peers with their own extras.
+OBJECTIVES = {
+    "ifcl": {"queue_size": 2},
+    "simcse": {"objective": "simcse"},
+    "micse": {"objective": "micse", "objective_settings": {"micse_attention_layers": "top2", "micse_queue_size": 4}},
+    "conisi": {"objective": "conisi", "objective_settings": {"conisi_strategy": "o1"}},
+    "pcl": {"objective": "pcl"},
+}
+PAIRS = {"sentence": ENGLISH + GERMAN, "fraternal": GERMAN + ENGLISH}
+
+
+@pytest.fixture(autouse=True)
+def float32_without_tf32():
+    """float32 matrix products in float32, not TF32, so that float32 comparisons hold at 1e-5."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def trainer_on_device(model: IFCLModel, output_dir, columns: dict | None = None, **settings) -> IFCLTrainer:
+    """An ``IFCLTrainer`` on :data:`DEVICE` over the 24 sentence pairs (the sentences alone for a peer objective)."""
+    columns = columns or (PAIRS if model.config.objective in (None, "ifcl") else {"sentence": PAIRS["sentence"]})
+    cache = settings.pop("cache_mini_batch_size", None)
+    args = cpu_training_args(output_dir, use_cpu=DEVICE.type == "cpu", **settings)
+    trainer = IFCLTrainer(model, args, train_dataset=Dataset.from_dict(columns), cache_mini_batch_size=cache)
+    trainer.model.to(DEVICE), trainer.objective.to(DEVICE)
+    return trainer
+
+
+def batch_of(trainer: IFCLTrainer, size: int) -> dict[str, torch.Tensor]:
+    """The first ``size`` training rows, collated, on :data:`DEVICE`."""
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(size)])
+    return {name: value.to(DEVICE) for name, value in batch.items()}
+
+
+def one_step(trainer: IFCLTrainer, batch: dict, autocast: bool = False) -> tuple[torch.Tensor, dict, dict]:
+    """The loss, its logged terms and every parameter's gradient of one training micro-batch."""
+    model = trainer.model
+    model.train()
+    model.zero_grad()
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=autocast):
+        loss, output = trainer.compute_loss(model, batch, return_outputs=True)
+    loss.backward()
+    gradients = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), output.components, gradients
+
+
+def largest_difference(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> float:
+    """The largest absolute difference between same-named tensors."""
+    assert first and first.keys() == second.keys()
+    return max((first[name].float() - second[name].float()).abs().max().item() for name in first)
+
+
+def test_stacked_and_two_call_views_give_the_same_loss_and_gradients(tiny_encoder_dir, tmp_path, record_property):
+    """``stack_views`` (one encoder call over the three views, the default on CUDA) against two calls: float32,
+    dropout off, the same loss and gradients within 1e-5."""
+    model = without_dropout(IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=2))
+    trainer = trainer_on_device(model, tmp_path)
+    ring.push(model.queue, torch.randn(model.queue.valid.numel(), model.hidden_size, device=DEVICE))
+    batch = batch_of(trainer, 8)
+    steps = {}
+    for stacked in (True, False):
+        model.config.stack_views = stacked
+        steps[stacked] = one_step(trainer, batch)
+    (loss, terms, gradients), (two_call_loss, two_call_terms, two_call_gradients) = steps[True], steps[False]
+    record_property("largest_gradient_difference", largest_difference(gradients, two_call_gradients))
+    torch.testing.assert_close(loss, two_call_loss, rtol=0, atol=1e-5)
+    assert largest_difference(terms, two_call_terms) <= 1e-5
+    assert largest_difference(gradients, two_call_gradients) <= 1e-5
+
+
+@pytest.fixture(scope="module")
+def base_sized_encoder(tmp_path_factory):
+    """A random-weight encoder of BERT-base's size (12 layers, width 768, 12 heads, feed-forward 3072) over the
+    test sentences' vocabulary, dropout off."""
+    from transformers import BertConfig, BertModel
+
+    folder = tmp_path_factory.mktemp("bert-base-sized")
+    tokenizer = build_tokenizer(ENGLISH + GERMAN)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_bf16_losses_stay_within_1e_2_of_float32_over_20_steps(base_sized_encoder, tmp_path, record_property):
+    """20 IFCL steps of a BERT-base-sized model with ``bf16`` and without, the same data and seed, dropout off: every
+    logged loss finite, and bf16's within 1e-2 of float32's (relative to losses above 1)."""
+    losses = {}
+    for bf16 in (False, True):
+        model = IFCLModel.from_encoder(str(base_sized_encoder), queue_size=2, training_dropout=0.0)
+        settings = {"bf16": bf16, "max_steps": 20, "logging_steps": 1, "learning_rate": 1e-5, "seed": 0}
+        trainer = trainer_on_device(model, tmp_path / str(bf16), per_device_train_batch_size=8, **settings)
+        trainer.train()
+        losses[bf16] = losses_by_step(trainer)
+    assert len(losses[True]) == len(losses[False]) == 20
+    relative = [abs(losses[True][step] - loss) / max(1.0, abs(loss)) for step, loss in losses[False].items()]
+    record_property("largest_relative_loss_difference", max(relative))
+    for step, loss in losses[False].items():
+        assert math.isfinite(losses[True][step]), step
+        assert abs(losses[True][step] - loss) <= 1e-2 * max(1.0, abs(loss)), (step, losses[True][step], loss)
+
+
+@pytest.mark.parametrize("name", list(OBJECTIVES))
+def test_each_objective_trains_20_steps_in_bf16(tiny_encoder_dir, tmp_path, name):
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), **OBJECTIVES[name])
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    settings = {"bf16": True, "max_steps": 20, "logging_steps": 1, "learning_rate": 1e-3}
+    trainer = trainer_on_device(model, tmp_path, per_device_train_batch_size=4, **settings)
+    trainer.train()
+    losses = losses_by_step(trainer)
+    assert len(losses) == 20 and all(math.isfinite(loss) for loss in losses.values()), losses
+    after = dict(model.named_parameters())
+    assert any(not torch.equal(after[n].detach().cpu(), value.cpu()) for n, value in before.items())
+
+
+def test_a_saved_model_embeds_alike_on_cuda_and_on_the_cpu(published_dir, record_property):
+    """The published folder through its remote code: float32 embeddings on :data:`DEVICE` and on the CPU within
+    1e-4."""
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(published_dir), trust_remote_code=True)
+    on_cpu = model.encode(ENGLISH, device="cpu")
+    on_device = model.encode(ENGLISH, device=DEVICE)
+    assert on_device.device.type == "cpu" and on_device.dtype == torch.float32  # returned on the CPU, as documented
+    record_property("largest_difference", (on_device - on_cpu).abs().max().item())
+    torch.testing.assert_close(on_device, on_cpu, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["ifcl", "simcse", "micse"])
+def test_the_cached_step_equals_the_uncached_one(tiny_encoder_dir, tmp_path, name, record_property):
+    """Dropout off, mini-batches of 3 rows over a batch of 8: float32 loss, terms and gradients within 1e-5; under
+    bf16 autocast, the loss within 1e-4."""
+    model = without_dropout(IFCLModel.from_encoder(str(tiny_encoder_dir), **OBJECTIVES[name]))
+    trainer = trainer_on_device(model, tmp_path)
+    for queue in (model.queue, getattr(trainer.objective, "queue", None)):
+        if queue is not None:
+            ring.push(queue, torch.randn(queue.valid.numel(), model.hidden_size, device=DEVICE))
+    batch = batch_of(trainer, 8)
+    for autocast in (False, True):
+        trainer.cache_mini_batch_size = None
+        loss, terms, gradients = one_step(trainer, batch, autocast)
+        trainer.cache_mini_batch_size = 3
+        cached_loss, cached_terms, cached_gradients = one_step(trainer, batch, autocast)
+        record_property(f"loss_difference_{'bf16' if autocast else 'float32'}", (cached_loss - loss).abs().item())
+        if autocast:
+            torch.testing.assert_close(cached_loss, loss, rtol=0, atol=1e-4)
+        else:
+            torch.testing.assert_close(cached_loss, loss, rtol=0, atol=1e-5)
+            assert largest_difference(terms, cached_terms) <= 1e-5
+            assert largest_difference(gradients, cached_gradients) <= 1e-5
+
+
+def test_a_lora_decoder_trains_saves_and_reloads(tmp_path):
+    """A tiny random Qwen3 with LoRA adapters trains 3 steps on :data:`DEVICE`; its published folder (adapters merged)
+    loads through its remote code and embeds as the trained model did, within 1e-4."""
+    from transformers import AutoModel
+
+    from ifcl.lora import add_lora
+    from ifcl.publishing import save_published
+
+    decoder = build_tiny_decoder("qwen3", tmp_path / "qwen3")
+    model = IFCLModel.from_encoder(str(decoder), queue_size=2, **LAST)
+    add_lora(model, r=4)
+    trainer = trainer_on_device(model, tmp_path / "run", per_device_train_batch_size=4, max_steps=3)
+    trainer.train()
+    expected = model.encode(ENGLISH, device=DEVICE)
+    save_published(model, str(tmp_path / "published"))
+    reloaded = AutoModel.from_pretrained(str(tmp_path / "published"), trust_remote_code=True)
+    torch.testing.assert_close(reloaded.encode(ENGLISH, device=DEVICE), expected, rtol=0, atol=1e-4)
+
+
+def test_ctranslate2_on_cuda_writes_what_transformers_writes(tiny_marian_dir, sentences_file, tmp_path):
+    """``prepare_fraternal.py --device cuda`` on the tiny Marian model: CTranslate2's pairs are those of
+    ``--engine transformers`` (greedy; at least 95% of them, as on the CPU)."""
+    pytest.importorskip("ctranslate2")
+    import ifcl.translation as prepare_fraternal
+
+    pairs = {}
+    for engine in ("transformers", "ctranslate2"):
+        output = tmp_path / f"{engine}.txt"
+        arguments = tool_args(sentences_file, output, tiny_marian_dir, "--engine", engine, "--device", DEVICE.type)
+        prepare_fraternal.run(arguments)
+        pairs[engine] = read_pairs(output)
+    assert [sentence for sentence, _ in pairs["ctranslate2"]] == TRANSLATION_SENTENCES
+    same = sum(a == b for a, b in zip(pairs["transformers"], pairs["ctranslate2"]))
+    assert same >= 0.95 * len(TRANSLATION_SENTENCES), pairs
