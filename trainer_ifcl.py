@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from torch.utils.checkpoint import get_device_states, set_device_states
-from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint, speed_metrics
 
 from ifcl.files import read_json, write_json_atomically
@@ -165,12 +165,10 @@ def embed_with_gradient_cache(
     return dict(zip(names, rows))
 
 
-def trainable_parameters(model: torch.nn.Module) -> str:
+def trainable_parameters(model: PreTrainedModel) -> str:
     """How many of ``model``'s parameters train, for the log: ``trainable: 73,728 of 2,100,000 parameters (3.51%)``
-    (parameters shared between modules counted once)."""
-    parameters = {id(p): p for p in model.parameters()}.values()
-    total = sum(p.numel() for p in parameters)
-    trained = sum(p.numel() for p in parameters if p.requires_grad)
+    (transformers' ``num_parameters``: parameters shared between modules counted once)."""
+    total, trained = model.num_parameters(), model.num_parameters(only_trainable=True)
     return f"trainable: {trained:,} of {total:,} parameters ({100 * trained / max(total, 1):.2f}%)"
 
 
