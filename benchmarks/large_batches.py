@@ -96,13 +96,13 @@ def row_line(row: dict) -> str:
     )
 
 
-def readme_text(record: dict) -> str:
-    """The caption and table that benchmarks/README.md shows, from the JSON record alone."""
+def readme_text(record: dict, path: str = RECORD) -> str:
+    """The caption and table that benchmarks/README.md shows, from the JSON record (written to ``path``) alone."""
     caption = (
         f"{record['machine']}, torch {record['packages']['torch']}; {record['model']}, one IFCL step (loss and "
         f"backward, queue off, {record.get('precision', 'float32')}), trans-de-en pairs of length {record['max_length']}; gradient cache of "
         f"mini-batch {record['mini_batch_size']}; peak memory in MB ({PEAK_MEASURES[record['device']]}), seconds "
-        f"per step wall clock (mean of {record['rounds']} after one warm-up); record: `{relative(RECORD)}`, made "
+        f"per step wall clock (mean of {record['rounds']} after one warm-up); record: `{relative(path)}`, made "
         "by `python benchmarks/large_batches.py`."
     )
     header = "| batch | peak MB, uncached | peak MB, cached | s/step, uncached | s/step, cached | time ratio cached/uncached |"
@@ -152,7 +152,7 @@ def main() -> None:
         "unit": {"peak": "MB", "time": "seconds per step, wall clock"},
         "rows": rows,
     }
-    text = readme_text(record)
+    text = readme_text(record, args.output)
     print("\n" + text)
     write_record(args.output, record)
     if args.readme:
