@@ -354,6 +354,24 @@ def losses_by_step(trainer) -> dict[int, float]:
     return {entry["step"]: entry["loss"] for entry in trainer.state.log_history if "loss" in entry}
 
 
+def one_training_step(trainer, batch: dict, cache: int | None = None, autocast: bool = False) -> tuple:
+    """One training micro-batch of ``trainer`` (through a gradient cache of ``cache`` rows when given, under bf16
+    autocast with ``autocast``): its loss, logged terms, every parameter's gradient, and the rows it queued."""
+    import torch
+
+    trainer.cache_mini_batch_size = cache
+    model, objective = trainer.model, trainer.objective
+    model.train()
+    model.zero_grad()
+    objective.pending_rows.clear()
+    device = next(iter(batch.values())).device
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+        loss, output = trainer.compute_loss(model, batch, return_outputs=True)
+    loss.backward()
+    gradients = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), output.components, gradients, [rows.clone() for rows in objective.pending_rows]
+
+
 def train_and_resume(fresh_trainer, tmp_path: Path, checkpoint: str) -> tuple:
     """Train ``fresh_trainer(output_dir)`` without a stop, then a second one resumed from the first's
     ``checkpoint`` folder. Returns the losses by step of both (uninterrupted, resumed), then both trainers."""

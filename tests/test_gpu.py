@@ -22,6 +22,7 @@ from conftest import (
     build_tokenizer,
     cpu_training_args,
     losses_by_step,
+    one_training_step,
     read_pairs,
     tool_args,
     without_dropout,
@@ -61,9 +62,8 @@ def float32_without_tf32():
 def trainer_on_device(model: IFCLModel, output_dir, columns: dict | None = None, **settings) -> IFCLTrainer:
     """An ``IFCLTrainer`` on :data:`DEVICE` over the 24 sentence pairs (the sentences alone for a peer objective)."""
     columns = columns or (PAIRS if model.config.objective in (None, "ifcl") else {"sentence": PAIRS["sentence"]})
-    cache = settings.pop("cache_mini_batch_size", None)
     args = cpu_training_args(output_dir, use_cpu=DEVICE.type == "cpu", **settings)
-    trainer = IFCLTrainer(model, args, train_dataset=Dataset.from_dict(columns), cache_mini_batch_size=cache)
+    trainer = IFCLTrainer(model, args, train_dataset=Dataset.from_dict(columns))
     trainer.model.to(DEVICE), trainer.objective.to(DEVICE)
     return trainer
 
@@ -72,18 +72,6 @@ def batch_of(trainer: IFCLTrainer, size: int) -> dict[str, torch.Tensor]:
     """The first ``size`` training rows, collated, on :data:`DEVICE`."""
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(size)])
     return {name: value.to(DEVICE) for name, value in batch.items()}
-
-
-def one_step(trainer: IFCLTrainer, batch: dict, autocast: bool = False) -> tuple[torch.Tensor, dict, dict]:
-    """The loss, its logged terms and every parameter's gradient of one training micro-batch."""
-    model = trainer.model
-    model.train()
-    model.zero_grad()
-    with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=autocast):
-        loss, output = trainer.compute_loss(model, batch, return_outputs=True)
-    loss.backward()
-    gradients = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    return loss.detach(), output.components, gradients
 
 
 def largest_difference(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> float:
@@ -102,7 +90,7 @@ def test_stacked_and_two_call_views_give_the_same_loss_and_gradients(tiny_encode
     steps = {}
     for stacked in (True, False):
         model.config.stack_views = stacked
-        steps[stacked] = one_step(trainer, batch)
+        steps[stacked] = one_training_step(trainer, batch)[:3]
     (loss, terms, gradients), (two_call_loss, two_call_terms, two_call_gradients) = steps[True], steps[False]
     record_property("largest_gradient_difference", largest_difference(gradients, two_call_gradients))
     torch.testing.assert_close(loss, two_call_loss, rtol=0, atol=1e-5)
@@ -180,10 +168,8 @@ def test_the_cached_step_equals_the_uncached_one(tiny_encoder_dir, tmp_path, nam
             ring.push(queue, torch.randn(queue.valid.numel(), model.hidden_size, device=DEVICE))
     batch = batch_of(trainer, 8)
     for autocast in (False, True):
-        trainer.cache_mini_batch_size = None
-        loss, terms, gradients = one_step(trainer, batch, autocast)
-        trainer.cache_mini_batch_size = 3
-        cached_loss, cached_terms, cached_gradients = one_step(trainer, batch, autocast)
+        loss, terms, gradients, _ = one_training_step(trainer, batch, autocast=autocast)
+        cached_loss, cached_terms, cached_gradients, _ = one_training_step(trainer, batch, 3, autocast)
         record_property(f"loss_difference_{'bf16' if autocast else 'float32'}", (cached_loss - loss).abs().item())
         if autocast:
             torch.testing.assert_close(cached_loss, loss, rtol=0, atol=1e-4)

@@ -8,7 +8,15 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from conftest import ENGLISH, GERMAN, cpu_training_args, objective_run_args, run_script, without_dropout
+from conftest import (
+    ENGLISH,
+    GERMAN,
+    cpu_training_args,
+    objective_run_args,
+    one_training_step,
+    run_script,
+    without_dropout,
+)
 from datasets import Dataset
 
 from ifcl import queue as ring
@@ -55,24 +63,11 @@ def build(
     return trainer
 
 
-def one_step(trainer: IFCLTrainer, batch: dict, cache: int | None) -> tuple[torch.Tensor, dict, dict, list]:
-    """The loss, its logged terms, every parameter's gradient and the rows queued of one training micro-batch."""
-    trainer.cache_mini_batch_size = cache
-    model, objective = trainer.model, trainer.objective
-    model.train()
-    model.zero_grad()
-    objective.pending_rows.clear()
-    loss, output = trainer.compute_loss(model, batch, return_outputs=True)
-    loss.backward()
-    gradients = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    return loss.detach(), output.components, gradients, [rows.clone() for rows in objective.pending_rows]
-
-
 def assert_same_step(trainer: IFCLTrainer, batch: dict, cache: int) -> None:
     """The cached step equals the uncached one. The models are float64: the cache adds the same terms in another
     order, and float32 rounding of a sum over every token (the token-type table's gradient) reaches 1e-5."""
-    loss, terms, gradients, queued = one_step(trainer, batch, None)
-    cached_loss, cached_terms, cached_gradients, cached_queued = one_step(trainer, batch, cache)
+    loss, terms, gradients, queued = one_training_step(trainer, batch, None)
+    cached_loss, cached_terms, cached_gradients, cached_queued = one_training_step(trainer, batch, cache)
     assert loss.dtype == torch.float64
     torch.testing.assert_close(cached_loss, loss, rtol=0, atol=1e-10)
     assert terms.keys() == cached_terms.keys()
@@ -120,7 +115,7 @@ def test_the_gradient_pass_replays_the_dropout_masks(tiny_encoder_dir, tmp_path,
 
     monkeypatch.setattr(objective, "embed", recorded)
     batch = first_batch(trainer, 8)
-    loss, _, gradients, _ = one_step(trainer, batch, cache=3)
+    loss, _, gradients, _ = one_training_step(trainer, batch, cache=3)
     assert len(passes[False]) == len(passes[True]) == 3 and gradients
     replayed = {key: torch.cat([rows[key] for rows in passes[True]]) for key in passes[True][0]}
     for key, rows in replayed.items():
@@ -129,7 +124,7 @@ def test_the_gradient_pass_replays_the_dropout_masks(tiny_encoder_dir, tmp_path,
         again = objective.loss_from(trainer.model, replayed, batch).loss
     torch.testing.assert_close(again, loss, rtol=0, atol=1e-6)
     # Dropout draws other masks in the uncached step, so the cache is no replay of it.
-    uncached, _, _, _ = one_step(trainer, batch, cache=None)
+    uncached, _, _, _ = one_training_step(trainer, batch, cache=None)
     assert uncached.item() != pytest.approx(loss.item(), abs=1e-6)
 
 
