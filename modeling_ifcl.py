@@ -236,6 +236,38 @@ def drop_pooler_head(encoder: PreTrainedModel) -> PreTrainedModel:
     return encoder
 
 
+def fit_dropout(encoder: nn.Module, rate: float) -> str | None:
+    """Identical twins are a sentence under two dropout masks, so an ``encoder`` (a transformers model) whose every
+    dropout is 0 (most decoders, ModernBERT, ALBERT) gets ``rate`` (the config's ``training_dropout``) in every
+    dropout of its config and modules, as LLM2Vec gives one; returns what was set (or, with ``rate`` 0, that the
+    twins are copies), for the log. ``ValueError`` naming the setting when the encoder has no dropout to set."""
+    encoder_config = encoder.config
+    rates = {k: v for k, v in encoder_config.to_dict().items() if "dropout" in k and "classifier" not in k}
+    if any(isinstance(value, float) and value > 0 for value in rates.values()):
+        return None
+    # LoRA's dropout on the adapters' input (ifcl.lora) is its own setting, --lora_dropout.
+    places = [m for n, m in encoder.named_modules() if isinstance(m, nn.Dropout) and "lora_dropout" not in n]
+    floats = [(m, k) for m in encoder.modules() for k, v in vars(m).items() if "dropout" in k and type(v) is float]
+    encoder_name = type(encoder).__name__
+    if rate == 0:
+        return (
+            f"{encoder_name} has no dropout and --training_dropout is 0: identical twins are exact copies of the "
+            "anchors"
+        )
+    if not (places or floats):
+        raise ValueError(
+            f"{encoder_name} has no dropout ({', '.join(rates) or 'no dropout setting'} 0), so identical twins "
+            "would be exact copies of the anchors; set --training_dropout (e.g. 0.1) to train it with dropout."
+        )
+    for name in rates:
+        setattr(encoder_config, name, rate)
+    for module in places:
+        module.p = rate
+    for module, name in floats:
+        setattr(module, name, rate)
+    return f"{encoder_name} has no dropout: its dropout is {rate} while training"
+
+
 def word_table_of(model: nn.Module, name: str) -> nn.Embedding:
     """The word-embedding table of ``model``, or ``ValueError`` naming ``name`` when it has none."""
     table = model.get_input_embeddings()
@@ -308,6 +340,39 @@ def scaled_orthogonal_projection(
     projection.bias.copy_(source.mean(dim=0) - weight @ fraternal_mean)
 
 
+def fraternal_word_table(
+    words: nn.Embedding, config: IFCLConfig, table: torch.Tensor | None = None
+) -> tuple[nn.Embedding | None, nn.Linear | None]:
+    """BEL_F and its map to BEL_S's width, for BEL_S = ``words`` and the settings of ``config``: the one place they
+    are built, for ``IFCLModel`` and the sentence-transformers losses alike.
+
+    (None, None) when BEL_F is BEL_S itself (``config.shares_word_table``) or training has no fraternal twins.
+    Otherwise a table holding ``table`` (the fraternal model's word table; None: BEL_S's values when the config names
+    no fraternal model, else left for the weights to load) with ``config.fraternal_pad_token_id`` as padding, frozen
+    as ``freeze_fraternal_embeddings`` says, and, when its width differs from BEL_S's, a linear map to it, started by
+    :func:`scaled_orthogonal_projection` when the table's values are known.
+    """
+    if not config.uses_fraternal_twins or config.shares_word_table:
+        return None, None
+    if table is None and config.fraternal_model_name_or_path is None:
+        table = words.weight
+    vocab_size = config.fraternal_vocab_size or words.num_embeddings
+    width = config.fraternal_embedding_size or words.embedding_dim
+    if table is not None:
+        vocab_size, width = table.shape
+    embedding = nn.Embedding(vocab_size, width, padding_idx=config.fraternal_pad_token_id, device=words.weight.device)
+    if table is not None:
+        with torch.no_grad():
+            embedding.weight.copy_(table)
+    embedding.weight.requires_grad_(not config.freeze_fraternal_embeddings)
+    projection = None
+    if width != words.embedding_dim:
+        projection = nn.Linear(width, words.embedding_dim, device=words.weight.device)
+        if table is not None:
+            scaled_orthogonal_projection(projection, words.weight, embedding.weight)
+    return embedding, projection
+
+
 class IFCLModel(PreTrainedModel):
     """Sentence encoder trained with IFCL: the encoder, the fraternal word table BEL_F (with a linear map to BEL_S's
     width when they differ; BEL_S itself when a copy would never differ), SimCSE's MLP for the ``cls`` pooler and the
@@ -328,13 +393,7 @@ class IFCLModel(PreTrainedModel):
         words = word_table_of(self.encoder, type(self.encoder).__name__)
         # The sentence embeddings' width: the word table may be narrower (ALBERT, ELECTRA), and BEL_F matches it.
         self.hidden_size = getattr(self.encoder.config, "hidden_size", None) or words.embedding_dim
-        self.fraternal_embeddings = self.fraternal_projection = None
-        if config.uses_fraternal_twins and not config.shares_word_table:
-            width = config.fraternal_embedding_size or words.embedding_dim
-            vocab_size = config.fraternal_vocab_size or words.num_embeddings
-            self.fraternal_embeddings = nn.Embedding(vocab_size, width, padding_idx=config.fraternal_pad_token_id)
-            if width != words.embedding_dim:
-                self.fraternal_projection = nn.Linear(width, words.embedding_dim)
+        self.fraternal_embeddings, self.fraternal_projection = fraternal_word_table(words, config)
         self.mlp = simcse_mlp(self.hidden_size) if "cls" in (config.pooler_type, config.eval_pooler_type) else None
         if max(config.matryoshka_dims or [0]) > self.hidden_size:
             raise ValueError(
@@ -416,12 +475,9 @@ class IFCLModel(PreTrainedModel):
         )
         model = cls(config)
         model.encoder.load_state_dict(encoder.state_dict())
-        if model.fraternal_embeddings is not None:
-            model.fraternal_embeddings.weight.data.copy_(fraternal_table)
-            if model.fraternal_projection is not None:
-                scaled_orthogonal_projection(
-                    model.fraternal_projection, model.get_input_embeddings().weight, fraternal_table
-                )
+        model.fraternal_embeddings, model.fraternal_projection = fraternal_word_table(
+            model.get_input_embeddings(), config, fraternal_table
+        )
         model.name_or_path = encoder_name_or_path  # where its tokenizer and sentence-transformers settings come from
         model._tokenizer, model._fraternal_tokenizer = tokenizer, fraternal_tokenizer
         return model

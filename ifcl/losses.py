@@ -16,6 +16,16 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+# The IFCL paper's BibTeX entry: model cards and sentence-transformers' generated cards cite it.
+IFCL_CITATION = """@inproceedings{xiao2023ifcl,
+  title     = {Identical and Fraternal Twins: Fine-Grained Semantic Contrastive Learning of Sentence Representations},
+  author    = {Xiao, Qingfa and Li, Shuangyin and Chen, Lei},
+  booktitle = {Proceedings of the 26th European Conference on Artificial Intelligence (ECAI)},
+  year      = {2023},
+  eprint    = {2307.10932},
+  archivePrefix = {arXiv}
+}"""
+
 
 def float32_region(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
     """A region where autocast is off for ``tensor``'s device type."""

@@ -25,19 +25,19 @@ from sentence_transformers.sentence_transformer.data_collator import SentenceTra
 from sentence_transformers.sentence_transformer.losses.matryoshka import CachedLossDecorator, ForwardDecorator
 from torch import nn
 
-from configuration_ifcl import IFCLSettings, SharedSettings
+from configuration_ifcl import IFCLConfig, IFCLSettings, SharedSettings
 from ifcl import queue as ring
 from ifcl.data import check_text_dataset, check_training_data_size
-from ifcl.losses import IFCLTerms, Matryoshka
-from ifcl.objectives.base import fit_dropout
+from ifcl.losses import IFCL_CITATION, IFCLTerms, Matryoshka
 from modeling_ifcl import (
     IFCLTwinsOutput,
     QueueBuffers,
     check_model_path,
+    fit_dropout,
+    fraternal_word_table,
     load_fraternal,
     mean_pool,
     right_padded,
-    scaled_orthogonal_projection,
     twin_views,
     word_table_of,
 )
@@ -102,24 +102,20 @@ class IFCLLoss(nn.Module):
         return self.model[0].auto_model
 
     def set_up_fraternal_table(self, words: nn.Embedding) -> None:
-        """BEL_F: the fraternal model's word table (and its tokenizer for the fraternal column), else BEL_S itself when
-        both tables are frozen (as ``IFCLConfig.shares_word_table``), else a copy of it; projected to BEL_S's width
-        when narrower or wider."""
-        table, pad_token_id = words.weight.detach(), self.encoder.config.pad_token_id
+        """BEL_F and its projection from ``modeling_ifcl.fraternal_word_table``, as ``IFCLModel`` builds them: the
+        fraternal model's word table (and its tokenizer for the fraternal column), else BEL_S itself when both tables
+        are frozen, else a copy of it."""
+        table, pad_token_id = None, self.encoder.config.pad_token_id
         if self.fraternal_model_name_or_path is not None:
             table, self.fraternal_tokenizer = load_fraternal(self.fraternal_model_name_or_path)
-            table, pad_token_id = table.detach(), self.fraternal_tokenizer.pad_token_id
+            pad_token_id = self.fraternal_tokenizer.pad_token_id
         self.fraternal_pad_token_id = pad_token_id or 0
-        frozen = self.settings.freeze_word_embeddings and self.settings.freeze_fraternal_embeddings
-        if self.fraternal_model_name_or_path is None and frozen:
-            self.fraternal_embeddings = words
-        else:
-            self.fraternal_embeddings = nn.Embedding.from_pretrained(
-                table.clone(), freeze=self.settings.freeze_fraternal_embeddings, padding_idx=pad_token_id
-            )
-        if table.shape[1] != words.embedding_dim:
-            self.fraternal_projection = nn.Linear(table.shape[1], words.embedding_dim)
-            scaled_orthogonal_projection(self.fraternal_projection, words.weight, self.fraternal_embeddings.weight)
+        config = IFCLConfig(
+            **asdict(self.settings),
+            fraternal_model_name_or_path=self.fraternal_model_name_or_path,
+            fraternal_pad_token_id=pad_token_id,
+        )
+        self.fraternal_embeddings, self.fraternal_projection = fraternal_word_table(words, config, table)
 
     def data_collator(self, train_dataset: Dataset, **kwargs: Any) -> IFCLDataCollator:
         """The collator for ``SentenceTransformerTrainer(data_collator=...)``, given the same ``train_dataset``,
@@ -138,8 +134,11 @@ class IFCLLoss(nn.Module):
         return ("sentence", "fraternal") if self.settings.uses_fraternal_twins else ("sentence",)
 
     def fraternal_word_embeddings(self, fraternal_input_ids: torch.Tensor) -> torch.Tensor:
-        """BEL_F(x⁻) at BEL_S's width."""
-        embeddings = self.fraternal_embeddings(fraternal_input_ids)
+        """BEL_F(x⁻) at BEL_S's width (BEL_S itself when the tables are shared)."""
+        shared = self.fraternal_embeddings is None
+        embeddings = (self.encoder.get_input_embeddings() if shared else self.fraternal_embeddings)(
+            fraternal_input_ids
+        )
         return embeddings if self.fraternal_projection is None else self.fraternal_projection(embeddings)
 
     def encode_views(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -245,9 +244,7 @@ class IFCLLoss(nn.Module):
     @property
     def citation(self) -> str:
         """The IFCL paper's BibTeX entry, which sentence-transformers' generated card cites."""
-        from ifcl.objectives import objective_class
-
-        return objective_class("ifcl").paper.citation
+        return IFCL_CITATION
 
 
 FRATERNAL_PREFIX = "fraternal_"  # the fraternal column's keys inside the one column a CachedIFCLLoss caches

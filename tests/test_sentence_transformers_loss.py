@@ -58,9 +58,8 @@ def test_the_loss_equals_the_ifcl_objective_in_ifcl_trainer(
     if with_fraternal_model:
         assert loss.fraternal_projection is not None
         loss.fraternal_projection.load_state_dict(model.fraternal_projection.state_dict())
-    assert torch.equal(
-        loss.fraternal_embeddings.weight, (model.fraternal_embeddings or model.get_input_embeddings()).weight
-    )
+    fraternal_table = loss.fraternal_embeddings or st_model[0].auto_model.get_input_embeddings()
+    assert torch.equal(fraternal_table.weight, (model.fraternal_embeddings or model.get_input_embeddings()).weight)
     collator = loss.data_collator(pairs)
     for part in (model, st_model):
         without_dropout(part)

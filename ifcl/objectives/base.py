@@ -23,6 +23,7 @@ from configuration_ifcl import IFCLSettings
 from ifcl import queue as ring
 from ifcl.data import check_text_dataset, check_training_data_size, is_text_dataset
 from ifcl.publishing import adopt_base
+from modeling_ifcl import fit_dropout, fraternal_word_table
 
 logger = logging.getLogger(__name__)
 
@@ -98,47 +99,14 @@ def fit_model(model: nn.Module, **settings: Any) -> None:
     if not config.uses_fraternal_twins:
         model.fraternal_embeddings = model.fraternal_projection = None
     elif model.fraternal_embeddings is None and not config.shares_word_table:  # BEL_F was BEL_S: now a copy of it
-        words = model.get_input_embeddings()
-        model.fraternal_embeddings = nn.Embedding.from_pretrained(
-            words.weight.detach().clone(), padding_idx=words.padding_idx
+        model.fraternal_embeddings, model.fraternal_projection = fraternal_word_table(
+            model.get_input_embeddings(), config
         )
     # BEL_S and BEL_F fixed or trained (IFCL's reading of BEL_S: "the embedding layer without trainable parameters"):
     # a frozen table gets no gradient and so no optimizer state. BEL_F's width-matching projection always trains.
     model.get_input_embeddings().weight.requires_grad_(not config.freeze_word_embeddings)
     if model.fraternal_embeddings is not None:
         model.fraternal_embeddings.weight.requires_grad_(not config.freeze_fraternal_embeddings)
-
-
-def fit_dropout(encoder: nn.Module, rate: float) -> str | None:
-    """Identical twins are a sentence under two dropout masks, so an ``encoder`` (a transformers model) whose every
-    dropout is 0 (most decoders, ModernBERT, ALBERT) gets ``rate`` (the config's ``training_dropout``) in every
-    dropout of its config and modules, as LLM2Vec gives one; returns what was set (or, with ``rate`` 0, that the
-    twins are copies), for the log. ``ValueError`` naming the setting when the encoder has no dropout to set."""
-    encoder_config = encoder.config
-    rates = {k: v for k, v in encoder_config.to_dict().items() if "dropout" in k and "classifier" not in k}
-    if any(isinstance(value, float) and value > 0 for value in rates.values()):
-        return None
-    # LoRA's dropout on the adapters' input (ifcl.lora) is its own setting, --lora_dropout.
-    places = [m for n, m in encoder.named_modules() if isinstance(m, nn.Dropout) and "lora_dropout" not in n]
-    floats = [(m, k) for m in encoder.modules() for k, v in vars(m).items() if "dropout" in k and type(v) is float]
-    encoder_name = type(encoder).__name__
-    if rate == 0:
-        return (
-            f"{encoder_name} has no dropout and --training_dropout is 0: identical twins are exact copies of the "
-            "anchors"
-        )
-    if not (places or floats):
-        raise ValueError(
-            f"{encoder_name} has no dropout ({', '.join(rates) or 'no dropout setting'} 0), so identical twins "
-            "would be exact copies of the anchors; set --training_dropout (e.g. 0.1) to train it with dropout."
-        )
-    for name in rates:
-        setattr(encoder_config, name, rate)
-    for module in places:
-        module.p = rate
-    for module, name in floats:
-        setattr(module, name, rate)
-    return f"{encoder_name} has no dropout: its dropout is {rate} while training"
 
 
 @dataclass(frozen=True)

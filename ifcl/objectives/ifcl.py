@@ -15,7 +15,7 @@ from torch import nn
 
 from configuration_ifcl import IFCLSettings
 from ifcl import queue as ring
-from ifcl.losses import IFCLTerms, Matryoshka
+from ifcl.losses import IFCL_CITATION, IFCLTerms, Matryoshka
 from modeling_ifcl import IFCLTwinsOutput
 
 from .base import (
@@ -44,14 +44,7 @@ class IFCLObjective(Objective):
     paper = Paper(
         "IFCL",
         "Identical and Fraternal Twins contrastive learning ([Xiao et al., 2023](https://arxiv.org/abs/2307.10932))",
-        """@inproceedings{xiao2023ifcl,
-  title     = {Identical and Fraternal Twins: Fine-Grained Semantic Contrastive Learning of Sentence Representations},
-  author    = {Xiao, Qingfa and Li, Shuangyin and Chen, Lei},
-  booktitle = {Proceedings of the 26th European Conference on Artificial Intelligence (ECAI)},
-  year      = {2023},
-  eprint    = {2307.10932},
-  archivePrefix = {arXiv}
-}""",
+        IFCL_CITATION,
     )
     loss_terms = ("loss_identical", "loss_fraternal", "loss_twins")
     settings_class = IFCLSettings
