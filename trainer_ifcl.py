@@ -43,9 +43,12 @@ def global_batch_size(args) -> int:
     return args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
 
 
-def check_cache_mini_batch_size(size: int, args, objective: Objective) -> None:
-    """``ValueError``, in one line, for a gradient cache's mini-batch outside 1 … the per-device batch, or one the
-    objective cannot take."""
+def check_cache_mini_batch_size(size: Any, args, objective: type[Objective] | Objective) -> None:
+    """The one check of a gradient cache's mini-batch (``run_ifcl.py`` makes it before any model loads,
+    ``IFCLTrainer`` for the Python API): ``TypeError`` or ``ValueError``, in one line, for a size that is not a whole
+    number between 1 and the per-device batch, or one the objective cannot take on the run's processes."""
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise TypeError(f"--cache_mini_batch_size must be a whole number of sentences, got {size!r}.")
     if not 1 <= size <= args.per_device_train_batch_size:
         raise ValueError(
             f"--cache_mini_batch_size {size} must lie between 1 and the per-device batch, "

@@ -1,4 +1,5 @@
-"""The files the scripts share: the one JSON reader, atomic writes (strict JSON) and the one lock."""
+"""The files the scripts share: the one JSON reader (``read_json``, which lives in the remote code, since a published
+model reads its base's files too), atomic writes (strict JSON) and the one lock."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from modeling_ifcl import read_json
+
+__all__ = ["atomic_path", "exclusive_lock", "read_json", "without_nan", "write_json_atomically"]
+
 
 def without_nan(value: Any) -> Any:
     """NaN (the correlation over constant scores) and infinities as null, in nested dicts and lists: strict JSON."""
@@ -20,23 +25,6 @@ def without_nan(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [without_nan(item) for item in value]
     return value
-
-
-def read_json(name_or_path: str, filename: str, subfolder: str = "") -> Any:
-    """A JSON file of a folder or Hub repo (the Hub's cache offline), or None when there is none to read."""
-    from transformers.utils import cached_file
-
-    path = cached_file(
-        name_or_path,
-        filename,
-        subfolder=subfolder,
-        _raise_exceptions_for_missing_entries=False,
-        _raise_exceptions_for_connection_errors=False,
-    )
-    if path is None:
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 @contextlib.contextmanager

@@ -52,7 +52,7 @@ def setup_logging(training_args, logger: logging.Logger) -> None:
     log_level = training_args.get_process_log_level()
     script_log_level = min(log_level, logging.INFO) if training_args.should_log else log_level
     logger.setLevel(script_log_level)
-    for name in ("ifcl", "trainer_ifcl"):
+    for name in ("ifcl", "trainer_ifcl", "modeling_ifcl"):
         logging.getLogger(name).setLevel(script_log_level)
     import datasets
     import transformers

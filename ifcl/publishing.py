@@ -32,14 +32,6 @@ ST_TRANSFORMER = "sentence_transformers.base.modules.transformer.Transformer"
 ST_POOLING = "sentence_transformers.sentence_transformer.modules.pooling.Pooling"
 ST_DENSE = "sentence_transformers.base.modules.dense.Dense"
 ST_NORMALIZE = "sentence_transformers.base.modules.normalize.Normalize"
-# Each evaluation pooler's Pooling mode, and whether SimCSE's MLP follows as a Dense module (avg_first_last and
-# avg_top2 have no sentence-transformers module: no view is written for them).
-POOLING_MODES = {
-    "avg": ("mean", False),
-    "cls_before_pooler": ("cls", False),
-    "cls": ("cls", True),
-    "last": ("lasttoken", False),
-}
 # The model's sub-modules that only training needs: checkpoints keep them (exact resume), published folders leave
 # them out. An objective's own modules (heads, peer network, momentum encoder) and IFCL's hippocampus queue (a
 # loaded model starts it empty).
@@ -124,7 +116,7 @@ def adopt_base(model) -> dict[str, Any] | None:
     ``max_seq_length`` (else at the encoder's own limit, which it is saved with) and lowercases when the base does;
     the config names its base and fraternal model by :func:`public_name`. Returns the facts, also kept as
     ``model.sentence_transformers_base``; modules the model leaves out are warned about."""
-    from modeling_ifcl import max_input_length
+    from modeling_ifcl import fit_tokenizer, max_input_length
 
     base = read_base(model.name_or_path)
     model.sentence_transformers_base = base
@@ -135,8 +127,8 @@ def adopt_base(model) -> dict[str, Any] | None:
         tokenizer.model_max_length = base["max_seq_length"]
     tokenizer.model_max_length = max_input_length(tokenizer, model.encoder.config)
     tokenizer.padding_side = "right"  # as training and encode pad: sentence-transformers reads the saved side
-    if "last" in (model.config.pooler_type, model.config.eval_pooler_type):
-        append_eos_token(tokenizer)
+    for change in fit_tokenizer(tokenizer, "last" in (model.config.pooler_type, model.config.eval_pooler_type)):
+        logger.info(f"{public_name(model.name_or_path)}: {change}.")
     if base is None:
         return None
     if base["do_lower_case"]:
@@ -152,24 +144,6 @@ def adopt_base(model) -> dict[str, Any] | None:
             "part of the IFCL model; encode and the saved sentence-transformers view embed without them."
         )
     return base
-
-
-def append_eos_token(tokenizer) -> bool:
-    """For the ``last`` pooler, whose embedding is the last token's state: a tokenizer that ends a sentence with no
-    end-of-sequence token (most decoders') appends it, in its post-processor, so that training, ``encode`` and a
-    saved folder's tokenizer (sentence-transformers' view included) all end with it. Returns whether it was added."""
-    from tokenizers import processors
-
-    eos, eos_id = tokenizer.eos_token, tokenizer.eos_token_id
-    if eos is None or not getattr(tokenizer, "is_fast", False) or tokenizer("a")["input_ids"][-1:] == [eos_id]:
-        return False
-    backend = tokenizer.backend_tokenizer
-    appended = processors.TemplateProcessing(
-        single=f"$A {eos}", pair=f"$A {eos} $B:1 {eos}:1", special_tokens=[(eos, eos_id)]
-    )
-    steps = [backend.post_processor, appended] if backend.post_processor is not None else [appended]
-    backend.post_processor = processors.Sequence(steps)
-    return True
 
 
 @contextmanager
@@ -210,8 +184,10 @@ def save_view(model, folder: str) -> bool:
 
     import transformers
 
-    pooler = POOLING_MODES.get(model.config.eval_pooler_type)
-    if pooler is None:
+    from modeling_ifcl import SENTENCE_TRANSFORMERS_POOLING
+
+    pooler = model.config.eval_pooler_type
+    if pooler not in SENTENCE_TRANSFORMERS_POOLING:
         return False
     if hasattr(model, "sentence_transformers_base"):  # adopt_base's facts, None for a plain encoder: not read again
         base = model.sentence_transformers_base or {}
@@ -237,10 +213,12 @@ def save_view(model, folder: str) -> bool:
 
     width = model.hidden_size
     add_module(
-        "Pooling", ST_POOLING, {"embedding_dimension": width, "pooling_mode": pooler[0], "include_prompt": True}
+        "Pooling",
+        ST_POOLING,
+        {"embedding_dimension": width, "pooling_mode": SENTENCE_TRANSFORMERS_POOLING[pooler], "include_prompt": True},
     )
     embedding = {"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding"}
-    if pooler[1]:
+    if pooler == "cls":  # SimCSE's MLP after [CLS]
         from safetensors.torch import save_file
 
         dense = {"in_features": width, "out_features": width, "bias": True}

@@ -457,7 +457,12 @@ def build_word_tokenizer(sentences: list[str]):
     )
 
 
-# Tiny decoder families (tests/test_decoders.py, test_lora.py, test_gpu.py), and the settings that embed with them.
+# Tiny decoder families (tests/test_decoders.py, test_lora.py, test_gpu.py): each config class, its settings, and its
+# tokenizer as the family ships it: the class tokenizer_config.json names, its special tokens (None: it has none; Llama
+# 3 and Mistral have no pad token) and how its tokenizer.json ends a sentence, which for none of them is with EOS: Qwen
+# with a byte-level post-processor and no BOS, Llama 3 with a byte-level step then a BOS template, Mistral and Gemma
+# with a BOS template (and add_bos_token in tokenizer_config.json).
+QWEN_BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
 DECODERS = {
     "qwen2": ("Qwen2Config", {}),
     "qwen3": ("Qwen3Config", {"head_dim": 16}),
@@ -465,18 +470,82 @@ DECODERS = {
     "mistral": ("MistralConfig", {}),
     "gemma3": ("Gemma3TextConfig", {"head_dim": 16}),
 }
+DECODER_TOKENIZERS = {
+    "qwen2": ("Qwen2Tokenizer", {"bos": None, "eos": "<|endoftext|>", "pad": "<|endoftext|>"}),
+    "qwen3": ("Qwen2Tokenizer", {"bos": None, "eos": "<|im_end|>", "pad": "<|endoftext|>"}),
+    "llama": ("PreTrainedTokenizerFast", {"bos": "<|begin_of_text|>", "eos": "<|end_of_text|>", "pad": None}),
+    "mistral": ("LlamaTokenizer", {"bos": "<s>", "eos": "</s>", "pad": None, "unk": "<unk>"}),
+    "gemma3": ("GemmaTokenizer", {"bos": "<bos>", "eos": "<eos>", "pad": "<pad>", "unk": "<unk>"}),
+}
 LAST = {"pooler_type": "last", "eval_pooler_type": "last", "max_seq_length": 16}
 
 
-def build_tiny_decoder(family: str, folder: Path) -> Path:
-    """A random tiny decoder of ``family`` (hidden size 32, attention dropout 0 as theirs is) and a word-level
-    tokenizer that, like theirs, ends a sentence with no end-of-sequence token."""
+def build_decoder_tokenizer(family: str, folder: Path, padding_side: str = "left") -> Path:
+    """A BPE tokenizer trained on the test sentences, saved to ``folder`` as ``family``'s is shipped (see
+    :data:`DECODER_TOKENIZERS`): byte-level for Qwen and Llama 3, SentencePiece-style (▁ for spaces) for Mistral and
+    Gemma; its files written as theirs are, so that ``AutoTokenizer`` loads it with their class and post-processor."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer_class, tokens = DECODER_TOKENIZERS[family]
+    special = list(dict.fromkeys(token for token in tokens.values() if token))
+    byte_level = family in ("qwen2", "qwen3", "llama")
+    bpe = Tokenizer(models.BPE(unk_token=tokens.get("unk"), byte_fallback=not byte_level))
+    if byte_level:
+        bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        bpe.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        bpe.pre_tokenizer = pre_tokenizers.Metaspace()
+        bpe.decoder = decoders.Metaspace()
+        alphabet = []
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=special, initial_alphabet=alphabet)
+    bpe.train_from_iterator(ENGLISH + GERMAN, trainer)
+    named = {f"{name}_token": token for name, token in tokens.items() if token}
+    PreTrainedTokenizerFast(tokenizer_object=bpe, **named).save_pretrained(folder)
+    with open(folder / "tokenizer.json", encoding="utf-8") as handle:
+        state = json.load(handle)
+    bos = tokens["bos"]
+    template = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [
+            {"SpecialToken": {"id": bos, "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+            {"SpecialToken": {"id": bos, "type_id": 1}},
+            {"Sequence": {"id": "B", "type_id": 1}},
+        ],
+        "special_tokens": {bos: {"id": bos, "ids": [bpe.token_to_id(bos)], "tokens": [bos]}} if bos else {},
+    }
+    llama_byte_level = {**QWEN_BYTE_LEVEL, "add_prefix_space": True, "use_regex": True}
+    state["post_processor"] = {
+        "qwen2": QWEN_BYTE_LEVEL,
+        "qwen3": QWEN_BYTE_LEVEL,
+        "llama": {"type": "Sequence", "processors": [llama_byte_level, template]},
+    }.get(family, template)
+    with open(folder / "tokenizer.json", "w", encoding="utf-8") as handle:
+        json.dump(state, handle)
+    with open(folder / "tokenizer_config.json", encoding="utf-8") as handle:
+        settings = json.load(handle)
+    settings.update(tokenizer_class=tokenizer_class, padding_side=padding_side)
+    settings.update({f"{name}_token": token for name, token in tokens.items()})
+    if family in ("mistral", "gemma3"):
+        settings.update(add_bos_token=True, add_eos_token=False)
+    with open(folder / "tokenizer_config.json", "w", encoding="utf-8") as handle:
+        json.dump(settings, handle)
+    return folder
+
+
+def build_tiny_decoder(family: str, folder: Path, padding_side: str = "left") -> Path:
+    """A random tiny decoder of ``family`` (hidden size 32, attention dropout 0 as theirs is) with its family's
+    tokenizer (:func:`build_decoder_tokenizer`), saved to ``folder``; its config names the tokenizer's special ids."""
     import torch
     import transformers
-    from transformers import AutoModel
+    from transformers import AutoModel, AutoTokenizer
 
-    tokenizer = build_word_tokenizer(ENGLISH + GERMAN)
-    tokenizer.backend_tokenizer.post_processor = None
+    tokenizer = AutoTokenizer.from_pretrained(build_decoder_tokenizer(family, folder, padding_side))
     config_class, settings = DECODERS[family]
     ids = {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id") for name in ("pad", "bos", "eos")}
     config = getattr(transformers, config_class)(
@@ -492,7 +561,6 @@ def build_tiny_decoder(family: str, folder: Path) -> Path:
     )
     torch.manual_seed(0)
     AutoModel.from_config(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
     return folder
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import (
+    DECODER_TOKENIZERS,
     DECODERS,
     ENGLISH,
     GERMAN,
@@ -22,30 +23,49 @@ from conftest import (
 )
 from datasets import Dataset
 
+SENTENCE = "A man plays the guitar in the quiet library."
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-@pytest.mark.parametrize("family", list(DECODERS))
-def test_each_decoder_trains_with_the_last_pooler_and_reloads_alike(family, lora, tmp_path, caplog):
-    """Two IFCL steps, with every weight training or LoRA adapters (peft's q_proj and v_proj, which alone change);
-    the published folder (adapters merged) reloads through remote code and sentence-transformers alike."""
+
+@pytest.mark.parametrize(
+    "family, padding_side, lora",
+    [(family, side, False) for family in DECODERS for side in ("left", "right")]
+    + [(family, "left", True) for family in DECODERS],
+    ids=lambda value: {False: "full", True: "lora"}.get(value, value) if isinstance(value, bool) else value,
+)
+def test_each_decoder_reads_bos_tokens_eos_trains_with_last_and_reloads_alike(
+    family, padding_side, lora, tmp_path, caplog
+):
+    """A decoder whose tokenizer is shaped like its family's (BOS templates, byte-level, no pad token) reads a
+    sentence as its base tokens plus one EOS, BOS first where the family has one, in training, in ``encode`` and
+    through the published folder's tokenizer, ``AutoModel`` and ``SentenceTransformer`` views; two IFCL steps train
+    every weight or the LoRA adapters alone (peft's q_proj and v_proj), and the folder (adapters merged) reloads
+    embedding alike."""
     from sentence_transformers import SentenceTransformer
-    from transformers import AutoModel
+    from transformers import AutoModel, AutoTokenizer
 
     from ifcl.lora import add_lora
     from modeling_ifcl import IFCLModel
     from trainer_ifcl import IFCLTrainer
 
-    decoder = build_tiny_decoder(family, tmp_path / family)
+    decoder = build_tiny_decoder(family, tmp_path / family, padding_side)
+    base = AutoTokenizer.from_pretrained(decoder)
+    expected = [*base(SENTENCE)["input_ids"], base.eos_token_id]
+    bos = DECODER_TOKENIZERS[family][1]["bos"]
+    assert (expected[0] == base.bos_token_id) == (bos is not None)
+    assert expected.count(base.eos_token_id) == 1 + (base.eos_token_id == base.bos_token_id)
+
     model = IFCLModel.from_encoder(str(decoder), queue_size=2, **LAST)
+    assert model.tokenizer(SENTENCE)["input_ids"] == expected
+    assert model.tokenizer.pad_token is not None
     if lora:
         add_lora(model, r=4)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    data = Dataset.from_dict({"sentence": ENGLISH[:8], "fraternal": GERMAN[:8]})
+    data = Dataset.from_dict({"sentence": [SENTENCE, *ENGLISH[:7]], "fraternal": GERMAN[:8]})
     args = cpu_training_args(tmp_path / "run", per_device_train_batch_size=4, max_steps=2, learning_rate=1e-3)
     trainer = IFCLTrainer(model=model, args=args, train_dataset=data)
     assert "its dropout is 0.1 while training (--training_dropout)" in caplog.text
-    assert model.tokenizer("A man.")["input_ids"][-1] == model.tokenizer.eos_token_id  # appended for `last`
-    assert trainer.train_dataset[0]["input_ids"][-1] == model.tokenizer.eos_token_id
+    assert trainer.train_dataset[0]["input_ids"] == expected[: LAST["max_seq_length"] - 1] + [expected[-1]]
+    assert trainer.train_dataset[1]["input_ids"][-1] == base.eos_token_id
     trainer.train()
     changed = {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}
     if lora:
@@ -57,11 +77,14 @@ def test_each_decoder_trains_with_the_last_pooler_and_reloads_alike(family, lora
     trainer.save_model()
 
     folder = str(tmp_path / "run")
+    assert AutoTokenizer.from_pretrained(folder)(SENTENCE)["input_ids"] == expected
     assert not {"adapter_config.json", "adapter_model.safetensors"} & set(os.listdir(folder))
     assert not [name for name in saved_weight_names(tmp_path / "run") if "lora_" in name or "base_layer" in name]
     remote = AutoModel.from_pretrained(folder, trust_remote_code=True)
+    assert remote.tokenizer(SENTENCE)["input_ids"] == expected
     assert (remote.encode(ENGLISH) - trained).abs().max() <= 1e-5
     view = SentenceTransformer(folder, device="cpu")  # its own lasttoken pooling, the tokenizer as saved
+    assert view.tokenize([SENTENCE])["input_ids"][0].tolist() == expected
     assert (view.encode(ENGLISH, convert_to_tensor=True) - trained).abs().max() <= 1e-5
 
 

@@ -173,8 +173,7 @@ class Objective(nn.Module):
 
     def __init__(self, model: nn.Module, settings: Any = None) -> None:
         super().__init__()
-        if self.without_matryoshka and getattr(model.config, "matryoshka_dims", None):
-            raise ValueError(f"--matryoshka_dims with --objective {self.name}: {self.without_matryoshka}")
+        self.check_config(model.config)
         if settings is None and self.settings_class is not None:
             settings = self.settings_class()
         self.settings = settings
@@ -219,10 +218,20 @@ class Objective(nn.Module):
         limit before it loads), and how to name it in an error. By default the sentences themselves."""
         return max_seq_length, "--max_seq_length"
 
-    def run_settings(self) -> dict[str, Any]:
-        """The model-config settings this objective trains with, whatever the model was built with: the encoder
-        alone (:data:`WITHOUT_IFCL`), and this objective's name and settings."""
-        return {**WITHOUT_IFCL, "objective": self.name, "objective_settings": settings_as_dict(self.settings)}
+    @classmethod
+    def run_settings(cls, settings: Any) -> dict[str, Any]:
+        """The model-config settings this objective trains with given its ``settings``, whatever the model was built
+        with: the encoder alone (:data:`WITHOUT_IFCL`), and this objective's name and settings. ``run_ifcl.py`` plans
+        the run's config with them before any model loads; :meth:`prepare` gives them to the model."""
+        return {**WITHOUT_IFCL, "objective": cls.name, "objective_settings": settings_as_dict(settings)}
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        """``ValueError`` in one line for a model config this objective cannot train (``matryoshka_dims`` where
+        :attr:`without_matryoshka` says why not): ``run_ifcl.py`` asks before any model loads, the objective when it
+        is built."""
+        if cls.without_matryoshka and getattr(config, "matryoshka_dims", None):
+            raise ValueError(f"--matryoshka_dims with --objective {cls.name}: {cls.without_matryoshka}")
 
     def prepare(
         self,
@@ -243,7 +252,7 @@ class Objective(nn.Module):
         if dropout:
             logger.warning(f"{dropout} (--training_dropout).")
         queue_batch_size = {"queue_batch_size": global_batch} if model.config.queue_batch_size != global_batch else {}
-        fit_model(model, **self.run_settings(), **queue_batch_size)
+        fit_model(model, **self.run_settings(self.settings), **queue_batch_size)
         if model.queue is not None and queue_batch_size:
             logger.info(f"Hippocampus queue: {model.config.queue_size} slots of the global batch N = {global_batch}.")
         if is_text_dataset(train_dataset):
@@ -324,10 +333,12 @@ class Objective(nn.Module):
         that take none (a momentum encoder's)."""
         raise NotImplementedError
 
-    def gradient_cache_refusal(self, processes: int) -> str | None:
-        """Why a gradient cache cannot train this objective on ``processes`` processes (None: it can); the trainer
-        refuses ``--cache_mini_batch_size`` with it. By default, when the objective has no :meth:`embed`."""
-        return None if type(self).embed is not Objective.embed else "its loss is not split into embed and loss_from."
+    @classmethod
+    def gradient_cache_refusal(cls, processes: int) -> str | None:
+        """Why a gradient cache cannot train this objective on ``processes`` processes (None: it can);
+        ``check_cache_mini_batch_size`` refuses ``--cache_mini_batch_size`` with it. By default, when the objective
+        has no :meth:`embed`."""
+        return None if cls.embed is not Objective.embed else "its loss is not split into embed and loss_from."
 
     def loss_from(
         self, model: nn.Module, embeddings: Embeddings, inputs: dict[str, torch.Tensor], gather: Gather = no_gather

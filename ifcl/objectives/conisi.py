@@ -443,7 +443,8 @@ class ConIsIObjective(Objective):
                 composed.append(negative)
         return composed
 
-    def gradient_cache_refusal(self, processes: int) -> str | None:
+    @classmethod
+    def gradient_cache_refusal(cls, processes: int) -> str | None:
         """Its heads, whose batch norm takes the whole batch, train in the loss's backward outside the encoder's
         forward: exact in one process, but data parallelism would not reduce their gradients."""
         if processes > 1:

@@ -88,9 +88,10 @@ class IFCLObjective(Objective):
     def collate(self, features: list[dict[str, Any]], tokenizer) -> dict[str, torch.Tensor]:
         return pad_features(features, {"": tokenizer.pad_token_id or 0, "fraternal_": self.fraternal_pad_token_id})
 
-    def run_settings(self) -> dict[str, Any]:
-        """IFCL trains with its own settings (the model config's own fields)."""
-        return asdict(self.settings)
+    @classmethod
+    def run_settings(cls, settings: IFCLSettings) -> dict[str, Any]:
+        """IFCL trains with its own settings, the model config's own fields (none under ``objective_settings``)."""
+        return {**asdict(settings), "objective": cls.name, "objective_settings": {}}
 
     def embed(self, model: nn.Module, inputs: dict[str, torch.Tensor], replay: bool = False) -> Embeddings:
         """The three views and their mean-pooled embedding-layer outputs (ℓ^T's margin), by ``IFCLTwinsOutput``'s

@@ -401,7 +401,7 @@ class PCLObjective(Objective):
         self.peer: nn.Module | None = None
         if self.settings.pcl_untied_peer:
             peer_config = copy.deepcopy(unwrapped.config)
-            peer_config.update(self.run_settings())  # the encoder alone, as the model trains
+            peer_config.update(self.run_settings(self.settings))  # the encoder alone, as the model trains
             self.peer = type(unwrapped)(peer_config)
             self.peer.encoder.load_state_dict(unwrapped.encoder.state_dict())
             if unwrapped.mlp is not None:
