@@ -19,13 +19,16 @@ SETTING_TYPES = {
     "float": ((int, float), "a number"),
     "int": ((int,), "an integer"),
     "bool": ((bool,), "True or False"),
+    "list[int]": ((list, tuple), "a list of whole numbers"),
+    "list[float]": ((list, tuple), "a list of numbers"),
 }
 
 
 def check_setting_types(settings: Any) -> None:
     """``TypeError`` naming the first field of a settings dataclass whose value is not of its annotated type."""
     for setting in fields(settings):
-        annotation = getattr(setting.type, "__name__", setting.type)  # HfArgumentParser resolves it to the type
+        annotation = setting.type if isinstance(setting.type, str) else str(setting.type)
+        annotation = annotation if annotation.startswith("list") else getattr(setting.type, "__name__", annotation)
         allowed, kind = SETTING_TYPES.get(annotation, ((object,), ""))
         value = getattr(settings, setting.name)
         if not isinstance(value, allowed) or (bool not in allowed and isinstance(value, bool)):
@@ -111,7 +114,10 @@ class SharedSettings:
             dims
         ):
             raise ValueError(f"matryoshka_dims must be distinct whole numbers ≥ 1, got {dims}.")
-        if weights and (len(weights) != len(dims) or not all(math.isfinite(w) and w > 0 for w in weights)):
+        numbers = all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights)
+        if weights and (
+            len(weights) != len(dims) or not numbers or not all(math.isfinite(w) and w > 0 for w in weights)
+        ):
             raise ValueError(
                 f"matryoshka_weights must be one number > 0 per size of matryoshka_dims {dims}, got {weights}."
             )
@@ -122,8 +128,10 @@ class ModelSettings:
     """What rebuilds a model beyond its settings: the encoder's config and where it came from, the attribute that
     holds it (its own ``base_model_prefix``, so that its weights keep the names its plain ``AutoModel`` reads), BEL_F's
     shape and pad id (None: the encoder's table's) and where it came from, the training length, the queue's N (the
-    global batch), whether the three training views share one encoder call (None: on accelerators), and the training
-    objective (None: IFCL) with its own settings."""
+    global batch), whether the three training views share one encoder call (None: on accelerators), the training
+    objective (None: IFCL) with its own settings, and the LoRA adapters the encoder trains with (``ifcl.lora``: rank,
+    alpha, dropout, target modules; None: none), which a checkpoint holds beside their base layers and loading merges
+    (``IFCLModel.from_pretrained``), and a published folder holds merged."""
 
     encoder_config: dict[str, Any] = field(default_factory=dict)
     encoder_name_or_path: str | None = None
@@ -137,6 +145,7 @@ class ModelSettings:
     stack_views: bool | None = None
     objective: str | None = None
     objective_settings: dict[str, Any] = field(default_factory=dict)
+    lora: dict[str, Any] | None = None
 
 
 class IFCLConfig(PretrainedConfig):

@@ -8,9 +8,12 @@ sentence-transformers view) is in ``ifcl/``, which imports this module, never th
 from __future__ import annotations
 
 import json
+import numbers
 import os
+import re
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +52,11 @@ logger = logging.get_logger(__name__)
 
 
 def read_json(name_or_path: str, filename: str, subfolder: str = "") -> Any:
-    """A JSON file of a folder or Hub repo (the Hub's cache offline), or None when there is none to read."""
+    """A JSON file of a folder or Hub repo (the Hub's cache offline), or None when there is none to read (a local
+    folder that does not exist included: ``check_model_path`` names it where it matters)."""
+    looks_local = str(name_or_path).startswith((".", "/", "~")) or str(name_or_path).count("/") > 1
+    if looks_local and not os.path.isdir(os.path.expanduser(str(name_or_path))):
+        return None
     path = cached_file(
         name_or_path,
         filename,
@@ -81,7 +88,7 @@ def base_pooler(name_or_path: str) -> tuple[str, str] | None:
             for key, on in settings.items()
             if key.startswith("pooling_mode_") and on is True
         ]
-    modes = [modes] if isinstance(modes, str) else list(modes)
+    modes = [modes] if isinstance(modes, str) else list(modes) or ["mean"]  # none named: its default, mean
     if len(modes) != 1 or modes[0] not in POOLER_OF_POOLING:
         raise ValueError(
             f"{name_or_path}: its Pooling module ({file}) pools with {' + '.join(modes) or 'nothing'}, which this "
@@ -304,6 +311,36 @@ def embed_sorted_by_length(
     return in_input_order
 
 
+@contextmanager
+def outside_mixed_precision(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` without the autocast wrapper that accelerate puts around its ``forward`` for mixed-precision training
+    (keeping the original as ``_original_forward``), for the ``with`` block: it embeds in its weights' own precision,
+    as the folder it is saved to does. A model without the wrapper is left as it is."""
+    wrapped, original = model.__dict__.get("forward"), model.__dict__.get("_original_forward")
+    if wrapped is None or original is None:
+        yield model
+        return
+    model.forward = original
+    try:
+        yield model
+    finally:
+        model.forward = wrapped
+
+
+def checked_truncate_dim(truncate_dim: Any, size: int | None = None) -> int | None:
+    """``truncate_dim`` itself when it is None or a whole number of dimensions in 1 … ``size`` (the embeddings'
+    width; None: not known yet); ``TypeError`` or ``ValueError`` in one line otherwise."""
+    if truncate_dim is None:
+        return None
+    if isinstance(truncate_dim, bool) or not isinstance(truncate_dim, numbers.Integral):
+        raise TypeError(f"truncate_dim must be a whole number of dimensions, got {truncate_dim!r}.")
+    if truncate_dim < 1 or (size is not None and truncate_dim > size):
+        raise ValueError(
+            f"truncate_dim must lie in [1, {size or 'the width'}], the embeddings' size; got {truncate_dim}."
+        )
+    return int(truncate_dim)
+
+
 def checked_sentences(sentences: str | Sequence[str]) -> list[str]:
     """``encode``'s input as a list: a str, or a sequence of them (sentence-transformers' contract); ``TypeError``
     naming anything else, or the first item that is not a str and its index."""
@@ -326,14 +363,24 @@ def drop_pooler_head(encoder: PreTrainedModel) -> PreTrainedModel:
     return encoder
 
 
+def dropout_settings(encoder_config: dict[str, Any]) -> dict[str, float]:
+    """An encoder config's dropout rates by name (its classifier's left out): where they are all 0, training gives
+    the encoder ``training_dropout`` (:func:`fit_dropout`); where one is not, the encoder trains with its own."""
+    return {
+        k: float(v)
+        for k, v in encoder_config.items()
+        if "dropout" in k and "classifier" not in k and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
 def fit_dropout(encoder: nn.Module, rate: float) -> str | None:
     """Identical twins are a sentence under two dropout masks, so an ``encoder`` (a transformers model) whose every
     dropout is 0 (most decoders, ModernBERT, ALBERT) gets ``rate`` (the config's ``training_dropout``) in every
     dropout of its config and modules, as LLM2Vec gives one; returns what was set (or, with ``rate`` 0, that the
     twins are copies), for the log. ``ValueError`` naming the setting when the encoder has no dropout to set."""
     encoder_config = encoder.config
-    rates = {k: v for k, v in encoder_config.to_dict().items() if "dropout" in k and "classifier" not in k}
-    if any(isinstance(value, float) and value > 0 for value in rates.values()):
+    rates = dropout_settings(encoder_config.to_dict())
+    if any(value > 0 for value in rates.values()):
         return None
     # LoRA's dropout on the adapters' input (ifcl.lora) is its own setting, --lora_dropout.
     places = [m for n, m in encoder.named_modules() if isinstance(m, nn.Dropout) and "lora_dropout" not in n]
@@ -367,10 +414,21 @@ def word_table_of(model: nn.Module, name: str) -> nn.Embedding:
 
 
 def check_model_path(option: str, path: str | None) -> None:
-    """Name a model path that is neither a folder here nor a Hub id (``name`` or ``owner/name``)."""
+    """Name a model path that is neither a folder here nor a Hub id (``name`` or ``owner/name``), and a folder that
+    holds no model: neither a config.json nor a sentence-transformers modules.json (an empty folder, another kind of
+    files)."""
     looks_local = path is not None and (path.startswith((".", "/", "~")) or path.count("/") > 1)
-    if looks_local and not os.path.isdir(os.path.expanduser(path)):
+    folder = os.path.expanduser(path) if path is not None else ""
+    if looks_local and not os.path.isdir(folder):
         raise FileNotFoundError(f"{option} {path}: no such folder (and not a Hub id of the form owner/name).")
+    if os.path.isdir(folder) and not any(
+        os.path.isfile(os.path.join(folder, f)) for f in ("config.json", "modules.json")
+    ):
+        raise FileNotFoundError(
+            f"{option} {path}: the folder holds no model (no config.json; "
+            f"{'it is empty' if not os.listdir(folder) else 'it holds ' + ', '.join(sorted(os.listdir(folder))[:3])}"
+            "): give the folder a model was saved to (save_pretrained), or a Hub id."
+        )
 
 
 def load_tokenizer(
@@ -575,6 +633,51 @@ def fraternal_word_table(
     return embedding, projection
 
 
+def lora_weights(name_or_path: str | os.PathLike, options: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The LoRA adapters a folder's or repo's weights hold beside their base layers (a LoRA run's checkpoint,
+    ``ifcl.lora``), by name; {} when they hold none (a published folder's are merged). ``options``: those of
+    ``from_pretrained`` (subfolder, revision, cache). ``ValueError`` naming the file for adapters that are not plain
+    LoRA (DoRA, a trained LoRA bias), which only peft merges."""
+    from safetensors import safe_open
+
+    download = {
+        k: options[k] for k in ("subfolder", "revision", "cache_dir", "token", "local_files_only") if k in options
+    }
+
+    def local_copy(filename: str) -> str | None:
+        return cached_file(
+            str(name_or_path),
+            filename,
+            **download,
+            _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_connection_errors=False,
+        )
+
+    index = local_copy("model.safetensors.index.json")  # sharded weights
+    if index is not None:
+        with open(index, encoding="utf-8") as handle:
+            files = sorted(set(json.load(handle)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    adapters = {}
+    for file in files:
+        path = local_copy(file)
+        if path is None:
+            return {}  # no safetensors weights: from_pretrained says what is missing
+        with safe_open(path, framework="pt") as weights:
+            names = [name for name in weights.keys() if ".lora_" in name]
+            unsupported = [
+                name for name in names if not re.search(r"\.lora_(embedding_)?(A|B)\.", name) or name.endswith(".bias")
+            ]
+            if unsupported:
+                raise ValueError(
+                    f"{path} holds adapters other than plain LoRA ({unsupported[0]}, ...), which this model's loader "
+                    "does not merge: load the base encoder and the adapters with peft, and merge them there."
+                )
+            adapters.update({name: weights.get_tensor(name) for name in names})
+    return adapters
+
+
 class IFCLModel(PreTrainedModel):
     """Sentence encoder trained with IFCL: the encoder, the fraternal word table BEL_F (with a linear map to BEL_S's
     width when they differ; BEL_S itself when a copy would never differ), SimCSE's MLP for the ``cls`` pooler and the
@@ -586,6 +689,8 @@ class IFCLModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     # Left out of published folders: the queue (a loaded model starts it empty) and a BEL_F that copies BEL_S.
     _keys_to_ignore_on_load_missing = [r"^queue\.", r"^fraternal_embeddings\."]
+    # A LoRA checkpoint's adapters, which from_pretrained merges into their layers itself.
+    _keys_to_ignore_on_load_unexpected = [r"\.lora_(A|B|embedding_A|embedding_B)\."]
 
     def __init__(self, config: IFCLConfig, add_pooling_layer: bool = False) -> None:
         super().__init__(config)  # add_pooling_layer: sentence-transformers passes it; no pooler head is held
@@ -603,7 +708,52 @@ class IFCLModel(PreTrainedModel):
             )
         self.queue = self.new_queue()
         self._tokenizer = self._fraternal_tokenizer = None  # loaded from the folder when first asked for
+        self.truncate_dim: int | None = None  # encode's default size (from_pretrained's truncate_dim)
         self.post_init()
+
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | os.PathLike, *model_args, truncate_dim: int | None = None, **kwargs
+    ) -> IFCLModel:
+        """``PreTrainedModel.from_pretrained``, and two things of a sentence encoder's:
+
+        - ``truncate_dim``: ``encode`` keeps each embedding's first that many dimensions unless told otherwise (a
+          Matryoshka size), as ``SentenceTransformer(..., truncate_dim=...)`` does.
+        - A checkpoint of a LoRA run (its weights hold the adapters beside their base layers, ``ifcl.lora``) loads
+          as the model of that step: the adapters merged into their layers (W + B·A·alpha/r, :meth:`merge_lora`),
+          as a published folder holds them; no peft is needed.
+        """
+        checked_truncate_dim(truncate_dim)  # its type, before anything loads
+        adapters = lora_weights(pretrained_model_name_or_path, kwargs)
+        if adapters:  # the base layers load under their plain names, the adapters are merged into them after
+            kwargs["key_mapping"] = {**(kwargs.get("key_mapping") or {}), r"\.base_layer\.": "."}
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, loading info) when asked for
+        if adapters:
+            model.merge_lora(adapters)
+        model.truncate_dim = checked_truncate_dim(truncate_dim, model.hidden_size)
+        return loaded
+
+    @torch.no_grad()
+    def merge_lora(self, adapters: dict[str, torch.Tensor]) -> None:
+        """Add LoRA ``adapters`` (a checkpoint's ``lora_A``/``lora_B`` tensors by their names in the model) into their
+        layers, as peft's merge does: W += B·A·s, transposed for an embedding table or a ``fan_in_fan_out`` layer, with
+        s = alpha / r (alpha / √r with rsLoRA) from the config's ``lora``; in float32, then the layer's dtype."""
+        lora = self.config.lora or {}
+        if "alpha" not in lora:
+            raise ValueError("The weights hold LoRA adapters, but config.json names no LoRA alpha (its ifcl.lora).")
+        for name_a, down in adapters.items():
+            if ".lora_A." not in name_a and ".lora_embedding_A." not in name_a:
+                continue
+            layer_name, kind, adapter = re.match(r"(.*)\.lora_(A|embedding_A)\.(.*)", name_a).groups()
+            up = adapters[f"{layer_name}.lora_{kind.replace('A', 'B')}.{adapter}"]
+            rank = down.shape[0]
+            scale = lora["alpha"] / (rank**0.5 if lora.get("use_rslora") else rank)
+            delta = up.float() @ down.float() * scale
+            if kind == "embedding_A" or lora.get("fan_in_fan_out"):
+                delta = delta.T
+            weight = self.get_submodule(layer_name).weight
+            weight.copy_((weight.float() + delta.to(weight.device)).to(weight.dtype))
 
     @property
     def encoder(self) -> PreTrainedModel:
@@ -716,7 +866,8 @@ class IFCLModel(PreTrainedModel):
     ) -> None:
         """``PreTrainedModel.save_pretrained``, and, as sentence-transformers' ``save`` does, the tokenizer the model
         holds (attached, or read from where the model was loaded) with, when the config names a fraternal model, the
-        fraternal one in ``fraternal_tokenizer/``: a folder that loads alone. With ``push_to_hub`` (``repo_id``:
+        fraternal one in ``fraternal_tokenizer/``: a folder that loads alone. A fast tokenizer's file truncates at the
+        model's limit (:func:`max_input_length`) and pads nothing, whatever the last call before it asked. With ``push_to_hub`` (``repo_id``:
         default the folder's name) the folder is pushed with them, by :meth:`push_to_hub`."""
         hub_names = ("repo_id", "commit_message", "commit_description", "private", "create_pr", "revision", "tags")
         hub = {name: kwargs.pop(name) for name in hub_names if name in kwargs}
@@ -732,6 +883,10 @@ class IFCLModel(PreTrainedModel):
             except (OSError, ValueError) as error:  # none attached nor loadable: the folder's loaders say so
                 logger.warning(f"{save_directory}: no {attribute} saved ({str(error).splitlines()[0]}).")
                 continue
+            if getattr(tokenizer, "is_fast", False):  # the last call's truncation and padding are not the model's
+                backend = tokenizer.backend_tokenizer
+                backend.no_padding()
+                backend.enable_truncation(max_input_length(tokenizer, self.encoder.config))
             tokenizer.save_pretrained(os.path.join(save_directory, subfolder))
         if push_to_hub:
             repo_id = hub.pop("repo_id", os.path.basename(os.path.normpath(save_directory)))
@@ -845,18 +1000,20 @@ class IFCLModel(PreTrainedModel):
             max_length: truncation length; default the encoder's own limit (:func:`max_input_length`), not the
                 training length.
             truncate_dim: keep each embedding's first that many dimensions (a Matryoshka size, ``matryoshka_dims``),
-                before any normalisation, as sentence-transformers does.
+                before any normalisation, as sentence-transformers does; default the model's own ``truncate_dim``
+                (``from_pretrained(..., truncate_dim=64)``), else the full size.
 
         Returns:
-            The embeddings in input order. The model's training mode is restored afterwards.
+            The embeddings in input order, computed in the weights' own precision outside any autocast (also in the
+            process that trained with ``--bf16``), as a loaded folder computes them. The model's training mode is
+            restored afterwards.
         """
         sentences = checked_sentences(sentences)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be ≥ 1, got {batch_size}.")
-        if truncate_dim is not None and not 1 <= truncate_dim <= self.hidden_size:
-            raise ValueError(
-                f"truncate_dim must lie in [1, {self.hidden_size}], the embeddings' size; got {truncate_dim}."
-            )
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+            raise ValueError(f"batch_size must be a whole number ≥ 1, got {batch_size!r}.")
+        truncate_dim = checked_truncate_dim(
+            self.truncate_dim if truncate_dim is None else truncate_dim, self.hidden_size
+        )
         if prompt:
             sentences = [prompt + sentence for sentence in sentences]
         tokenizer = self.tokenizer
@@ -868,15 +1025,16 @@ class IFCLModel(PreTrainedModel):
             was_training = self.training
             self.eval()
             try:
-                embeddings = embed_sorted_by_length(
-                    sentences,
-                    tokenizer,
-                    lambda batch: self(**batch.to(device)).sentence_embedding,
-                    batch_size,
-                    max_length or max_input_length(tokenizer, self.encoder.config),
-                    show_progress_bar,
-                    description,
-                )
+                with outside_mixed_precision(self):
+                    embeddings = embed_sorted_by_length(
+                        sentences,
+                        tokenizer,
+                        lambda batch: self(**batch.to(device)).sentence_embedding,
+                        batch_size,
+                        max_length or max_input_length(tokenizer, self.encoder.config),
+                        show_progress_bar,
+                        description,
+                    )
             finally:
                 self.train(was_training)
         embeddings = embeddings[:, :truncate_dim]

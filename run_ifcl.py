@@ -90,7 +90,9 @@ class ModelArguments:
         },
     )
     lora_alpha: float | None = field(default=None, metadata={"help": "LoRA's scale alpha (alpha / r). None: 2 × r."})
-    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA adapters' input."})
+    lora_dropout: float | None = field(
+        default=None, metadata={"help": "Dropout on the LoRA adapters' input. None: 0.05 with --lora_r."}
+    )
     lora_target_modules: list[str] | None = field(
         default=None,
         metadata={
@@ -110,7 +112,7 @@ class ModelArguments:
         return {
             "r": self.lora_r,
             "alpha": self.lora_alpha,
-            "dropout": self.lora_dropout,
+            "dropout": 0.05 if self.lora_dropout is None else self.lora_dropout,
             "target_modules": self.lora_target_modules,
         }
 
@@ -276,7 +278,6 @@ def main(argv: list[str] | None = None):
     # 2. The settings, checked before anything loads: the model's config as this command plans it, with the objective's
     # own (Objective.run_settings, which training gives the model) and the poolers of the model it starts from.
     checks.check_training_settings(training_args)
-    checks.check_model_paths(model_args)
     from trainer_ifcl import check_cache_mini_batch_size, global_batch_size
 
     model_path = model_args.model_name_or_path
@@ -294,10 +295,11 @@ def main(argv: list[str] | None = None):
         "training_dropout": shared.training_dropout,
         "max_seq_length": data_args.max_seq_length,
         "queue_batch_size": global_batch_size(training_args),
-        **objective.run_settings(objective_settings),
+        "lora": model_args.lora(),  # add_lora records the adapters it puts in
+        **objective.run_settings(objective_settings, lora=model_args.lora() is not None),
     }
     planned = IFCLConfig(**settings)
-    objective.check_config(planned)
+    objective.check_config(planned, objective_settings)
     if run_args.cache_mini_batch_size is not None:
         check_cache_mini_batch_size(run_args.cache_mini_batch_size, training_args, objective)
 
@@ -318,7 +320,7 @@ def main(argv: list[str] | None = None):
             if plan.resume is not None:
                 training_args.resume_from_checkpoint = plan.resume.checkpoint
                 check_resume_settings(plan.resume.checkpoint, plan.resume.config, json.loads(planned.to_json_string()))
-                check_resume_lora(plan.resume.checkpoint, model_args.lora())
+                check_resume_lora(plan.resume.checkpoint, plan.resume.config.get("lora"), model_args.lora())
             push_at_end = take_over_push(training_args)
 
             # 4. Training text and STS sets: dev for --do_eval and the evaluations during training, test for
@@ -336,20 +338,25 @@ def main(argv: list[str] | None = None):
 
             # 5. The starting model, read once (settings, encoder config, tokenizer) and checked before its weights
             # load: an IFCL model continued (this project's class: no remote code runs), or a plain encoder.
+            checks.check_model_paths(model_args)
             start = checks.StartingModel.read(model_path, model_args.trust_remote_code)
             if start.saved is not None:
                 given_fraternal = model_args.fraternal_model_name_or_path
                 checks.check_continued_model(start, run_args.objective, given_fraternal, planned)
             if do_train:
                 checks.check_max_seq_length(start, data_args.max_seq_length, objective)
+            if "training_dropout" in arguments.given:
+                checks.check_training_dropout(start, shared.training_dropout)
             fraternal_model = model_args.fraternal_model_name_or_path if planned.uses_fraternal_twins else None
             if start.saved is not None:  # else IFCLModel.from_encoder chooses the poolers not given, and says so
                 for level, note in pooler_notes:
                     logger.log(level, note)
-            else:
-                settings = {k: v for k, v in settings.items() if k not in POOLER_SETTINGS or k in given_poolers}
+            chosen = set(given_poolers) if start.saved is None else set(POOLER_SETTINGS)
+            model_settings = {
+                k: v for k, v in settings.items() if k != "lora" and (k not in POOLER_SETTINGS or k in chosen)
+            }
             trust = model_args.trust_remote_code
-            model = load_model(start, model_args.model_name_or_path, fraternal_model, settings, trust)
+            model = load_model(start, model_args.model_name_or_path, fraternal_model, model_settings, trust)
             if model_args.lora() is not None:
                 from ifcl.lora import add_lora
 
@@ -437,16 +444,18 @@ def load_model(
     trust_remote_code: bool = False,
 ):
     """The IFCL model to train: continued from a saved one with this command's settings (its queue loaded with its
-    own shape, which ``Objective.prepare`` keeps only when unchanged; this project's class, no remote code), or built
+    own shape, which ``Objective.prepare`` keeps only when unchanged; a LoRA checkpoint's adapters merged; this
+    project's class, no remote code), or built
     from a plain encoder (its code run only with ``--trust_remote_code``); its weights checked finite."""
     from ifcl.publishing import public_name
     from modeling_ifcl import IFCLModel
 
     if start.saved is not None:
         logger.info(f"{start.path} is an IFCL model: continuing from its encoder, fraternal table and queue.")
-        config = copy.deepcopy(start.saved)
+        config = copy.deepcopy(start.saved)  # its lora, if any, merges a checkpoint's adapters as it loads
         config.update({k: v for k, v in settings.items() if k not in ("queue_size", "queue_batch_size")})
         model = IFCLModel.from_pretrained(start.path, config=config, trust_remote_code=False)
+        model.config.lora = None  # the weights are merged: adapters, if any, are this run's (add_lora)
         model._tokenizer = start.tokenizer
     else:
         model = IFCLModel.from_encoder(

@@ -168,10 +168,15 @@ def embed_with_gradient_cache(
     return dict(zip(names, rows))
 
 
+def parameter_counts(model: PreTrainedModel) -> tuple[int, int]:
+    """(parameters that train, all parameters) of ``model``, by transformers' ``num_parameters`` (parameters shared
+    between modules counted once)."""
+    return model.num_parameters(only_trainable=True), model.num_parameters()
+
+
 def trainable_parameters(model: PreTrainedModel) -> str:
-    """How many of ``model``'s parameters train, for the log: ``trainable: 73,728 of 2,100,000 parameters (3.51%)``
-    (transformers' ``num_parameters``: parameters shared between modules counted once)."""
-    total, trained = model.num_parameters(), model.num_parameters(only_trainable=True)
+    """How many of ``model``'s parameters train, for the log: ``trainable: 73,728 of 2,100,000 parameters (3.51%)``."""
+    trained, total = parameter_counts(model)
     return f"trainable: {trained:,} of {total:,} parameters ({100 * trained / max(total, 1):.2f}%)"
 
 
@@ -235,15 +240,17 @@ class IFCLTrainer(Trainer):
         if model is None:
             raise ValueError("IFCLTrainer needs a model (an IFCLModel); model_init is not supported.")
         self.cache_mini_batch_size = cache_mini_batch_size
-        kwargs.setdefault("processing_class", model.tokenizer)  # saved with checkpoints and the published model
         self.objective = objective if objective is not None else build_objective(model)
+        if cache_mini_batch_size is not None and args is not None:  # before the model changes (else: below)
+            check_cache_mini_batch_size(cache_mini_batch_size, args, self.objective)
+        kwargs.setdefault("processing_class", model.tokenizer)  # saved with checkpoints and the published model
         model.training_objective = self.objective  # optimizer, data parallelism and checkpoints take its weights
         if args is not None and args.remove_unused_columns:
             args.remove_unused_columns = False
         if not rest and kwargs.get("data_collator") is None:
             kwargs["data_collator"] = ObjectiveDataCollator(self.objective, kwargs["processing_class"])
         super().__init__(model, args, *rest, **kwargs)
-        if cache_mini_batch_size is not None:
+        if cache_mini_batch_size is not None and args is None:  # the Trainer's default arguments
             check_cache_mini_batch_size(cache_mini_batch_size, self.args, self.objective)
         # The one preparation of the run: the model fitted to it, the text tokenized, the data's size checked.
         self.train_dataset = self.objective.prepare(
@@ -462,6 +469,7 @@ class IFCLTrainer(Trainer):
             facts.pop(name, None)
         results = read_json(self.args.output_dir, "all_results.json") or {}
         facts.setdefault("log_history", self.state.log_history)
+        facts.setdefault("trained_parameters", parameter_counts(unwrap_model(self.model)))
         if self.train_dataset is not None and hasattr(self.train_dataset, "__len__"):
             facts.setdefault("train_size", len(self.train_dataset))
         model_name = model_name or self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))

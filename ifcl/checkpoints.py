@@ -20,8 +20,9 @@ TRAINER_STATE_FILE = "trainer_state.json"
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 
 # The settings a checkpoint cannot be resumed with other values of: config key -> the flag that sets it. The
-# queue's shape and the optimizer's state depend on the first three; the others would make the card describe
-# settings the weights were not trained with.
+# queue's shape and the optimizer's state depend on the first three; each of the others shapes the loss or the model,
+# so a resume with another value would train its steps otherwise, and the card would describe settings the weights
+# were not trained with. LoRA's settings are checked beside them (check_resume_lora).
 RESUME_SETTINGS = {
     "objective": "--objective",
     "queue_size": "--queue_size",
@@ -31,6 +32,14 @@ RESUME_SETTINGS = {
     "forgetting_rate": "--forgetting_rate",
     "fraternal_loss_weight": "--fraternal_loss_weight",
     "twins_loss_weight": "--twins_loss_weight",
+    "freeze_word_embeddings": "--freeze_word_embeddings",
+    "freeze_fraternal_embeddings": "--freeze_fraternal_embeddings",
+    "pooler_type": "--pooler_type",
+    "eval_pooler_type": "--eval_pooler_type",
+    "matryoshka_dims": "--matryoshka_dims",
+    "matryoshka_weights": "--matryoshka_weights",
+    "training_dropout": "--training_dropout",
+    "max_seq_length": "--max_seq_length",
     "objective_settings": "the objective's own settings",
 }
 
@@ -178,13 +187,12 @@ def check_resume_settings(checkpoint: str, saved: dict[str, Any], wanted: dict[s
         )
 
 
-def check_resume_lora(checkpoint: str, lora: dict[str, Any] | None) -> None:
-    """The checkpoint's LoRA adapters (its ``adapter_config.json``) are those this command asks for (``lora``: the
-    keywords of ``ifcl.lora.add_lora``, None without LoRA): LoRA on or off alike, the same rank, alpha, dropout and,
-    when the command names them, target modules."""
+def check_resume_lora(checkpoint: str, saved: dict[str, Any] | None, lora: dict[str, Any] | None) -> None:
+    """The LoRA adapters the checkpoint was trained with (its config's ``lora``, ``saved``) are those this command
+    asks for (``lora``: the keywords of ``ifcl.lora.add_lora``, None without LoRA): LoRA on or off alike, the same
+    rank, alpha, dropout and, when the command names them, target modules. Each difference is named."""
     from ifcl.lora import resolved_alpha
 
-    saved = read_json(checkpoint, "adapter_config.json")
     if saved is None or lora is None:
         if saved is not None or lora is not None:
             trained = f"with LoRA (--lora_r {saved['r']})" if saved else "without LoRA"
@@ -195,8 +203,8 @@ def check_resume_lora(checkpoint: str, lora: dict[str, Any] | None) -> None:
         return
     pairs = [
         ("--lora_r", saved["r"], lora["r"]),
-        ("--lora_alpha", saved["lora_alpha"], resolved_alpha(lora["r"], lora["alpha"])),
-        ("--lora_dropout", saved["lora_dropout"], lora["dropout"]),
+        ("--lora_alpha", saved["alpha"], resolved_alpha(lora["r"], lora["alpha"])),
+        ("--lora_dropout", saved["dropout"], lora["dropout"]),
     ]
     if lora["target_modules"] is not None:
         pairs.append(("--lora_target_modules", sorted(saved["target_modules"]), sorted(lora["target_modules"])))

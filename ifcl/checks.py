@@ -17,7 +17,7 @@ from ifcl.arguments import strategy_name
 from ifcl.checkpoints import weights_problem
 from ifcl.failures import listed
 from ifcl.files import read_json
-from modeling_ifcl import check_model_path, load_tokenizer, max_input_length
+from modeling_ifcl import check_model_path, dropout_settings, load_tokenizer, max_input_length
 
 
 def check_training_settings(training_args: TrainingArguments) -> None:
@@ -194,6 +194,18 @@ def check_max_seq_length(start: StartingModel, max_seq_length: int, objective_cl
         raise ValueError(f"{what}: longer than the {limit} tokens {start.path} takes.")
 
 
+def check_training_dropout(start: StartingModel, rate: float) -> None:
+    """A ``--training_dropout`` given for an encoder with dropout of its own would not be applied (the encoder trains
+    with its own, ``modeling_ifcl.fit_dropout``): refused, naming the encoder's rates, before its weights load."""
+    own = {name: rate for name, rate in dropout_settings(start.encoder_config.to_dict()).items() if rate > 0}
+    if own:
+        rates = ", ".join(f"{name} {value:g}" for name, value in own.items())
+        raise ValueError(
+            f"--training_dropout {rate:g}: {start.path} has dropout of its own ({rates}), which training keeps; "
+            "--training_dropout applies only to encoders whose dropouts are all 0 (decoders, ModernBERT). Leave it out."
+        )
+
+
 def check_finite_weights(model: torch.nn.Module, source: str) -> None:
     """Refuse a loaded model whose weights hold NaN or infinite values (they would only make the loss NaN)."""
     broken = [name for name, tensor in model.state_dict().items() if not bool(torch.isfinite(tensor).all())]
@@ -223,25 +235,26 @@ def check_data_arguments(data_args) -> None:
 
 
 def check_lora_arguments(model_args) -> None:
-    """``run_ifcl.py``'s LoRA flags: a rank ≥ 0, a positive alpha, a dropout in [0, 1), no LoRA flag without
-    ``--lora_r``, and ``peft`` installed when LoRA is asked for, before anything loads."""
+    """``run_ifcl.py``'s LoRA flags, before anything loads: no LoRA flag without ``--lora_r`` (it would be ignored),
+    a rank, alpha and dropout as ``ifcl.lora.add_lora`` checks them (the same words), and ``peft`` installed when
+    LoRA is asked for (one line, as every bad setting)."""
+    from ifcl.lora import check_lora_settings, require_peft
+
     r = model_args.lora_r
-    if r < 0:
-        raise ValueError(f"--lora_r must be ≥ 0 (0: no LoRA), got {r}.")
-    if model_args.lora_alpha is not None and not model_args.lora_alpha > 0:
-        raise ValueError(f"--lora_alpha must be > 0, got {model_args.lora_alpha}.")
-    if not 0 <= model_args.lora_dropout < 1:
-        raise ValueError(f"--lora_dropout must be in [0, 1), got {model_args.lora_dropout}.")
     if r == 0:
-        given = [
-            f"--{name}" for name in ("lora_alpha", "lora_target_modules") if getattr(model_args, name) is not None
-        ]
+        names = ("lora_alpha", "lora_dropout", "lora_target_modules")
+        given = [f"--{name}" for name in names if getattr(model_args, name) is not None]
         if given:
             raise ValueError(f"{' and '.join(given)} given without --lora_r: set --lora_r (e.g. 16) to train LoRA.")
         return
-    from ifcl.lora import require_peft
-
-    require_peft()
+    if r < 0:
+        raise ValueError(f"--lora_r must be ≥ 0 (0: no LoRA), got {r}.")
+    lora = model_args.lora()
+    check_lora_settings(lora["r"], lora["alpha"], lora["dropout"])
+    try:
+        require_peft()
+    except ImportError as error:
+        raise ValueError(str(error)) from None
 
 
 def check_continued_model(start: StartingModel, objective: str, fraternal_model: str | None, wanted) -> None:

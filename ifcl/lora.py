@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -45,6 +46,36 @@ def resolved_alpha(r: int, alpha: float | None) -> float:
     return alpha if alpha is not None else 2 * r
 
 
+# Options of peft's LoraConfig that add_lora passes on beyond its own: those under which a checkpoint's adapters
+# still merge as plain LoRA (IFCLModel.merge_lora); DoRA, LoRA biases and the like would need peft to load.
+LORA_OPTIONS = ("use_rslora", "layers_to_transform", "layers_pattern", "exclude_modules")
+
+
+def check_lora_settings(r: Any, alpha: Any, dropout: Any) -> None:
+    """``TypeError`` or ``ValueError``, in one line naming the setting as ``run_ifcl.py``'s flag, for a rank that is
+    not a whole number ≥ 1, an alpha that is not a finite number > 0, or a dropout outside [0, 1)."""
+    if isinstance(r, bool) or not isinstance(r, int):
+        raise TypeError(f"--lora_r must be a whole number, got {r!r}.")
+    if r < 1:
+        raise ValueError(f"--lora_r must be at least 1 to train LoRA, got {r}.")
+    if alpha is not None:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+            raise TypeError(f"--lora_alpha must be a number, got {alpha!r}.")
+        if not math.isfinite(alpha) or alpha <= 0:
+            raise ValueError(f"--lora_alpha must be a finite number > 0, got {alpha}.")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ValueError(f"--lora_dropout must be a number in [0, 1), got {dropout!r}.")
+
+
+def unknown_target_modules(encoder: nn.Module, targets: list[str] | str) -> list[str]:
+    """The names of ``targets`` that match no layer of ``encoder`` as peft matches a list (a layer's name, or its
+    end after a dot); peft drops such a name silently when another one matches."""
+    if isinstance(targets, str):  # "all-linear" or a regular expression: peft's own check
+        return []
+    names = [name for name, _ in encoder.named_modules()]
+    return [t for t in targets if not any(name == t or name.endswith(f".{t}") for name in names)]
+
+
 def add_lora(
     model: nn.Module,
     r: int = 16,
@@ -55,17 +86,30 @@ def add_lora(
 ) -> Any:
     """Adapters of rank ``r`` into ``model.encoder`` (an ``IFCLModel``), scaled by ``alpha / r`` (default alpha
     2·r), with ``dropout`` on their input, in ``target_modules`` (default :func:`default_target_modules`); ``options``
-    are other ``peft.LoraConfig`` fields. The adapters are float32 whatever the encoder's dtype; the encoder's own
-    weights are frozen (the word tables then train or not as the config says, when the run is prepared:
-    ``fit_model``). Returns the ``LoraConfig``."""
+    are the peft ``LoraConfig`` fields of :data:`LORA_OPTIONS`. The adapters are float32 whatever the encoder's dtype;
+    the encoder's own weights are frozen (the word tables then train or not as the config says, when the run is
+    prepared: ``fit_model``). The config's ``lora`` records them, for checkpoints to load merged and the model card.
+    Every setting is checked before anything changes, in the command line's words. Returns the ``LoraConfig``."""
+    check_lora_settings(r, alpha, dropout)
+    unknown_options = sorted(set(options) - set(LORA_OPTIONS))
+    if unknown_options:
+        raise ValueError(
+            f"add_lora does not take {', '.join(unknown_options)}: a checkpoint's adapters are merged by the model's "
+            f"own code, which knows plain LoRA with {', '.join(LORA_OPTIONS)}."
+        )
     require_peft()
     from peft import LoraConfig, inject_adapter_in_model
     from peft.tuners.tuners_utils import cast_adapter_dtype
 
-    if r < 1:
-        raise ValueError(f"--lora_r must be at least 1, got {r}.")
     encoder = model.encoder
     targets = target_modules or default_target_modules(encoder.config.model_type)
+    unknown = unknown_target_modules(encoder, targets)
+    if unknown:
+        raise ValueError(
+            f"--lora_target_modules {' '.join(unknown)}: no layer of {type(encoder).__name__} is named so (peft "
+            "matches a layer's name or its end after a dot, e.g. q_proj); leave the flag out for the family's "
+            "default."
+        )
     config = LoraConfig(
         r=r,
         lora_alpha=resolved_alpha(r, alpha),
@@ -76,6 +120,14 @@ def add_lora(
     )
     inject_adapter_in_model(config, encoder)
     cast_adapter_dtype(encoder, "default")  # float32 adapters on a bf16/fp16 base, as get_peft_model keeps them
+    model.config.lora = {
+        "r": config.r,
+        "alpha": config.lora_alpha,
+        "dropout": config.lora_dropout,
+        "target_modules": sorted(config.target_modules) if not isinstance(config.target_modules, str) else targets,
+        "use_rslora": config.use_rslora,
+        "fan_in_fan_out": config.fan_in_fan_out,  # peft sets it for GPT-2's Conv1D layers
+    }
     logger.info(f"LoRA r={config.r}, alpha={config.lora_alpha}, dropout={dropout} on {sorted(config.target_modules)}")
     return config
 
@@ -113,17 +165,25 @@ def lora_config(model: nn.Module) -> Any:
     return getattr(getattr(model, "encoder", None), "peft_config", {}).get("default")
 
 
+ADAPTER_FOLDER = "adapter"  # a checkpoint's sub-folder of peft's adapter files
+
+
 def save_adapters(model: nn.Module, folder: str) -> None:
-    """Write ``model``'s adapters into ``folder`` as peft does (``adapter_config.json``,
-    ``adapter_model.safetensors``), so that a checkpoint's adapters load onto the base encoder with
-    ``peft.PeftModel.from_pretrained``; nothing without adapters."""
+    """Write ``model``'s adapters into ``folder/adapter/`` as peft does (``adapter_config.json``,
+    ``adapter_model.safetensors``), so that they load onto the base encoder with
+    ``peft.PeftModel.from_pretrained(encoder, "checkpoint-N/adapter")``; nothing without adapters. A sub-folder: in
+    the checkpoint itself, transformers' ``from_pretrained`` would take the folder for an adapter and load it through
+    its own PEFT integration, while ``IFCLModel.from_pretrained`` loads the checkpoint merged."""
     config = lora_config(model)
     if config is None:
         return
+    import os
+
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
     weights = get_peft_model_state_dict(model.encoder)
     tensors = {f"base_model.model.{name}": tensor.detach().contiguous().cpu() for name, tensor in weights.items()}
-    save_file(tensors, f"{folder}/adapter_model.safetensors", metadata={"format": "pt"})
-    config.save_pretrained(folder)
+    os.makedirs(os.path.join(folder, ADAPTER_FOLDER), exist_ok=True)
+    save_file(tensors, os.path.join(folder, ADAPTER_FOLDER, "adapter_model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(os.path.join(folder, ADAPTER_FOLDER))

@@ -104,7 +104,8 @@ class CardFacts:
     the training data as the run named it; ``sts_sources``: the STS file read for ``eval`` and ``test``, or
     :data:`BUILTIN_STSB`; ``base_model_path``: a local folder of the base, whose card gives license, language and Hub
     id. The base model, log, best step, training size and tokenizers default to what the config, trainer_state.json,
-    results and saved folder say; ``train_text`` gives the size, token statistics and first rows."""
+    results and saved folder say; ``train_text`` gives the size, token statistics and first rows;
+    ``trained_parameters`` the share a LoRA run trained."""
 
     output_dir: str
     config: PretrainedConfig
@@ -120,6 +121,7 @@ class CardFacts:
     train_text: Dataset | None = None
     train_size: int | None = None
     tokenizers: tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase] | None = None
+    trained_parameters: tuple[int, int] | None = None  # (trained, all) parameters, as the run's log gives them
     # Derived when the record is built: the objective the config names (IFCL's when none) and its loss as the card
     # names it, how SentenceTransformer(output_dir) embeds (None: no modules.json), the base model as the card names
     # it (its Hub id where known, never a path), and the STS tasks of the results' dev (eval) and test figures.
@@ -267,6 +269,52 @@ def hub_eval_results(results: dict[str, Any], tasks: list[str], sts_sources: dic
     return eval_results
 
 
+# How the card words each evaluation pooler.
+POOLER_WORDS = {
+    "avg": "the mean of the last layer's token states",
+    "cls": "the [CLS] token's state through SimCSE's MLP (dense + tanh)",
+    "cls_before_pooler": "the [CLS] token's state",
+    "last": "the state of each sentence's last token, the end-of-sequence token",
+    "avg_first_last": "the mean of the first and last layers' token states",
+    "avg_top2": "the mean of the last two layers' token states",
+}
+
+
+def pooling_description(config: IFCLConfig, base: str | None) -> str:
+    """How the model pools (``eval_pooler_type``) and whether its base pools alike (its sentence-transformers
+    Pooling module, when the base has one)."""
+    from modeling_ifcl import SENTENCE_TRANSFORMERS_POOLING, base_pooler
+
+    pooler = config.eval_pooler_type
+    text = f"{POOLER_WORDS.get(pooler, pooler)} (`{pooler}`)"
+    try:
+        own = base_pooler(base) if base else None
+    except ValueError:  # the base pools in a way this project has none for
+        own = None
+    if own is None:
+        return text
+    if SENTENCE_TRANSFORMERS_POOLING.get(pooler) == SENTENCE_TRANSFORMERS_POOLING[own[0]]:
+        return f"{text}, as its base pools (the base's Pooling module)"
+    return f"{text}; its base pools otherwise (`{own[0]}`, its Pooling module), and this run chose `{pooler}`"
+
+
+def lora_description(lora: dict[str, Any] | None, trained_parameters: tuple[int, int] | None) -> str | None:
+    """What a LoRA run trained (the config's ``lora``: rank, alpha, dropout, target modules; the trained share) and
+    that the published weights hold the adapters merged; None for a run without LoRA."""
+    if not lora:
+        return None
+    targets = lora["target_modules"]
+    targets = ", ".join(f"`{name}`" for name in targets) if isinstance(targets, list) else f"`{targets}`"
+    text = f"adapters of rank {lora['r']} (alpha {lora['alpha']:g}, dropout {lora['dropout']:g}) in {targets}"
+    if trained_parameters:
+        trained, total = trained_parameters
+        text += f", {trained:,} of {total:,} parameters trained ({100 * trained / max(total, 1):.2f}%)"
+    return (
+        f"{text}; the encoder's own weights stayed frozen. The published weights hold the adapters merged "
+        "(W + B·A·alpha/r): the model loads without peft, as any other."
+    )
+
+
 def settings_table(config: IFCLConfig, objective_class) -> str:
     """The objective's settings as the model config holds them (IFCL's own fields, a peer's under
     ``objective_settings``), the shared ones, then the model settings the objective reads and the training length,
@@ -283,7 +331,12 @@ def settings_table(config: IFCLConfig, objective_class) -> str:
     for name, field in own.items():
         value = stored.get(name, default_of(field)) if stored is not None else getattr(config, name)
         rows.append((name, value, default_of(field), field.metadata.get("help", "")))
+    from modeling_ifcl import dropout_settings
+
+    own_dropout = any(rate > 0 for rate in dropout_settings(config.encoder_config or {}).values())
     for field in fields(SharedSettings):
+        if field.name == "training_dropout" and own_dropout:
+            continue  # not applied: the encoder trained with its own dropout
         name = "contrastive_temperature" if field.name == "temperature" else field.name
         rows.append((name, getattr(config, name), default_of(field), field.metadata.get("help", "")))
     model_fields = {f.name: f for f in fields(ModelSettings)}
@@ -640,6 +693,8 @@ def model_variables(facts: CardFacts) -> dict[str, Any]:
         "similarities": similarities,
         "examples": EXAMPLES,
         "settings_table": settings_table(config, objective),
+        "pooling": pooling_description(config, facts.base_model_path or facts.base_model),
+        "lora": lora_description(getattr(config, "lora", None), facts.trained_parameters),
         "repo": facts.model_name if "/" in facts.model_name else f"<user>/{facts.model_name}",
         "encoder_model_type": config.encoder_config.get("model_type"),
         "fraternal_tokenizer": config.fraternal_model_name_or_path is not None,

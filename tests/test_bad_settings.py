@@ -4,6 +4,7 @@ loads, with exit code 2, no traceback, and a message ``<script>: error: ...`` th
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -30,6 +31,9 @@ def files(tmp_path_factory, published_dir, tiny_encoder_dir):
         shutil.copytree(source, folder / name)
         for tokenizer_file in ("tokenizer.json", "tokenizer_config.json"):
             (folder / name / tokenizer_file).unlink()
+    (folder / "empty").mkdir()  # a folder that holds no model, and one that holds other files
+    (folder / "not_a_model").mkdir()
+    (folder / "not_a_model" / "notes.txt").write_text("my notes", encoding="utf-8")
     shutil.copytree(published_dir, folder / "cut_tokenizer")
     tokenizer = folder / "cut_tokenizer" / "tokenizer.json"
     tokenizer.write_text(tokenizer.read_text(encoding="utf-8")[:100], encoding="utf-8")
@@ -37,7 +41,7 @@ def files(tmp_path_factory, published_dir, tiny_encoder_dir):
 
 
 # The data's size is checked where the run is prepared (Objective.prepare), once the model is loaded.
-CHECKED_ONCE_THE_MODEL_IS_LOADED = ("fewer than one global batch",)
+CHECKED_ONCE_THE_MODEL_IS_LOADED = ("fewer than one global batch", "--lora_target_modules valeu: no")
 CASES = [
     # (script, extra arguments ({files} is filled in), what the message must name)
     ("run_ifcl.py", ["--temperature", "nan"], "temperature"),
@@ -65,6 +69,16 @@ CASES = [
     ("run_ifcl.py", ["--model_name_or_path", "{files}/no_tokenizer"], "no_tokenizer holds no tokenizer files"),
     ("run_ifcl.py", ["--model_name_or_path", "{files}/plain_no_tokenizer"], "plain_no_tokenizer holds no tokenizer"),
     ("run_ifcl.py", ["--model_name_or_path", "{files}/cut_tokenizer"], "cut_tokenizer/tokenizer.json is not valid"),
+    ("run_ifcl.py", ["--model_name_or_path", "{files}/empty"], "empty: the folder holds no model (no config.json; it"),
+    ("run_ifcl.py", ["--model_name_or_path", "{files}/not_a_model"], "holds no model (no config.json; it holds notes"),
+    ("run_ifcl.py", ["--training_dropout", "0.2"], "--training_dropout 0.2: "),
+    ("run_ifcl.py", ["--lora_dropout", "0.1"], "--lora_dropout given without --lora_r"),
+    ("run_ifcl.py", ["--lora_r", "4", "--lora_alpha", "inf"], "--lora_alpha must be a finite number > 0, got inf"),
+    ("run_ifcl.py", ["--lora_r", "2.5"], "argument --lora_r/--lora-r: invalid int value: '2.5'"),
+    ("run_ifcl.py", ["--lora_r", "4", "--lora_target_modules", "query", "valeu"], "--lora_target_modules valeu: no"),
+    ("run_ifcl.py", ["--objective", "pcl", "--pcl_untied_peer", "--lora_r", "4"], "--pcl_untied_peer with --lora_r"),
+    ("run_ifcl.py", ["--objective", "conisi", "--matryoshka_dims", "16"], "--matryoshka_dims with --objective conisi"),
+    ("run_ifcl.py", ["--cache_mini_batch_size", "8"], "--cache_mini_batch_size 8 must lie between 1 and the"),
     ("evaluate_sts.py", ["--model_name_or_path", "{files}/no_tokenizer"], "no_tokenizer holds no tokenizer files"),
     ("evaluate_sts.py", ["--model_name_or_path", "{files}/plain_no_tokenizer"], "plain_no_tokenizer holds no"),
     (
@@ -72,6 +86,7 @@ CASES = [
         ["--model_name_or_path", "{files}/cut_tokenizer"],
         "cut_tokenizer/tokenizer.json is not valid",
     ),
+    ("evaluate_sts.py", ["--model_name_or_path", "{files}/empty"], "empty: the folder holds no model"),
     ("evaluate_sts.py", ["--batch_size", "0"], "--batch_size"),
     ("evaluate_sts.py", ["--model_name_or_path", "./no/such/model"], "./no/such/model"),
     ("evaluate_sts.py", ["--tasks", "{files}/constant.tsv"], "constant.tsv"),
@@ -303,7 +318,22 @@ API_ARGUMENT_CASES = [
     ("encode", {"sentences": None}, TypeError, "sentences must be a str or a sequence of str, got NoneType"),
     ("encode", {"sentences": ["a", 3]}, TypeError, "sentences[1] is 3 (int)"),
     ("encode", {"sentences": [b"a"]}, TypeError, "sentences[0] is b'a' (bytes)"),
-    ("encode", {"sentences": ["a"], "batch_size": 0}, ValueError, "batch_size must be ≥ 1, got 0"),
+    ("encode", {"sentences": ["a"], "batch_size": 0}, ValueError, "batch_size must be a whole number ≥ 1, got 0"),
+    ("encode", {"sentences": ["a"], "truncate_dim": 64.5}, TypeError, "truncate_dim must be a whole number"),
+    ("encode", {"sentences": ["a"], "truncate_dim": "64"}, TypeError, "truncate_dim must be a whole number"),
+    (
+        "from_encoder",
+        {"matryoshka_dims": "64"},
+        TypeError,
+        "matryoshka_dims must be a list of whole numbers, got '64'",
+    ),
+    ("from_encoder", {"matryoshka_dims": [16, 16]}, ValueError, "matryoshka_dims must be distinct whole numbers"),
+    (
+        "from_encoder",
+        {"matryoshka_dims": [16], "matryoshka_weights": ["1"]},
+        ValueError,
+        "matryoshka_weights must be one number > 0 per size",
+    ),
 ]
 
 
@@ -321,3 +351,34 @@ def test_the_python_api_names_a_bad_argument(tiny_encoder_dir, tiny_model, call,
             tiny_model.encode(**arguments)
     assert named in str(raised.value)
     assert raised.traceback[-1].path.name in ("modeling_ifcl.py", "configuration_ifcl.py")
+
+
+@pytest.mark.parametrize(
+    "arguments, error, named",
+    [
+        ({"r": 2.5}, TypeError, "--lora_r must be a whole number, got 2.5"),
+        ({"r": 4, "alpha": -8}, ValueError, "--lora_alpha must be a finite number > 0, got -8"),
+        ({"r": 4, "alpha": float("inf")}, ValueError, "--lora_alpha must be a finite number > 0, got inf"),
+        ({"r": 4, "target_modules": ["query", "valeu"]}, ValueError, "--lora_target_modules valeu: no layer"),
+        ({"r": 4, "use_dora": True}, ValueError, "add_lora does not take use_dora"),
+    ],
+)
+def test_add_lora_checks_its_settings_in_the_command_lines_words(tiny_encoder_dir, arguments, error, named):
+    """Before any adapter goes in: the model is left as it was."""
+    from ifcl.lora import add_lora
+    from modeling_ifcl import IFCLModel
+
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
+    with pytest.raises(error, match=re.escape(named)):
+        add_lora(model, **arguments)
+    assert model.config.lora is None and not [n for n, _ in model.named_parameters() if "lora_" in n]
+
+
+def test_the_trainer_checks_the_cache_size_type_before_any_work(tiny_model, tmp_path):
+    from trainer_ifcl import IFCLTrainer
+
+    args = cpu_training_args(tmp_path / "run", per_device_train_batch_size=4)
+    with pytest.raises(
+        TypeError, match=re.escape("--cache_mini_batch_size must be a whole number of sentences, got 2.5")
+    ):
+        IFCLTrainer(model=tiny_model, args=args, cache_mini_batch_size=2.5)

@@ -78,7 +78,7 @@ def test_each_decoder_reads_bos_tokens_eos_trains_with_last_and_reloads_alike(
 
     folder = str(tmp_path / "run")
     assert AutoTokenizer.from_pretrained(folder)(SENTENCE)["input_ids"] == expected
-    assert not {"adapter_config.json", "adapter_model.safetensors"} & set(os.listdir(folder))
+    assert not {"adapter", "adapter_config.json", "adapter_model.safetensors"} & set(os.listdir(folder))
     assert not [name for name in saved_weight_names(tmp_path / "run") if "lora_" in name or "base_layer" in name]
     remote = AutoModel.from_pretrained(folder, trust_remote_code=True)
     assert remote.tokenizer(SENTENCE)["input_ids"] == expected
@@ -179,3 +179,22 @@ def test_ifcl_loss_gives_left_and_right_padded_batches_the_same_losses(tmp_path)
         assert side == "right" or not bool(features[0]["attention_mask"][:, 0].all())  # really padded on the left
         losses[side] = {name: term.item() for name, term in loss(features).items()}
     assert losses["left"] == pytest.approx(losses["right"], abs=1e-5)
+
+
+def test_a_bert_template_takes_the_eos_once_at_the_end_even_truncated(tiny_encoder_dir):
+    """A BERT-style template with an end-of-sequence token of its own: the EOS joins the template once, after
+    [SEP], also when a sentence is truncated (a second template chained after it made the Rust library panic)."""
+    from transformers import AutoTokenizer
+
+    from modeling_ifcl import fit_tokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_encoder_dir)
+    tokenizer.eos_token = "[MASK]"  # a token of the vocabulary, standing in for an EOS of its own
+    before = tokenizer(SENTENCE)["input_ids"]
+    assert fit_tokenizer(tokenizer, end_with_eos=True) == [
+        "its tokenizer ends each sentence with [MASK], which the last pooler reads"
+    ]
+    assert tokenizer(SENTENCE)["input_ids"] == [*before, tokenizer.eos_token_id]
+    truncated = tokenizer(SENTENCE, truncation=True, max_length=6)["input_ids"]
+    assert truncated == [*before[:4], tokenizer.sep_token_id, tokenizer.eos_token_id]
+    assert fit_tokenizer(tokenizer, end_with_eos=True) == []  # once: it already ends with it

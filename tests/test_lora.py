@@ -66,9 +66,14 @@ def test_merged_weights_embed_like_the_adapters_and_leave_them_unchanged(tmp_pat
     assert all(torch.equal(value, state[name]) for name, value in model.state_dict().items())
 
 
-def lora_trainer(decoder: Path, output: str, lora: bool = True, **settings) -> IFCLTrainer:
+def lora_trainer(
+    decoder: Path, output: str, lora: bool = True, objective: str = "ifcl", pcl_untied_peer: bool = False, **settings
+) -> IFCLTrainer:
     torch.manual_seed(0)
-    model = IFCLModel.from_encoder(str(decoder), queue_size=2, **LAST)
+    peer = {"objective_settings": {"pcl_untied_peer": True}} if pcl_untied_peer else {}
+    if objective == "micse":
+        peer = {"objective_settings": {"micse_attention_layers": "top2"}}  # the tiny decoder has 2 layers
+    model = IFCLModel.from_encoder(str(decoder), queue_size=2, objective=objective, **peer, **LAST)
     if lora:
         add_lora(model, r=4)
     defaults = {"per_device_train_batch_size": 4, "max_steps": 4, "learning_rate": 1e-2, "logging_steps": 1}
@@ -82,9 +87,10 @@ def test_a_lora_run_resumes_exactly_from_a_checkpoint_that_holds_its_adapters(tm
     whole = lora_trainer(decoder, str(tmp_path / "a"), **saving)
     whole.train()
     checkpoint = tmp_path / "a" / "checkpoint-2"
-    with open(checkpoint / "adapter_config.json") as handle:
+    assert not (checkpoint / "adapter_config.json").exists()  # else transformers would load it as an adapter
+    with open(checkpoint / "adapter" / "adapter_config.json") as handle:
         assert json.load(handle)["r"] == 4
-    with safe_open(str(checkpoint / "adapter_model.safetensors"), "pt") as adapters:
+    with safe_open(str(checkpoint / "adapter" / "adapter_model.safetensors"), "pt") as adapters:
         names = list(adapters.keys())
     assert names and all(".lora_A." in name or ".lora_B." in name for name in names)
     resumed = lora_trainer(decoder, str(tmp_path / "b"), **saving)
@@ -181,8 +187,9 @@ def test_run_ifcl_trains_a_decoder_with_lora_checkpointing_and_bf16(tmp_path):
     assert 0 < float(share) < 10 and int(trained.replace(",", "")) < int(total.replace(",", ""))
     assert "LoRA r=8, alpha=16" in log
     checkpoint = next(output.glob("checkpoint-*"))
-    assert (checkpoint / "adapter_config.json").is_file() and (checkpoint / "adapter_model.safetensors").is_file()
-    assert not list(output.glob("adapter_*"))
+    adapter = checkpoint / "adapter"
+    assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
+    assert not list(output.glob("adapter*"))
 
     script = tmp_path / "load.py"
     script.write_text(LOADS_WITHOUT_PEFT)
@@ -203,13 +210,94 @@ def test_run_ifcl_trains_a_decoder_with_lora_checkpointing_and_bf16(tmp_path):
     expected = trained_model.encode(["A man plays a guitar.", "Ein Hund rennt."])
     torch.testing.assert_close(embeddings["remote"], expected, atol=1e-5, rtol=0)
 
-    # A resume is checked against the checkpoint's adapters before any model loads.
+    # A resume is checked against the adapters the checkpoint's config records before any model loads.
+    with open(checkpoint / "config.json") as handle:
+        saved = json.load(handle)["ifcl"]["lora"]
+    assert saved == {
+        "r": 8,
+        "alpha": 16,
+        "dropout": 0.05,
+        "target_modules": ["q_proj", "v_proj"],
+        "use_rslora": False,
+        "fan_in_fan_out": False,
+    }
     lora = {"r": 8, "alpha": None, "dropout": 0.05, "target_modules": None}
-    check_resume_lora(str(checkpoint), lora)
+    check_resume_lora(str(checkpoint), saved, lora)
     with pytest.raises(CheckpointError, match="--lora_r: 8 in the checkpoint, 4 now"):
-        check_resume_lora(str(checkpoint), {**lora, "r": 4})
+        check_resume_lora(str(checkpoint), saved, {**lora, "r": 4})
     with pytest.raises(CheckpointError, match=r"trained with LoRA \(--lora_r 8\), unlike this command"):
-        check_resume_lora(str(checkpoint), None)
+        check_resume_lora(str(checkpoint), saved, None)
+
+    # The card says what trained and that the weights are merged.
+    card = (output / "README.md").read_text(encoding="utf-8")
+    assert "**LoRA:** adapters of rank 8 (alpha 16, dropout 0.05) in `q_proj`, `v_proj`" in card
+    assert f"{trained} of {total} parameters trained ({share}%)" in card and "adapters merged" in card
+
+    # A checkpoint is the model of its step, merged, and training goes on from it: plain, or with new adapters.
+    import run_ifcl
+
+    continued = [*flags[: flags.index("--lora_r")], "--use_cpu", "--do_train", "--max_steps", "2"]
+    for extra in ([], ["--lora_r", "4"]):
+        out = tmp_path / f"continued{len(extra)}"
+        trainer, _ = run_ifcl.main(
+            [*continued, "--model_name_or_path", str(checkpoint), "--output_dir", str(out), *extra]
+        )
+        lora = IFCLModel.from_pretrained(str(out)).config.lora
+        assert (lora or {}).get("r") == (4 if extra else None)
+
+
+@pytest.mark.parametrize("objective", ["ifcl", "simcse"])
+def test_a_lora_checkpoint_loads_as_the_model_of_its_step(objective, tmp_path):
+    """``from_pretrained`` of a LoRA run's checkpoint, the package's class and the remote code alike, gives the
+    model of that step with its adapters merged (no peft needed), equal to what publishing that step gives; without
+    the merge it would load the base layers' untrained weights."""
+    from transformers import AutoModel
+
+    decoder = build_tiny_decoder("qwen3", tmp_path / "qwen3")
+    trainer = lora_trainer(decoder, str(tmp_path / "run"), save_strategy="steps", save_steps=2, objective=objective)
+    trainer.train()
+    trainer.save_model(str(tmp_path / "published"))  # the model of step 4, merged
+    published = IFCLModel.from_pretrained(str(tmp_path / "published")).encode(ENGLISH)
+    checkpoint = str(tmp_path / "run" / "checkpoint-4")
+    for loaded in (
+        IFCLModel.from_pretrained(checkpoint),
+        AutoModel.from_pretrained(checkpoint, trust_remote_code=True),
+    ):
+        assert not [name for name, _ in loaded.named_parameters() if "lora_" in name]
+        torch.testing.assert_close(loaded.encode(ENGLISH), published, atol=1e-5, rtol=0)
+    base_layers_only = IFCLModel.from_encoder(str(decoder), **LAST).encode(ENGLISH)
+    assert (base_layers_only - published).abs().max() > 1e-3  # the adapters changed the model
+
+
+def test_lora_trains_the_adapters_alone_whatever_the_objective(tmp_path):
+    """The peers train both word tables without LoRA; with it, the adapters alone train, as with IFCL."""
+    decoder = build_tiny_decoder("llama", tmp_path / "llama")
+    for objective in ("simcse", "micse", "pcl"):
+        model = lora_trainer(decoder, str(tmp_path / objective), objective=objective).model
+        trained = [name for name, p in model.named_parameters() if p.requires_grad]
+        assert trained and all(".lora_A." in name or ".lora_B." in name for name in trained), (objective, trained)
+
+
+def test_pcls_untied_peer_is_refused_with_lora_in_one_line(tmp_path):
+    decoder = build_tiny_decoder("qwen2", tmp_path / "qwen2")
+    with pytest.raises(ValueError, match="--pcl_untied_peer with --lora_r: the untied peer"):
+        lora_trainer(decoder, str(tmp_path / "run"), objective="pcl", pcl_untied_peer=True)
+
+
+def test_after_bf16_training_the_process_embeds_as_its_published_folder(tmp_path):
+    """accelerate wraps the model's forward in bf16 autocast for training; ``encode`` runs outside it, so the
+    training process embeds as the saved folder does (it differed by about 1e-2 under autocast)."""
+    from transformers import AutoModel
+
+    decoder = build_tiny_decoder("llama", tmp_path / "llama")
+    trainer = lora_trainer(decoder, str(tmp_path / "run"), lora=False, max_steps=2, bf16=True)
+    trainer.train()
+    model = trainer.model
+    assert "_original_forward" in vars(model)  # accelerate's mixed-precision wrapper is on
+    in_process = model.encode(ENGLISH)
+    trainer.save_model()
+    loaded = AutoModel.from_pretrained(str(tmp_path / "run"), trust_remote_code=True)
+    torch.testing.assert_close(in_process, loaded.encode(ENGLISH), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize(
@@ -217,7 +305,7 @@ def test_run_ifcl_trains_a_decoder_with_lora_checkpointing_and_bf16(tmp_path):
     [
         (["--lora_alpha", "8"], "--lora_alpha given without --lora_r"),
         (["--lora_r", "-1"], "--lora_r must be ≥ 0"),
-        (["--lora_r", "4", "--lora_dropout", "1"], "--lora_dropout must be in [0, 1)"),
+        (["--lora_r", "4", "--lora_dropout", "1"], "--lora_dropout must be a number in [0, 1)"),
     ],
 )
 def test_bad_lora_flags_are_one_line_before_any_model_loads(flags, message):
@@ -231,5 +319,5 @@ def test_lora_without_peft_says_how_to_install_it(monkeypatch):
     import run_ifcl
 
     monkeypatch.setitem(sys.modules, "peft", None)
-    with pytest.raises(ImportError, match=re.escape("pip install 'ifcl[peft]'")):
+    with pytest.raises(ValueError, match=re.escape("pip install 'ifcl[peft]'")):
         run_ifcl.parse_arguments(["--output_dir", "unused", "--lora_r", "4"])

@@ -89,3 +89,32 @@ def test_a_run_with_sizes_scores_each_and_its_folder_loads_cut(tiny_encoder_dir,
         atol=1e-5,
         rtol=0,
     )
+
+
+def test_truncate_dim_at_load_time_embeds_at_that_size_as_sentence_transformers_does(published_dir):
+    """``from_pretrained(folder, truncate_dim=16)``, the package's class and the remote code alike, as
+    ``SentenceTransformer(folder, truncate_dim=16)``: ``encode`` keeps the first 16 dimensions of the full embedding,
+    normalised after the cut when asked; a size given to ``encode`` wins; bad sizes are one line."""
+    from transformers import AutoModel
+
+    from modeling_ifcl import IFCLModel
+
+    full = IFCLModel.from_pretrained(str(published_dir)).encode(ENGLISH)
+    for model in (
+        IFCLModel.from_pretrained(str(published_dir), truncate_dim=16),
+        AutoModel.from_pretrained(str(published_dir), trust_remote_code=True, truncate_dim=16),
+    ):
+        torch.testing.assert_close(model.encode(ENGLISH), full[:, :16], atol=1e-6, rtol=0)
+        unit = model.encode(ENGLISH, normalize_embeddings=True)
+        torch.testing.assert_close(unit, torch.nn.functional.normalize(full[:, :16], dim=1), atol=1e-6, rtol=0)
+        assert model.encode(ENGLISH, truncate_dim=8).shape == (len(ENGLISH), 8)
+    for bad, error, words in [
+        (64.5, TypeError, "truncate_dim must be a whole number of dimensions, got 64.5"),
+        ("64", TypeError, "truncate_dim must be a whole number of dimensions, got '64'"),
+        (True, TypeError, "truncate_dim must be a whole number of dimensions, got True"),
+        (4096, ValueError, r"truncate_dim must lie in \[1, 32\], the embeddings' size; got 4096"),
+    ]:
+        with pytest.raises(error, match=words):
+            IFCLModel.from_pretrained(str(published_dir), truncate_dim=bad)
+        with pytest.raises(error, match=words):
+            model.encode(ENGLISH, truncate_dim=bad)

@@ -214,12 +214,9 @@ def test_resume_with_other_settings_names_each_of_them_before_any_model_loads(ru
     checkpoint = folder / "checkpoint-2"
     monkeypatch.setattr(run_ifcl, "load_training_text", lambda *a: pytest.fail("data read before the check"))
     changed = [
-        "--temperature",
-        "0.1",
-        "--per_device_train_batch_size",
-        "2",
-        "--resume_from_checkpoint",
-        str(checkpoint),
+        *("--temperature", "0.1", "--per_device_train_batch_size", "2", "--matryoshka_dims", "16", "8"),
+        *("--pooler_type", "cls", "--max_seq_length", "24", "--training_dropout", "0.2"),
+        *("--resume_from_checkpoint", str(checkpoint)),
     ]
     with pytest.raises(CheckpointError) as error:
         run_ifcl.main([*args, *changed])
@@ -227,6 +224,10 @@ def test_resume_with_other_settings_names_each_of_them_before_any_model_loads(ru
     assert str(checkpoint) in message
     assert "--temperature: 0.05 in the checkpoint, 0.1 now" in message
     assert "global batch" in message and "4 in the checkpoint, 2 now" in message
+    assert "--matryoshka_dims: [] in the checkpoint, [16, 8] now" in message
+    assert "--pooler_type: 'avg' in the checkpoint, 'cls' now" in message
+    assert "--max_seq_length: 32 in the checkpoint, 24 now" in message
+    assert "--training_dropout: 0.1 in the checkpoint, 0.2 now" in message
     assert "--fusion_rate" not in message  # only what differs is named
     with pytest.raises(CheckpointError, match="--objective: 'simcse' in the checkpoint, 'ifcl' now"):
         run_ifcl.main([*[a for a in args if a not in ("simcse", "--objective")], "--resume_from_checkpoint", "last"])

@@ -320,3 +320,79 @@ def test_with_trust_remote_code_sentence_transformers_runs_the_ifcl_model_alike(
         assert (
             torch.nn.functional.normalize(ours, dim=1) - torch.nn.functional.normalize(theirs, dim=1)
         ).abs().max() <= 1e-5
+
+
+def sentence_transformer_base(encoder: Path, pooling_mode: str, folder: Path) -> Path:
+    """``encoder`` saved by sentence-transformers with a Pooling module of ``pooling_mode`` and Normalize, as BGE
+    (CLS) or Qwen3-Embedding (last token) ship."""
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    transformer = Transformer(str(encoder), max_seq_length=16)
+    pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode)
+    model = sentence_transformers.SentenceTransformer(modules=[transformer, pooling, Normalize()], device="cpu")
+    model.save(str(folder))
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pooling_mode, pooler", [("cls", "cls_before_pooler"), ("lasttoken", "last")])
+def test_a_base_trained_without_pooler_flags_publishes_a_model_that_pools_as_it_did(
+    pooling_mode, pooler, tiny_encoder_dir, pairs_data, tmp_path, caplog
+):
+    """BGE pools with CLS, Qwen3-Embedding with the last token: run_ifcl.py with no pooler flag takes the base's
+    Pooling module for both poolers and says so, and the published folder pools as the base did (its Pooling
+    module, its card)."""
+    from conftest import build_tiny_decoder, objective_run_args
+
+    import run_ifcl
+
+    encoder = tiny_encoder_dir if pooling_mode == "cls" else build_tiny_decoder("qwen3", tmp_path / "qwen3")
+    base = sentence_transformer_base(encoder, pooling_mode, tmp_path / "base")
+    output = tmp_path / "run"
+    caplog.set_level(logging.INFO)
+    run_ifcl.main(objective_run_args(base, pairs_data, output, "ifcl", "--max_seq_length", "16"))
+    assert f"pooler_type {pooler}, eval_pooler_type {pooler}: as its base pools (its Pooling module, " in caplog.text
+    config = json.loads((output / "config.json").read_text())["ifcl"]
+    assert (config["pooler_type"], config["eval_pooler_type"]) == (pooler, pooler)
+    assert json.loads((output / "1_Pooling" / "config.json").read_text())["pooling_mode"] == pooling_mode
+    assert "as its base pools (the base's Pooling module)" in (output / "README.md").read_text()
+    published = sentence_transformers.SentenceTransformer(str(output), device="cpu")
+    trained = IFCLModel.from_pretrained(str(output)).encode(ENGLISH, normalize_embeddings=True)
+    torch.testing.assert_close(published.encode(ENGLISH, convert_to_tensor=True), trained, atol=1e-5, rtol=0)
+
+
+def test_the_base_pooling_is_the_default_and_a_pooler_set_otherwise_is_warned_about(
+    tiny_encoder_dir, tmp_path, caplog
+):
+    from modeling_ifcl import choose_poolers
+
+    base = sentence_transformer_base(tiny_encoder_dir, "cls", tmp_path / "cls")
+    model = IFCLModel.from_encoder(str(base), queue_size=0)
+    assert (model.config.pooler_type, model.config.eval_pooler_type) == ("cls_before_pooler", "cls_before_pooler")
+    poolers, notes = choose_poolers(str(base), {"pooler_type": "cls"})  # SimCSE's MLP over [CLS]: CLS all the same
+    assert poolers == {"pooler_type": "cls", "eval_pooler_type": "cls_before_pooler"}
+    assert [level for level, _ in notes] == [logging.INFO]
+    with caplog.at_level(logging.WARNING):
+        model = IFCLModel.from_encoder(str(base), queue_size=0, eval_pooler_type="avg")
+    assert model.config.eval_pooler_type == "avg"
+    assert f"eval_pooler_type avg is set, but {base} pools with cls_before_pooler (its Pooling module" in caplog.text
+    assert choose_poolers(str(tiny_encoder_dir), {})[0] == {"pooler_type": "avg", "eval_pooler_type": "avg"}
+
+
+def test_a_base_pooling_mode_without_a_pooler_here_is_refused_unless_both_are_set(tiny_encoder_dir, tmp_path):
+    from modeling_ifcl import choose_poolers
+
+    base = sentence_transformer_base(tiny_encoder_dir, "max", tmp_path / "max")
+    with pytest.raises(ValueError, match=r"its Pooling module \(1_Pooling/config.json\) pools with max, which"):
+        IFCLModel.from_encoder(str(base), queue_size=0, pooler_type="avg")
+    both = {"pooler_type": "avg", "eval_pooler_type": "avg"}
+    assert choose_poolers(str(base), both)[0] == both
+    # sentence-transformers before 6 wrote one flag per mode
+    (base / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 32, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False})
+    )
+    assert choose_poolers(str(base), {})[0] == {
+        "pooler_type": "cls_before_pooler",
+        "eval_pooler_type": "cls_before_pooler",
+    }

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from configuration_ifcl import IFCLSettings
+from configuration_ifcl import IFCLSettings, SharedSettings
 from ifcl import queue as ring
 from ifcl.data import check_text_dataset, check_training_data_size, is_text_dataset
 from ifcl.publishing import adopt_base
@@ -173,9 +173,9 @@ class Objective(nn.Module):
 
     def __init__(self, model: nn.Module, settings: Any = None) -> None:
         super().__init__()
-        self.check_config(model.config)
         if settings is None and self.settings_class is not None:
             settings = self.settings_class()
+        self.check_config(model.config, settings)
         self.settings = settings
         # Rows this process's micro-batches queued since the last optimizer step (see :meth:`queue_rows`).
         self.pending_rows: list[torch.Tensor] = []
@@ -219,17 +219,20 @@ class Objective(nn.Module):
         return max_seq_length, "--max_seq_length"
 
     @classmethod
-    def run_settings(cls, settings: Any) -> dict[str, Any]:
+    def run_settings(cls, settings: Any, lora: bool = False) -> dict[str, Any]:
         """The model-config settings this objective trains with given its ``settings``, whatever the model was built
-        with: the encoder alone (:data:`WITHOUT_IFCL`), and this objective's name and settings. ``run_ifcl.py`` plans
-        the run's config with them before any model loads; :meth:`prepare` gives them to the model."""
-        return {**WITHOUT_IFCL, "objective": cls.name, "objective_settings": settings_as_dict(settings)}
+        with: the encoder alone (:data:`WITHOUT_IFCL`: no fraternal table, no queue, both word tables trained, as
+        the peers' papers train), and this objective's name and settings; with ``lora`` (the encoder trains LoRA
+        adapters) the word tables stay frozen, so that the adapters alone train. ``run_ifcl.py`` plans the run's
+        config with them before any model loads; :meth:`prepare` gives them to the model."""
+        frozen = {"freeze_word_embeddings": True, "freeze_fraternal_embeddings": True} if lora else {}
+        return {**WITHOUT_IFCL, **frozen, "objective": cls.name, "objective_settings": settings_as_dict(settings)}
 
     @classmethod
-    def check_config(cls, config) -> None:
-        """``ValueError`` in one line for a model config this objective cannot train (``matryoshka_dims`` where
-        :attr:`without_matryoshka` says why not): ``run_ifcl.py`` asks before any model loads, the objective when it
-        is built."""
+    def check_config(cls, config, settings: Any = None) -> None:
+        """``ValueError`` in one line for a model config this objective cannot train with its ``settings`` (default
+        those the config stores), e.g. ``matryoshka_dims`` where :attr:`without_matryoshka` says why not:
+        ``run_ifcl.py`` asks before any model loads, the objective when it is built."""
         if cls.without_matryoshka and getattr(config, "matryoshka_dims", None):
             raise ValueError(f"--matryoshka_dims with --objective {cls.name}: {cls.without_matryoshka}")
 
@@ -251,8 +254,13 @@ class Objective(nn.Module):
         dropout = fit_dropout(model.encoder, model.config.training_dropout)
         if dropout:
             logger.warning(f"{dropout} (--training_dropout).")
+        elif model.config.training_dropout != SharedSettings.training_dropout:
+            logger.warning(
+                f"training_dropout {model.config.training_dropout:g} is not applied: {type(model.encoder).__name__} "
+                "has dropout of its own, which it trains with (training_dropout is for encoders without any)."
+            )
         queue_batch_size = {"queue_batch_size": global_batch} if model.config.queue_batch_size != global_batch else {}
-        fit_model(model, **self.run_settings(self.settings), **queue_batch_size)
+        fit_model(model, **self.run_settings(self.settings, bool(model.config.lora)), **queue_batch_size)
         if model.queue is not None and queue_batch_size:
             logger.info(f"Hippocampus queue: {model.config.queue_size} slots of the global batch N = {global_batch}.")
         if is_text_dataset(train_dataset):

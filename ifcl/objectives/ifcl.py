@@ -89,8 +89,9 @@ class IFCLObjective(Objective):
         return pad_features(features, {"": tokenizer.pad_token_id or 0, "fraternal_": self.fraternal_pad_token_id})
 
     @classmethod
-    def run_settings(cls, settings: IFCLSettings) -> dict[str, Any]:
-        """IFCL trains with its own settings, the model config's own fields (none under ``objective_settings``)."""
+    def run_settings(cls, settings: IFCLSettings, lora: bool = False) -> dict[str, Any]:
+        """IFCL trains with its own settings, the model config's own fields (none under ``objective_settings``),
+        its word tables frozen or trained as they say, with LoRA too."""
         return {**asdict(settings), "objective": cls.name, "objective_settings": {}}
 
     def embed(self, model: nn.Module, inputs: dict[str, torch.Tensor], replay: bool = False) -> Embeddings:

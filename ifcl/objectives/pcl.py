@@ -384,6 +384,17 @@ class PCLObjective(Objective):
     loss_terms = ("loss_kl_peer_peer", "loss_kl_peer_main", "loss_contrastive_main", "loss_contrastive_peer")
     settings_class = PCLSettings
 
+    @classmethod
+    def check_config(cls, config, settings: PCLSettings | None = None) -> None:
+        """As every objective's, and the untied peer refused with LoRA: it is a second whole encoder, trained in full,
+        which LoRA's frozen encoder would not be."""
+        super().check_config(config, settings)
+        if getattr(config, "lora", None) and (settings or cls.stored_settings(config)).pcl_untied_peer:
+            raise ValueError(
+                "--pcl_untied_peer with --lora_r: the untied peer θ′ is a second whole encoder, trained in full, "
+                "while LoRA trains adapters on a frozen one; use the tied peer (the default) with LoRA."
+            )
+
     def __init__(self, model: nn.Module, settings: PCLSettings | None = None) -> None:
         super().__init__(model, settings)
         unwrapped = unwrap_model(model)
