@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import transformers
-from conftest import ENGLISH, GERMAN, build_tiny_bert
+from conftest import ENGLISH, GERMAN, build_tiny_bert, cpu_training_args
 from huggingface_hub import ModelCard
 from transformers import BertConfig, TrainingArguments
 
@@ -613,3 +613,21 @@ def test_training_curves_leave_out_a_panel_with_nothing_to_draw(tmp_path, histor
 def test_training_curves_with_nothing_to_draw_write_no_file(tmp_path):
     assert plot_training_curves([{"step": 2, "learning_rate": 1e-5}], str(tmp_path / "c.png"), ()) == []
     assert not (tmp_path / "c.png").exists()
+
+
+def test_training_dropout_not_applied_is_said_in_the_log_and_left_off_the_card(tiny_encoder_dir, tmp_path, caplog):
+    """The tiny BERT has dropout of its own, which it trains with: a training_dropout given in Python is logged as
+    not applied, and the card's settings table leaves it out (the command line refuses it)."""
+    from datasets import Dataset
+
+    from ifcl.model_card import settings_table
+    from ifcl.objectives import objective_class
+    from modeling_ifcl import IFCLModel
+    from trainer_ifcl import IFCLTrainer
+
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), training_dropout=0.3)
+    data = Dataset.from_dict({"sentence": ENGLISH[:8], "fraternal": GERMAN[:8]})
+    IFCLTrainer(model=model, args=cpu_training_args(tmp_path / "run"), train_dataset=data)
+    assert "training_dropout 0.3 is not applied: BertModel has dropout of its own" in caplog.text
+    table = settings_table(model.config, objective_class("ifcl"))
+    assert "`training_dropout`" not in table and "`contrastive_temperature`" in table

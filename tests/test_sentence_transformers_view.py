@@ -396,3 +396,16 @@ def test_a_base_pooling_mode_without_a_pooler_here_is_refused_unless_both_are_se
         "pooler_type": "cls_before_pooler",
         "eval_pooler_type": "cls_before_pooler",
     }
+
+
+def test_the_published_tokenizer_truncates_at_the_models_limit_whatever_the_last_call_asked(
+    tiny_encoder_dir, tmp_path
+):
+    """Training tokenizes at --max_seq_length and the fast tokenizer keeps the last call's truncation: a folder saved
+    after it would truncate at the training length; saving writes the model's own limit, with no padding."""
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
+    model.tokenizer(ENGLISH, truncation=True, max_length=5, padding="max_length")
+    save_published(model, tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "tokenizer.json").read_text())
+    assert saved["truncation"]["max_length"] == max_input_length(model.tokenizer, model.encoder.config) == 128
+    assert saved["padding"] is None
