@@ -1,6 +1,7 @@
 """On a GPU (marker ``gpu``, skipped without CUDA; ``benchmarks/gpu_check.sh`` runs them): the stacked and two-call
 views, bf16 against float32 on a BERT-base-sized model, the five objectives in bf16, a saved model on CUDA and on the
-CPU, the gradient cache, a LoRA decoder, and CTranslate2 on CUDA.
+CPU, the gradient cache, LoRA decoders (one with a BOS template, resumed and published merged), and CTranslate2 on
+CUDA.
 
 ``IFCL_TEST_DEVICE=cpu python -m pytest -m gpu tests/test_gpu.py`` runs the same checks on the CPU, to check the tests
 themselves where there is no GPU; what they measure is then the CPU's.
@@ -196,6 +197,41 @@ def test_a_lora_decoder_trains_saves_and_reloads(tmp_path):
     save_published(model, str(tmp_path / "published"))
     reloaded = AutoModel.from_pretrained(str(tmp_path / "published"), trust_remote_code=True)
     torch.testing.assert_close(reloaded.encode(ENGLISH, device=DEVICE), expected, rtol=0, atol=1e-4)
+
+
+def test_a_bos_template_lora_decoder_trains_in_bf16_resumes_and_publishes_merged(tmp_path):
+    """A tiny Llama 3 (its tokenizer a ByteLevel step then a BOS template, no pad token) with LoRA trains 4 steps in
+    bf16 on :data:`DEVICE`; a second run resumed from its checkpoint-2 logs the same losses at steps 3 and 4 (1e-4);
+    its checkpoint-4 loads merged, as the published folder holds it (1e-4), and both read ``<bos> tokens <eos>``."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from ifcl.lora import add_lora
+
+    decoder = build_tiny_decoder("llama", tmp_path / "llama")
+    sentence = ENGLISH[0]
+    base = AutoTokenizer.from_pretrained(decoder)
+    expected = [*base(sentence)["input_ids"], base.eos_token_id]
+
+    def trainer(output: str) -> IFCLTrainer:
+        torch.manual_seed(0)
+        model = IFCLModel.from_encoder(str(decoder), queue_size=2, **LAST)
+        add_lora(model, r=4)
+        settings = {"per_device_train_batch_size": 4, "max_steps": 4, "logging_steps": 1, "learning_rate": 1e-3}
+        return trainer_on_device(model, tmp_path / output, bf16=True, save_strategy="steps", save_steps=2, **settings)
+
+    whole = trainer("whole")
+    whole.train()
+    resumed = trainer("resumed")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))
+    for step in (3, 4):
+        assert losses_by_step(resumed)[step] == pytest.approx(losses_by_step(whole)[step], abs=1e-4), step
+    whole.save_model()
+    published = AutoModel.from_pretrained(str(tmp_path / "whole"), trust_remote_code=True)
+    checkpoint = AutoModel.from_pretrained(str(tmp_path / "whole" / "checkpoint-4"), trust_remote_code=True)
+    assert published.tokenizer(sentence)["input_ids"] == checkpoint.tokenizer(sentence)["input_ids"] == expected
+    in_process = whole.model.encode(ENGLISH, device=DEVICE)
+    for loaded in (published, checkpoint):
+        torch.testing.assert_close(loaded.encode(ENGLISH, device=DEVICE), in_process, rtol=0, atol=1e-4)
 
 
 def test_ctranslate2_on_cuda_writes_what_transformers_writes(tiny_marian_dir, sentences_file, tmp_path):
