@@ -328,6 +328,8 @@ def test_a_resumed_run_reports_the_loss_and_times_of_the_whole_run(runs, tmp_pat
         assert written["train_cpu_seconds_per_step"] == pytest.approx(spent / 4), name
         assert set(whole_run) <= set(written), name
     assert whole_run["train_sessions"] == 1
+    card = (folder / "README.md").read_text()  # the card's training time is the whole run's too
+    assert f"- **Total**: {written['train_runtime']:.1f} seconds" in card
 
 
 def test_last_skips_a_broken_newer_checkpoint_and_names_it(runs, tmp_path, caplog):
@@ -431,6 +433,7 @@ def test_a_run_stopped_while_publishing_finishes_with_the_whole_runs_train_figur
         assert written["train_cpu_seconds"] == last["cpu_seconds"] > 0, name
         assert written["train_steps"] == 4 and written["train_sessions"] == 1, name
         assert written["train_samples"] == whole_run["train_samples"], name
+    assert "### Training Time" in (folder / "README.md").read_text()
 
 
 # ---------------------------------------------------------------- failures once the run has begun
