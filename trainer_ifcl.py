@@ -523,24 +523,23 @@ class IFCLTrainer(Trainer):
         return {**totals.train_metrics(global_batch_size(self.args), self.state.total_flos), "epoch": self.state.epoch}
 
     def train_measured(self, resume_from_checkpoint: str | None = None) -> dict[str, float]:
-        """``train``, and the train metrics of the whole run, a resumed run's earlier sessions included (up to the
-        checkpoint it resumed from; :class:`RunTotals`): the Trainer's, with the steps, the sessions and the CPU time
-        per step, the process's CPU time (all its threads), which other processes sharing the cores do not lengthen,
-        less the STS evaluations' own."""
+        """``train``, and the train metrics of the whole run (:class:`RunTotals`; a resumed run's earlier sessions
+        count up to the checkpoint it resumed from): the Trainer's, for every step and summed over the sessions, with
+        the steps, the sessions and the CPU time per step: the main process's CPU time (all its threads), which other
+        processes sharing the cores do not lengthen, less the STS evaluations' own."""
         output = self.train(resume_from_checkpoint=resume_from_checkpoint)
         counter = self.run_totals
         loss_sum, seconds = output.training_loss * counter.session_steps, output.metrics["train_runtime"]
         totals = counter.whole_run(loss_sum, seconds)
+        samples_per_step = global_batch_size(self.args)
         if totals is not None:
-            return {**output.metrics, **totals.train_metrics(global_batch_size(self.args), self.state.total_flos)}
+            return {**output.metrics, **totals.train_metrics(samples_per_step, self.state.total_flos)}
         logger.warning(
             f"The checkpoint resumed from ({resume_from_checkpoint}) keeps no totals of the training before it (an "
-            f"earlier version saved it): the train figures but train_steps count this session's "
-            f"{counter.session_steps} steps only."
+            f"earlier version saved it): the train loss and times count this session's {counter.session_steps} "
+            "steps only."
         )
-        metrics = counter.this_session(loss_sum, seconds).train_metrics(
-            global_batch_size(self.args), output.metrics["total_flos"]
-        )
+        metrics = counter.this_session(loss_sum, seconds).train_metrics(samples_per_step, self.state.total_flos)
         metrics.pop("train_sessions")
         return {**output.metrics, **metrics, "train_steps": self.state.global_step}
 

@@ -303,15 +303,16 @@ def run_totals(checkpoint) -> dict:
     return state["stateful_callbacks"]["RunTotalsCallback"]["args"]
 
 
-def test_a_resumed_run_reports_the_loss_and_times_of_the_whole_run(runs, tmp_path):
+@pytest.mark.parametrize("restore", [[], ["--restore_callback_states_from_checkpoint"]], ids=["", "restored"])
+def test_a_resumed_run_reports_the_loss_and_times_of_the_whole_run(runs, tmp_path, restore):
     """train_results.json and all_results.json of a run resumed in the middle of training describe the whole run: the
     loss over all its steps (the uninterrupted run's), and its times summed over its two sessions, the first counted
-    up to the checkpoint the second resumed from."""
+    up to the checkpoint the second resumed from (also where the Trainer restores callbacks from the checkpoint)."""
     whole_folder, _, whole_metrics = runs["whole"]
     folder, args = copy_of_stopped_run(runs, tmp_path)
     first_session = run_totals(folder / "checkpoint-2")
     assert first_session["steps"] == 2 and first_session["sessions"] == 1 and first_session["seconds"] > 0
-    trainer, _ = run_ifcl.main([*args, "--resume_from_checkpoint", "last"])
+    trainer, _ = run_ifcl.main([*args, "--resume_from_checkpoint", "last", *restore])
     second_session = next(entry for entry in trainer.state.log_history if "train_runtime" in entry)  # the Trainer's
     assert second_session["train_loss"] != pytest.approx(whole_metrics["train_loss"], abs=1e-6)  # steps 3 and 4 only
     whole_run = json.loads((whole_folder / "train_results.json").read_text())
@@ -330,6 +331,24 @@ def test_a_resumed_run_reports_the_loss_and_times_of_the_whole_run(runs, tmp_pat
     assert whole_run["train_sessions"] == 1
     card = (folder / "README.md").read_text()  # the card's training time is the whole run's too
     assert f"- **Total**: {written['train_runtime']:.1f} seconds" in card
+
+
+def test_a_checkpoint_without_totals_is_resumed_and_the_figures_say_they_are_the_sessions(runs, tmp_path, caplog):
+    """A checkpoint saved before checkpoints kept the run's totals: resuming from it works (the Trainer saves the
+    next checkpoint), and a warning says that the loss and times count the resumed session's steps only."""
+    folder, args = copy_of_stopped_run(runs, tmp_path)
+    state_file = folder / "checkpoint-2" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    del state["stateful_callbacks"]["RunTotalsCallback"]
+    state_file.write_text(json.dumps(state))
+    with caplog.at_level("WARNING"):
+        trainer, _ = run_ifcl.main([*args, "--resume_from_checkpoint", "last"])
+    assert any("keeps no totals" in message and "2 steps only" in message for message in caplog.messages)
+    session = next(entry for entry in trainer.state.log_history if "train_runtime" in entry)
+    written = json.loads((folder / "train_results.json").read_text())
+    assert written["train_steps"] == 4 and "train_sessions" not in written
+    assert written["train_loss"] == pytest.approx(session["train_loss"], abs=1e-9)
+    assert written["train_seconds_per_step"] == pytest.approx(session["train_runtime"] / 2, abs=1e-4)
 
 
 def test_last_skips_a_broken_newer_checkpoint_and_names_it(runs, tmp_path, caplog):
