@@ -482,11 +482,21 @@ def evaluate_sts(trainer, sts_sets: dict, task: str, prefix: str = "") -> dict[s
 
 def train_or_finish(trainer, resume, output_dir: str) -> dict[str, float]:
     """Train (from the resume point's checkpoint, when resuming), or, when that checkpoint already ends the planned
-    training, take up its state and final model without a step; returns the train metrics (a finished run's own,
-    from its train_results.json, when it had written them)."""
+    training, take up its state and final model without a step; returns the train metrics of the whole run (every
+    session's: a finished training's own train_results.json when it had written them, else the totals its last
+    checkpoint keeps)."""
     if resume is not None and resume.finished:
-        trainer.finish_from_checkpoint(resume.checkpoint)
-        return read_json(output_dir, "train_results.json") or {"train_steps": trainer.state.global_step}
+        whole_run = trainer.finish_from_checkpoint(resume.checkpoint)
+        written = read_json(output_dir, "train_results.json")
+        if written:
+            return written
+        if whole_run is None:
+            logger.warning(
+                f"{resume.checkpoint} keeps no totals of its training (an earlier version saved it): the train "
+                "results hold its steps only."
+            )
+            return {"train_steps": trainer.state.global_step}
+        return {**whole_run, "train_samples": len(trainer.train_dataset)}
     metrics = trainer.train_measured(resume.checkpoint if resume is not None else None)
     metrics["train_samples"] = len(trainer.train_dataset)
     if torch.cuda.is_available():

@@ -9,12 +9,13 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
 from torch.utils.checkpoint import get_device_states, set_device_states
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback
+from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import get_last_checkpoint, speed_metrics
 
 from ifcl.files import read_json, write_json_atomically
@@ -186,16 +187,128 @@ class NonFiniteLossError(FloatingPointError):
 
 class ObjectiveStepCallback(TrainerCallback):
     """After each optimizer step: pushes the step's rows into the objective's queue (once per step, not per
-    micro-batch) and runs the objective's own step-end work (momentum updates); before a checkpoint is written,
-    makes sure no loss term went NaN or infinite since the last check (the step's log does, when one comes first)."""
+    micro-batch) and runs the objective's own step-end work (momentum updates)."""
 
     def __init__(self, trainer: IFCLTrainer) -> None:
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):
         self.trainer.objective.on_step_end(unwrap_model(self.trainer.model), self.trainer.gather_rows)
-        if control.should_save and not control.should_log:  # else the step's log, before the save, checks
-            self.trainer.check_finite_loss(state.global_step)
+
+
+@dataclass
+class RunTotals:
+    """What a training run has done up to a step, over all its sessions (a resumed run's earlier ones up to the
+    checkpoint it resumed from): each checkpoint's ``trainer_state.json`` keeps them, so that a resumed run reports
+    the whole run."""
+
+    steps: int = 0
+    loss_sum: float = 0.0  # the Trainer's step losses (each the mean over processes), summed
+    seconds: float = 0.0  # wall-clock seconds of training
+    cpu_seconds: float = 0.0  # the main process's CPU seconds (all its threads), its STS evaluations included
+    evaluation_cpu_seconds: float = 0.0  # of which its STS evaluations during training
+    sessions: int = 0
+
+    def __add__(self, other: RunTotals) -> RunTotals:
+        return RunTotals(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    @classmethod
+    def stored(cls, record: Any, global_step: int) -> RunTotals | None:
+        """The totals a checkpoint's ``stateful_callbacks`` record holds, when they are those of its
+        ``global_step``; None when it holds none (a checkpoint of an earlier version) or others."""
+        try:
+            totals = cls(**record["args"])
+        except (TypeError, KeyError):
+            return None
+        return totals if totals.steps == global_step else None
+
+    def train_metrics(self, samples_per_step: int, total_flos: float) -> dict[str, float]:
+        """The train metrics of these steps (train_results.json's), named as the Trainer and
+        :meth:`IFCLTrainer.train_measured` name them; samples are ``samples_per_step`` × steps."""
+        steps, seconds = max(self.steps, 1), max(self.seconds, 1e-9)
+        return {
+            "train_runtime": round(self.seconds, 4),
+            "train_samples_per_second": round(samples_per_step * self.steps / seconds, 3),
+            "train_steps_per_second": round(self.steps / seconds, 3),
+            "total_flos": total_flos,
+            "train_loss": self.loss_sum / steps,
+            "train_steps": self.steps,
+            "train_sessions": self.sessions,
+            "train_seconds_per_step": self.seconds / steps,
+            "train_cpu_seconds": self.cpu_seconds,
+            "train_evaluation_cpu_seconds": self.evaluation_cpu_seconds,
+            "train_cpu_seconds_per_step": (self.cpu_seconds - self.evaluation_cpu_seconds) / steps,
+        }
+
+
+class RunTotalsCallback(TrainerCallback, ExportableState):
+    """Counts the run's :class:`RunTotals` across its sessions: a session starts from those of the checkpoint it
+    resumes from (``trainer_state.json``'s ``stateful_callbacks``), adds its own, and each checkpoint it writes keeps
+    the sum. A step that saves or evaluates logs first, so that the logged losses reach every checkpoint whole (and
+    the loss is checked for NaN there, by :meth:`IFCLTrainer.log`). ``earlier``: the totals before this session."""
+
+    def __init__(self, **earlier: Any) -> None:
+        self.earlier: RunTotals | None = RunTotals(**earlier)  # None: unknown (a checkpoint of an earlier version)
+        self.started: tuple[float, float, int] | None = None  # this session's start: time, CPU time, step
+        self.training = False
+        self.step = 0
+        self.logged_step = 0
+        self.loss_sum = 0.0  # this session's logged step losses, summed
+        self.evaluation_cpu_seconds = 0.0  # this session's STS evaluations while training
+
+    def on_train_begin(self, args, state, control, **kwargs) -> None:
+        name = type(self).__name__
+        stored = state.stateful_callbacks.get(name)
+        self.earlier = RunTotals() if state.global_step == 0 else RunTotals.stored(stored, state.global_step)
+        state.stateful_callbacks.setdefault(name, {})  # the Trainer writes checkpoints' records only under known names
+        self.started = (time.time(), time.process_time(), state.global_step)
+        self.training, self.step, self.logged_step = True, state.global_step, state.global_step
+        self.loss_sum, self.evaluation_cpu_seconds = 0.0, 0.0
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        self.step = state.global_step
+        if control.should_save or control.should_evaluate:
+            control.should_log = True
+
+    on_epoch_end = on_step_end
+
+    def on_log(self, args, state, control, logs=None, **kwargs) -> None:
+        if self.training and logs and "loss" in logs and state.global_step > self.logged_step:
+            self.loss_sum += logs["loss"] * (state.global_step - self.logged_step)  # the Trainer logs their mean
+            self.logged_step = state.global_step
+
+    def on_train_end(self, args, state, control, **kwargs) -> None:
+        self.training = False
+
+    def evaluated(self, cpu_seconds: float) -> None:
+        """An STS evaluation took ``cpu_seconds``: counted while training."""
+        if self.training:
+            self.evaluation_cpu_seconds += cpu_seconds
+
+    @property
+    def session_steps(self) -> int:
+        """The steps this session has trained."""
+        return self.step - self.started[2] if self.started is not None else 0
+
+    def this_session(self, loss_sum: float, seconds: float) -> RunTotals:
+        """This session's totals up to now, given its ``loss_sum`` and ``seconds`` (what the caller measured)."""
+        cpu_seconds = time.process_time() - self.started[1] if self.started is not None else 0.0
+        return RunTotals(self.session_steps, loss_sum, seconds, cpu_seconds, self.evaluation_cpu_seconds, 1)
+
+    def whole_run(self, loss_sum: float, seconds: float) -> RunTotals | None:
+        """The run's totals: the earlier sessions' and this one's (:meth:`this_session`); None when the earlier are
+        unknown."""
+        return None if self.earlier is None else self.earlier + self.this_session(loss_sum, seconds)
+
+    def state(self) -> dict:
+        """The record of the checkpoint being written: the run's totals up to its step (none when unknown, or when a
+        step since the last log is missing from the loss)."""
+        totals = None
+        if self.started is None:
+            totals = self.earlier
+        elif self.logged_step == self.step:
+            totals = self.whole_run(self.loss_sum, time.time() - self.started[0])
+        return {"args": asdict(totals) if totals is not None else {}, "attributes": {}}
 
 
 class IFCLTrainer(Trainer):
@@ -268,9 +381,8 @@ class IFCLTrainer(Trainer):
         self._loss_sums: dict[str, torch.Tensor] = {}
         self._loss_count = 0
         self._last_checked_step = 0
-        # CPU seconds this process spent in STS evaluations, so that training time can be told without them.
-        self.evaluation_cpu_seconds = 0.0
         self.add_callback(ObjectiveStepCallback(self))
+        self.add_callback(RunTotalsCallback())
 
     # ---------------------------------------------------------------- training
 
@@ -321,9 +433,10 @@ class IFCLTrainer(Trainer):
     def check_finite_loss(self, step: int, sums: dict[str, float] | None = None) -> None:
         """Stop with a message naming the step and the loss term when a term went NaN or infinite.
 
-        Called at logging and before checkpoints no log precedes (one collective and host sync there, none per
-        step), so the newest checkpoint on disk is always one trained on finite losses. ``sums``: the terms' sums
-        over processes when the caller has them (:meth:`log`), else reduced here.
+        Called at logging, which every step that saves a checkpoint does (:class:`RunTotalsCallback`; one
+        collective and host sync there, none per step), so the newest checkpoint on disk is always one trained on
+        finite losses. ``sums``: the terms' sums over processes when the caller has them (:meth:`log`), else reduced
+        here.
         """
         if not self._loss_count:
             return
@@ -380,7 +493,7 @@ class IFCLTrainer(Trainer):
         # The evaluator's own batch, not the Trainer's eval batch for classification; one progress bar, the main's.
         show_progress_bar = self.is_local_process_zero() and not self.args.disable_tqdm
         scores = dataset(unwrap_model(self.model), show_progress_bar=show_progress_bar)
-        self.evaluation_cpu_seconds += time.process_time() - cpu_start
+        self.run_totals.evaluated(time.process_time() - cpu_start)
         metrics = {f"{metric_key_prefix}_{name}": value for name, value in scores.items()}
         metrics.update(speed_metrics(metric_key_prefix, start, num_samples=len(dataset)))
         self.log(metrics)
@@ -395,10 +508,17 @@ class IFCLTrainer(Trainer):
         empty), LoRA adapters merged into their layers. Checkpoints keep all three, for exact resume."""
         return without_training_state(unwrap_model(self.model))
 
-    def finish_from_checkpoint(self, checkpoint: str) -> None:
+    @property
+    def run_totals(self) -> RunTotalsCallback:
+        """The callback that counts the run's totals (the Trainer makes a new one when it restores callbacks)."""
+        return next(cb for cb in self.callback_handler.callbacks if isinstance(cb, RunTotalsCallback))
+
+    def finish_from_checkpoint(self, checkpoint: str) -> dict[str, float] | None:
         """Take up a run whose training had ended when it stopped (before its results were written): the Trainer's
         state from ``checkpoint`` and the model training ended with (the best checkpoint when
-        ``load_best_model_at_end`` kept one, else ``checkpoint``), without training a step."""
+        ``load_best_model_at_end`` kept one, else ``checkpoint``), without training a step. Returns the whole run's
+        train metrics, as :meth:`train_measured` gives them, from the totals the checkpoint keeps (None when it keeps
+        none: a checkpoint of an earlier version)."""
         from transformers.trainer_callback import TrainerState
 
         self.state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
@@ -406,20 +526,32 @@ class IFCLTrainer(Trainer):
         final = best if self.args.load_best_model_at_end and best and os.path.isdir(best) else checkpoint
         logger.info(f"Training had ended at step {self.state.global_step}; the final model is {final}.")
         self._load_from_checkpoint(final)
+        record = self.state.stateful_callbacks.get(RunTotalsCallback.__name__)
+        totals = RunTotals.stored(record, self.state.global_step)
+        if totals is None:
+            return None
+        return {**totals.train_metrics(global_batch_size(self.args), self.state.total_flos), "epoch": self.state.epoch}
 
     def train_measured(self, resume_from_checkpoint: str | None = None) -> dict[str, float]:
-        """``train``, and its metrics with the steps and the CPU time per step: the process's CPU time (all its
-        threads), which other processes sharing the cores do not lengthen, less the STS evaluations' own."""
-        cpu_started, evaluation_started = time.process_time(), self.evaluation_cpu_seconds
-        metrics = dict(self.train(resume_from_checkpoint=resume_from_checkpoint).metrics)
-        steps = max(self.state.global_step, 1)
-        metrics["train_steps"] = self.state.global_step
-        metrics["train_seconds_per_step"] = metrics["train_runtime"] / steps
-        metrics["train_cpu_seconds"] = time.process_time() - cpu_started
-        metrics["train_evaluation_cpu_seconds"] = self.evaluation_cpu_seconds - evaluation_started
-        spent = metrics["train_cpu_seconds"] - metrics["train_evaluation_cpu_seconds"]
-        metrics["train_cpu_seconds_per_step"] = spent / steps
-        return metrics
+        """``train``, and the train metrics of the whole run (:class:`RunTotals`; a resumed run's earlier sessions
+        count up to the checkpoint it resumed from): the Trainer's, for every step and summed over the sessions, with
+        the steps, the sessions and the CPU time per step: the main process's CPU time (all its threads), which other
+        processes sharing the cores do not lengthen, less the STS evaluations' own."""
+        output = self.train(resume_from_checkpoint=resume_from_checkpoint)
+        counter = self.run_totals
+        loss_sum, seconds = output.training_loss * counter.session_steps, output.metrics["train_runtime"]
+        totals = counter.whole_run(loss_sum, seconds)
+        samples_per_step = global_batch_size(self.args)
+        if totals is not None:
+            return {**output.metrics, **totals.train_metrics(samples_per_step, self.state.total_flos)}
+        logger.warning(
+            f"The checkpoint resumed from ({resume_from_checkpoint}) keeps no totals of the training before it (an "
+            f"earlier version saved it): the train loss and times count this session's {counter.session_steps} "
+            "steps only."
+        )
+        metrics = counter.this_session(loss_sum, seconds).train_metrics(samples_per_step, self.state.total_flos)
+        metrics.pop("train_sessions")
+        return {**output.metrics, **metrics, "train_steps": self.state.global_step}
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Checkpoints keep the objective's modules and LoRA adapters (exact resume; the adapters also in peft's

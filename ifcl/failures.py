@@ -1,17 +1,22 @@
 """How the command-line scripts end (``<script>: error: <message>``, printed once per machine under several
-processes: exit code 2 for bad input, 1 for a failure once the work has begun, 130 for Ctrl-C; the traceback only with
-``IFCL_DEBUG=1``), failed writes named (a run's folder, a cache), and lists of names in messages."""
+processes and given to torchrun's failure report: exit code 2 for bad input, 1 for a failure once the work has begun,
+130 for Ctrl-C; the traceback only with ``IFCL_DEBUG=1``), failed writes named (a run's folder, a cache), and lists of
+names in messages."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 DEBUG_VARIABLE = "IFCL_DEBUG"
+# Where torchrun (under ``accelerate launch`` of several processes) has each process write why it failed.
+LAUNCHER_ERROR_FILE_VARIABLE = "TORCHELASTIC_ERROR_FILE"
 # What a script reports as one line: the project's errors subclass these (DataFormatError, SettingsError,
 # OutputFolderError, TaskDataNotFoundError), and so do invalid JSON, a missing file and a full disk.
 REPORTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, FloatingPointError)
@@ -47,11 +52,23 @@ def reports_for_its_machine() -> bool:
     return os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")).strip() in ("", "0")
 
 
+def tell_the_launcher(line: str) -> None:
+    """Under torchrun (``accelerate launch`` of several processes, ``torchrun``), write ``line`` into this process's
+    error file (:data:`LAUNCHER_ERROR_FILE_VARIABLE`, in the form torch's ``ErrorHandler`` writes), which torch's
+    failure report (``ChildFailedError``) shows as the process's ``traceback`` instead of a link to its docs: the
+    report names what failed even when this process was not the one that printed the line."""
+    path = os.environ.get(LAUNCHER_ERROR_FILE_VARIABLE)
+    if not path:
+        return
+    with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as handle:
+        json.dump({"message": line, "timestamp": int(time.time())}, handle)
+
+
 def run_command(script: str, main: Callable[[], object]) -> None:
     """Call ``main`` and end as every script of this project ends (see the module's docstring); other exceptions
-    (bugs) keep their traceback. Under a launcher of several processes each ends with the same exit code, and the
-    line is printed once per machine (:func:`reports_for_its_machine`); ``IFCL_DEBUG=1`` shows every process's
-    traceback."""
+    (bugs) keep their traceback. Under a launcher of several processes each ends with the same exit code, the line
+    is printed once per machine (:func:`reports_for_its_machine`) and every process gives it to torchrun's report
+    (:func:`tell_the_launcher`); ``IFCL_DEBUG=1`` shows every process's traceback."""
     try:
         main()
     except (Interrupted, KeyboardInterrupt) as stop:
@@ -61,6 +78,7 @@ def run_command(script: str, main: Callable[[], object]) -> None:
     except (RunFailure, *REPORTED_ERRORS) as error:
         if os.environ.get(DEBUG_VARIABLE):
             raise
+        tell_the_launcher(f"{script}: error: {error}")
         if reports_for_its_machine():
             print(f"{script}: error: {error}", file=sys.stderr)
             if isinstance(error, RunFailure):

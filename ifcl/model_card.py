@@ -453,10 +453,13 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} hours" if seconds < 86400 else f"{seconds / 86400:.1f} days"
 
 
-def training_time(log: list[dict]) -> list[tuple[str, str]]:
-    """Training, dev evaluation during training, and their total: the logged ``train_runtime`` and
-    ``eval_*_runtime`` (nothing when the run did not record its time)."""
-    total = next((entry["train_runtime"] for entry in log if "train_runtime" in entry), None)
+def training_time(log: list[dict], results: dict | None = None) -> list[tuple[str, str]]:
+    """Training, dev evaluation during training, and their total: the results' ``train_runtime`` (the whole run's,
+    every session of a resumed one), else the logged one, and the logged ``eval_*_runtime`` (nothing when the run
+    did not record its time)."""
+    total = (results or {}).get("train_runtime")
+    if total is None:
+        total = next((entry["train_runtime"] for entry in log if "train_runtime" in entry), None)
     if total is None:
         return []
     evaluation = sum(
@@ -633,7 +636,7 @@ def training_record(facts: CardFacts) -> dict[str, Any]:
         "log_table": log_table(rows, loss_terms, best) if rows else None,
         "hide_log": len(rows) > 100,
         "curves": os.path.isfile(os.path.join(facts.output_dir, "training_curves.png")),
-        "training_time": training_time(log),
+        "training_time": training_time(log, facts.results),
     }
 
 

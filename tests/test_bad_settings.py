@@ -8,7 +8,7 @@ import re
 import shutil
 
 import pytest
-from conftest import ENGLISH, GERMAN, cpu_training_args, run_script, write_sts_file
+from conftest import ENGLISH, GERMAN, cpu_training_args, launch, run_script, write_sts_file
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +187,49 @@ def test_the_commands_end_with_one_line_and_exit_code_2(files, tiny_encoder_dir,
     assert "Traceback" not in result.stderr and named in result.stderr, result.stderr[-2000:]
     assert result.stderr.startswith(f"{script}: error:")
     assert not (tmp_path / "out").exists()
+
+
+def test_each_process_under_torchrun_gives_its_error_line_to_torchruns_report(tmp_path, monkeypatch, capsys):
+    """A process torchrun started (it sets TORCHELASTIC_ERROR_FILE) writes its one line where torch's failure report
+    reads it, the process that does not print it too."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from ifcl.failures import RunFailure, run_command
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    monkeypatch.setenv("LOCAL_RANK", "1")  # not the machine's first process: it prints nothing
+    for error, code in ((ValueError("--cache_mini_batch_size 2: refused"), 2), (RunFailure("disk full"), 1)):
+
+        def fail(error=error):
+            raise error
+
+        with pytest.raises(SystemExit) as stop:
+            run_command("run_ifcl.py", fail)
+        assert stop.value.code == code and capsys.readouterr().err == ""
+        failure = ProcessFailure(local_rank=1, pid=1, exitcode=code, error_file=str(error_file))
+        assert failure.message == f"run_ifcl.py: error: {error}"
+
+
+@pytest.mark.slow
+def test_a_setting_every_process_refuses_is_named_by_the_script_and_in_torchruns_report(
+    files, tiny_encoder_dir, tmp_path
+):
+    """Two processes under ``accelerate launch`` (torchrun underneath), a setting each refuses: the script's line at
+    most once for the machine (its first process prints it, unless torchrun stopped that one first), and in torch's
+    failure report, which the launcher prints whatever a process does (docs/reliability.md), each process that exited
+    names it (its error file) instead of a link to torch's docs; the launcher exits 1."""
+    base = base_arguments("run_ifcl.py", files, tiny_encoder_dir, tmp_path)
+    result = launch([*base, "--objective", "conisi", "--cache_mini_batch_size", "2"], processes=2)
+    line = (
+        "run_ifcl.py: error: --cache_mini_batch_size with --objective conisi: its heads train in the loss's backward"
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    printed = [text for text in result.stderr.splitlines() if text.startswith("run_ifcl.py: error:")]
+    assert len(printed) <= 1 and all(text.startswith(line) for text in printed), result.stderr[-3000:]
+    assert "ChildFailedError" in result.stderr  # torchrun's report: no process can keep it out
+    assert f"traceback : {line}" in result.stderr, result.stderr[-3000:]
+    assert "To enable traceback see" not in result.stderr
 
 
 @pytest.mark.parametrize("script", ["run_ifcl.py", "evaluate_sts.py", "prepare_fraternal.py"])

@@ -698,3 +698,53 @@ def test_truncate_dim_scores_the_first_dimensions(published_dir, two_sts_files, 
     with pytest.raises(ValueError, match="--truncate_dim 4096: the embeddings have 32 dimensions"):
         evaluate(published_dir, mine, extra=["--output_dir", str(tmp_path / "too"), "--truncate_dim", "4096"])
     assert not (tmp_path / "too").exists()
+
+
+def test_each_truncate_dim_keeps_its_own_results_beside_the_full_sizes(published_dir, two_sts_files, tmp_path):
+    """``--truncate_dim 8`` and then ``16`` on one model: each size's files go to ``truncate_dim_<N>/`` of the output
+    folder, where the next size does not replace them; the full size (no flag, or the embeddings' own width) keeps
+    ``sts_results.*`` at the top."""
+    mine = two_sts_files[0]
+    folder = tmp_path / "out"
+    files = {"sts_results.json", "sts_results.md", "scatter_mine.png"}
+    summaries = {}
+    for size in (None, 8, 16):
+        extra = ["--output_dir", str(folder)] + (["--truncate_dim", str(size)] if size else [])
+        summaries[size] = evaluate(published_dir, mine, extra=extra)
+        if size == 8:
+            eight = folder_contents(folder / "truncate_dim_8")
+    assert folder_contents(folder / "truncate_dim_8") == eight  # the 16's run did not touch them
+    assert {path.name for path in folder.iterdir()} == files | {"truncate_dim_8", "truncate_dim_16"}
+    for size, where in ((8, folder / "truncate_dim_8"), (16, folder / "truncate_dim_16"), (None, folder)):
+        assert size is None or set(folder_contents(where)) == files, size
+        written = json.loads((where / "sts_results.json").read_text(encoding="utf-8"))
+        assert written["tasks"]["mine"]["spearman"] == summaries[size]["tasks"]["mine"]["spearman"]
+        assert written["dimensions"] == (size or 32) and written["arguments"]["truncate_dim"] == size
+        assert (f"{size} dimensions" in written["model_label"]) == (size is not None)
+    assert summaries[8]["tasks"]["mine"]["spearman"] != summaries[16]["tasks"]["mine"]["spearman"]
+    full = evaluate(published_dir, mine, extra=["--output_dir", str(folder), "--truncate_dim", "32"])  # all of them
+    assert full["dimensions"] == 32 and "dimensions)" not in full["model_label"]
+    assert full["tasks"]["mine"]["spearman"] == pytest.approx(summaries[None]["tasks"]["mine"]["spearman"], abs=1e-9)
+    assert json.loads((folder / "sts_results.json").read_text(encoding="utf-8"))["arguments"]["truncate_dim"] == 32
+    assert not (folder / "truncate_dim_32").exists()
+
+
+def test_another_models_results_of_any_size_are_refused_or_replaced_whole(same_name_models, two_sts_files, tmp_path):
+    """A folder holding another model's results of one size only is that model's: refused before the model loads;
+    --overwrite_output_dir replaces its results of every size, so that no folder mixes two models."""
+    model_a, model_b = same_name_models
+    mine = two_sts_files[0]
+    folder = tmp_path / "out"
+    evaluate(model_a, mine, extra=["--output_dir", str(folder), "--truncate_dim", "8", "--no_scatter_plots"])
+    (folder / "notes.txt").write_text("the user's own file\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=re.escape(f"another model, {model_a.resolve()} (not ")):
+        evaluate(model_b, mine, extra=["--output_dir", str(folder)])
+    (folder / "truncate_dim_8" / "sts_results.json").write_text("{", encoding="utf-8")
+    unreadable = os.path.join("truncate_dim_8", "sts_results.json")
+    with pytest.raises(ValueError, match=re.escape(f"holds a {unreadable} that cannot be read")):
+        evaluate(model_b, mine, extra=["--output_dir", str(folder), "--truncate_dim", "16"])
+    extra = ["--output_dir", str(folder), "--truncate_dim", "16", "--overwrite_output_dir", "--no_scatter_plots"]
+    evaluate(model_b, mine, extra=extra)
+    assert {path.name for path in folder.iterdir()} == {"notes.txt", "truncate_dim_16"}
+    written = json.loads((folder / "truncate_dim_16" / "sts_results.json").read_text(encoding="utf-8"))
+    assert written["model_path"] == str(model_b.resolve())

@@ -298,6 +298,60 @@ def test_resume_trains_exactly_like_an_uninterrupted_run(runs, tmp_path):
         run_ifcl.main([*args, "--resume_from_checkpoint", "last"])
 
 
+def run_totals(checkpoint) -> dict:
+    """The totals of the run up to ``checkpoint``, as its trainer_state.json keeps them."""
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    return state["stateful_callbacks"]["RunTotalsCallback"]["args"]
+
+
+@pytest.mark.parametrize("restore", [[], ["--restore_callback_states_from_checkpoint"]], ids=["", "restored"])
+def test_a_resumed_run_reports_the_loss_and_times_of_the_whole_run(runs, tmp_path, restore):
+    """train_results.json and all_results.json of a run resumed in the middle of training describe the whole run: the
+    loss over all its steps (the uninterrupted run's), and its times summed over its two sessions, the first counted
+    up to the checkpoint the second resumed from (also where the Trainer restores callbacks from the checkpoint)."""
+    whole_folder, _, whole_metrics = runs["whole"]
+    folder, args = copy_of_stopped_run(runs, tmp_path)
+    first_session = run_totals(folder / "checkpoint-2")
+    assert first_session["steps"] == 2 and first_session["sessions"] == 1 and first_session["seconds"] > 0
+    trainer, _ = run_ifcl.main([*args, "--resume_from_checkpoint", "last", *restore])
+    second_session = next(entry for entry in trainer.state.log_history if "train_runtime" in entry)  # the Trainer's
+    assert second_session["train_loss"] != pytest.approx(whole_metrics["train_loss"], abs=1e-6)  # steps 3 and 4 only
+    whole_run = json.loads((whole_folder / "train_results.json").read_text())
+    for name in ("train_results.json", "all_results.json"):
+        written = json.loads((folder / name).read_text())
+        assert written["train_loss"] == pytest.approx(whole_metrics["train_loss"], abs=1e-9), name
+        assert written["train_steps"] == 4 and written["train_sessions"] == 2, name
+        runtime = first_session["seconds"] + second_session["train_runtime"]
+        assert written["train_runtime"] == pytest.approx(runtime, abs=1e-3), name
+        assert written["train_seconds_per_step"] == pytest.approx(written["train_runtime"] / 4, abs=1e-4), name
+        assert written["train_steps_per_second"] == pytest.approx(4 / written["train_runtime"], rel=1e-2), name
+        assert written["train_cpu_seconds"] > first_session["cpu_seconds"], name
+        spent = written["train_cpu_seconds"] - written["train_evaluation_cpu_seconds"]
+        assert written["train_cpu_seconds_per_step"] == pytest.approx(spent / 4), name
+        assert set(whole_run) <= set(written), name
+    assert whole_run["train_sessions"] == 1
+    card = (folder / "README.md").read_text()  # the card's training time is the whole run's too
+    assert f"- **Total**: {written['train_runtime']:.1f} seconds" in card
+
+
+def test_a_checkpoint_without_totals_is_resumed_and_the_figures_say_they_are_the_sessions(runs, tmp_path, caplog):
+    """A checkpoint saved before checkpoints kept the run's totals: resuming from it works (the Trainer saves the
+    next checkpoint), and a warning says that the loss and times count the resumed session's steps only."""
+    folder, args = copy_of_stopped_run(runs, tmp_path)
+    state_file = folder / "checkpoint-2" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    del state["stateful_callbacks"]["RunTotalsCallback"]
+    state_file.write_text(json.dumps(state))
+    with caplog.at_level("WARNING"):
+        trainer, _ = run_ifcl.main([*args, "--resume_from_checkpoint", "last"])
+    assert any("keeps no totals" in message and "2 steps only" in message for message in caplog.messages)
+    session = next(entry for entry in trainer.state.log_history if "train_runtime" in entry)
+    written = json.loads((folder / "train_results.json").read_text())
+    assert written["train_steps"] == 4 and "train_sessions" not in written
+    assert written["train_loss"] == pytest.approx(session["train_loss"], abs=1e-9)
+    assert written["train_seconds_per_step"] == pytest.approx(session["train_runtime"] / 2, abs=1e-4)
+
+
 def test_last_skips_a_broken_newer_checkpoint_and_names_it(runs, tmp_path, caplog):
     folder, args = copy_of_stopped_run(runs, tmp_path)
     broken = folder / "checkpoint-3"  # a save cut short by a kill: its weights half written
@@ -362,6 +416,44 @@ def test_a_run_stopped_after_training_finishes_its_results_without_a_step(
     for name in ("train_results.json", "all_results.json"):  # the training's own figures are kept
         written = json.loads((folder / name).read_text())
         assert written["train_loss"] == pytest.approx(whole_metrics["train_loss"], abs=1e-9), name
+
+
+def test_a_run_stopped_while_publishing_finishes_with_the_whole_runs_train_figures(runs, tmp_path, monkeypatch):
+    """Stopped while it saves the published model, before any results file: the resumed run finishes without a step,
+    and its results hold what an uninterrupted run's do, the loss and times of its training from the totals its last
+    checkpoint keeps, not only its steps."""
+    from trainer_ifcl import IFCLTrainer
+
+    whole_folder, whole_args, whole_metrics = runs["whole"]
+    folder = tmp_path / "run"
+    args = [*[str(folder) if a == str(whole_folder) else a for a in whole_args], "--save_total_limit", "3"]
+    save_model = IFCLTrainer.save_model
+
+    def stop_while_publishing(self, output_dir=None, _internal_call=False):
+        if not _internal_call:  # the published model, once training has ended (checkpoints are internal calls)
+            raise KeyboardInterrupt
+        return save_model(self, output_dir, _internal_call)
+
+    monkeypatch.setattr(IFCLTrainer, "save_model", stop_while_publishing)
+    with pytest.raises(Interrupted):
+        run_ifcl.main(args)
+    assert not (folder / "train_results.json").exists() and not (folder / "model.safetensors").exists()
+    last = run_totals(folder / "checkpoint-4")
+    monkeypatch.undo()
+    monkeypatch.setattr(IFCLTrainer, "training_step", lambda *a, **k: pytest.fail("trained a step"))
+    trainer, metrics = run_ifcl.main([*args, "--resume_from_checkpoint", "last"])
+    assert trainer.state.global_step == 4 and record(folder).finished
+    assert metrics["test_stsb_spearman"] == pytest.approx(whole_metrics["test_stsb_spearman"], abs=1e-9)
+    whole_run = json.loads((whole_folder / "train_results.json").read_text())
+    for name in ("train_results.json", "all_results.json"):
+        written = json.loads((folder / name).read_text())
+        assert set(whole_run) <= set(written), name
+        assert written["train_loss"] == pytest.approx(whole_metrics["train_loss"], abs=1e-9), name
+        assert written["train_runtime"] == pytest.approx(last["seconds"], abs=1e-4), name
+        assert written["train_cpu_seconds"] == last["cpu_seconds"] > 0, name
+        assert written["train_steps"] == 4 and written["train_sessions"] == 1, name
+        assert written["train_samples"] == whole_run["train_samples"], name
+    assert "### Training Time" in (folder / "README.md").read_text()
 
 
 # ---------------------------------------------------------------- failures once the run has begun

@@ -50,6 +50,8 @@ logger = logging.getLogger("evaluate_sts")
 
 RESULTS_MARKDOWN = "sts_results.md"
 RESULTS_JSON = "sts_results.json"
+# The folder, inside the output folder, of the results of --truncate_dim N: each size keeps its own files.
+SIZE_FOLDER = re.compile(r"truncate_dim_(\d+)")
 
 
 @dataclass
@@ -72,7 +74,10 @@ class ModelArguments:
     )
     truncate_dim: int | None = field(
         default=None,
-        metadata={"help": "Score the embeddings' first that many dimensions (a Matryoshka size); None: all of them."},
+        metadata={
+            "help": "Score the embeddings' first that many dimensions (a Matryoshka size); its results go to "
+            "truncate_dim_<N>/ inside the output folder. None: all of them."
+        },
     )
     trust_remote_code: bool = field(
         default=False,
@@ -126,7 +131,10 @@ class EvaluationArguments:
     )
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Replace another model's results (sts_results.*, scatter_*.png) in --output_dir."},
+        metadata={
+            "help": "Replace another model's results (sts_results.*, scatter_*.png, those of every truncate_dim_<N>/) "
+            "in --output_dir."
+        },
     )
     scatter_plots: bool = field(
         default=True, metadata={"help": "Write scatter_<task>.png (--no_scatter_plots: none)."}
@@ -211,44 +219,72 @@ def default_output_dir(model_name_or_path: str) -> str:
     return os.path.join("outputs", "sts", f"{safe_file_name('_'.join(parts))}-{digest}")
 
 
+def results_folder(output_dir: str, truncate_dim: int | None) -> str:
+    """Where an evaluation's files go: ``output_dir`` for the full embeddings, ``output_dir/truncate_dim_<N>`` for
+    their first N dimensions, so that the results of each size stay beside the others'."""
+    return output_dir if truncate_dim is None else os.path.join(output_dir, f"truncate_dim_{truncate_dim}")
+
+
+def results_folders(output_dir: str) -> list[str]:
+    """``output_dir`` and its ``truncate_dim_<N>`` folders (the sizes evaluated there), smallest size first."""
+    sizes = {}
+    for entry in os.scandir(output_dir) if os.path.isdir(output_dir) else []:
+        match = SIZE_FOLDER.fullmatch(entry.name)
+        if match and entry.is_dir(follow_symlinks=False):
+            sizes[entry.path] = int(match.group(1))
+    return [output_dir, *sorted(sizes, key=sizes.__getitem__)]
+
+
 def check_output_dir(output_dir: str, model_name_or_path: str, overwrite: bool, default: bool) -> str | None:
-    """Refuse a folder whose ``sts_results.json`` belongs to another model, unless ``overwrite``; reads only. Returns
-    the other model whose results are to be replaced (None: nothing to replace). ``default``: no --output_dir given."""
+    """Refuse a folder whose results (``sts_results.json``, of any size) belong to another model, unless
+    ``overwrite``; reads only. Returns the other model whose results are to be replaced (None: nothing to replace).
+    ``default``: no --output_dir given."""
     where = f"The default output folder {output_dir}" if default else f"--output_dir {output_dir}"
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise ValueError(f"{where} is a file, not a folder. Choose another --output_dir.")
-    results_path = os.path.join(output_dir, RESULTS_JSON)
-    if not os.path.exists(results_path):
-        return None
     way_on = "Choose another --output_dir, or replace them with --overwrite_output_dir."
-    try:
-        with open(results_path, encoding="utf-8") as handle:
-            results = json.load(handle)
-        name, owner = results["model_name_or_path"], results["model_path"]  # model_path None: a Hub id
-        owner_identity = ("hub", name.rstrip("/\\")) if owner is None else ("local", os.path.normcase(owner))
-        owner = owner or name
-    except (OSError, ValueError, LookupError, TypeError, AttributeError) as error:  # not this script's results
-        if overwrite:
-            return f"an unknown model ({RESULTS_JSON} could not be read)"
-        raise ValueError(
-            f"{where} holds a {RESULTS_JSON} that cannot be read as this script's results ({error}), so which "
-            f"model they belong to is unknown. {way_on}"
-        ) from error
     identity = model_identity(model_name_or_path)
-    if owner_identity == identity:
-        return None
-    if overwrite:
-        return owner
-    raise ValueError(f"{where} already holds the STS results of another model, {owner} (not {identity[1]}). {way_on}")
+    for folder in results_folders(output_dir):
+        results_path = os.path.join(folder, RESULTS_JSON)
+        if not os.path.exists(results_path):
+            continue
+        try:
+            with open(results_path, encoding="utf-8") as handle:
+                results = json.load(handle)
+            name, owner = results["model_name_or_path"], results["model_path"]  # model_path None: a Hub id
+            owner_identity = ("hub", name.rstrip("/\\")) if owner is None else ("local", os.path.normcase(owner))
+            owner = owner or name
+        except (OSError, ValueError, LookupError, TypeError, AttributeError) as error:  # not this script's results
+            shown = os.path.relpath(results_path, output_dir)
+            if overwrite:
+                return f"an unknown model ({shown} could not be read)"
+            raise ValueError(
+                f"{where} holds a {shown} that cannot be read as this script's results ({error}), so which "
+                f"model they belong to is unknown. {way_on}"
+            ) from error
+        if owner_identity == identity:
+            continue
+        if overwrite:
+            return owner
+        raise ValueError(
+            f"{where} already holds the STS results of another model, {owner} (not {identity[1]}). {way_on}"
+        )
+    return None
 
 
 def remove_results(output_dir: str) -> list[str]:
-    """Delete this script's files (sts_results.json first) from ``output_dir``; other files stay. Returns their names."""
-    scatter_plots = glob.glob(os.path.join(glob.escape(output_dir), "scatter_*.png"))
-    names = [RESULTS_JSON, RESULTS_MARKDOWN] + sorted(os.path.basename(path) for path in scatter_plots)
-    removed = [name for name in names if os.path.isfile(os.path.join(output_dir, name))]
-    for name in removed:
-        os.remove(os.path.join(output_dir, name))
+    """Delete this script's files (sts_results.json first), of every size, from ``output_dir``, and a size's folder
+    left empty; other files stay. Returns their paths relative to ``output_dir``."""
+    removed = []
+    for folder in results_folders(output_dir):
+        scatter_plots = glob.glob(os.path.join(glob.escape(folder), "scatter_*.png"))
+        names = [RESULTS_JSON, RESULTS_MARKDOWN] + sorted(os.path.basename(path) for path in scatter_plots)
+        here = [name for name in names if os.path.isfile(os.path.join(folder, name))]
+        for name in here:
+            os.remove(os.path.join(folder, name))
+            removed.append(os.path.relpath(os.path.join(folder, name), output_dir))
+        if here and folder != output_dir and not os.listdir(folder):
+            os.rmdir(folder)
     return removed
 
 
@@ -454,10 +490,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     width = encoder.encode(["width"]).shape[1]
     if model_args.truncate_dim is not None and model_args.truncate_dim > width:
         raise ValueError(f"--truncate_dim {model_args.truncate_dim}: the embeddings have {width} dimensions.")
-    encoder.truncate_dim = model_args.truncate_dim
+    truncate_dim = model_args.truncate_dim if model_args.truncate_dim != width else None  # all of them: full size
+    encoder.truncate_dim = truncate_dim
     if dtype is not None and encoder.device.type == "cpu":
         logger.warning(f"--{'bf16' if eval_args.bf16 else 'fp16'} on the CPU: half precision is meant for GPUs.")
-    label = model_label(model_args.model_name_or_path, loaded.pooler_type, model_args.truncate_dim)
+    label = model_label(model_args.model_name_or_path, loaded.pooler_type, truncate_dim)
+    results_dir = results_folder(output_dir, truncate_dim)
 
     # 3. The evaluation: what fails now is the run (exit code 1).
     with failures_of_the_run():
@@ -467,8 +505,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             logger.warning(
                 f"--overwrite_output_dir: deleted the results of {replaced} from {output_dir} ({', '.join(removed)})."
             )
-        logger.info(f"Evaluating {label} ({loaded.model_type}) on {encoder.device}; results go to {output_dir}")
-        results = {data.name: evaluate_sts_set(encoder, data, eval_args, output_dir, label) for data in sts_sets}
+        os.makedirs(results_dir, exist_ok=True)
+        logger.info(f"Evaluating {label} ({loaded.model_type}) on {encoder.device}; results go to {results_dir}")
+        results = {data.name: evaluate_sts_set(encoder, data, eval_args, results_dir, label) for data in sts_sets}
         mi_results = None
         if mi_pairs is not None:
             mi_results = evaluate_mutual_information(encoder, mi_pairs, sts_sets, mi_args, eval_args)
@@ -482,21 +521,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "model_label": label,
             "model_type": loaded.model_type,
             "pooler_type": loaded.pooler_type,
+            "dimensions": truncate_dim or width,  # of the embeddings scored
             "arguments": {**asdict(model_args), **asdict(eval_args), **asdict(mi_args)},
             "device": str(encoder.device),
             "tasks": results,
             "english_average": english_average(results),
             "mutual_information": mi_results,
         }
-        write_json_atomically(os.path.join(output_dir, RESULTS_JSON), summary)
+        write_json_atomically(os.path.join(results_dir, RESULTS_JSON), summary)
         if table:
-            with open(os.path.join(output_dir, RESULTS_MARKDOWN), "w", encoding="utf-8") as handle:
+            with open(os.path.join(results_dir, RESULTS_MARKDOWN), "w", encoding="utf-8") as handle:
                 handle.write(table)
     if table:
         print("\nSpearman × 100 (cosine similarity against gold scores)\n\n" + table)
     if mi_results is not None:
         print(format_mutual_information(mi_results))
-    print(f"Results written to {output_dir}")
+    print(f"Results written to {results_dir}")
     return summary
 
 
