@@ -475,11 +475,14 @@ def test_table_has_the_average_only_with_all_seven_tasks():
     assert "| 76.00* |" in table and "\\* SICK-R: another source." in table
 
 
-def test_missing_task_stops_the_script_before_the_model_is_loaded(tmp_path):
+def test_missing_task_stops_the_script_before_the_model_is_loaded(tiny_encoder_dir, tmp_path, monkeypatch):
+    from ifcl.sts import command
+
+    monkeypatch.setattr(command, "load_encoder", lambda *a, **k: pytest.fail("the model loaded first"))
     with pytest.raises(TaskDataNotFoundError, match=r"no data for sickr .*SICK_test_annotated\.txt"):
         evaluate_sts.main(
-            ["--model_name_or_path", str(tmp_path), "--tasks", "sickr", "--data_dir", str(tmp_path)]
-        )  # tmp_path holds no model: the missing task stops the run before that is found
+            ["--model_name_or_path", str(tiny_encoder_dir), "--tasks", "sickr", "--data_dir", str(tmp_path)]
+        )
 
 
 # ---------------------------------------------------------------------------------------------------- output folders
