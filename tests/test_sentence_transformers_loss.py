@@ -276,6 +276,103 @@ def test_inside_sentence_transformers_matryoshka_loss_it_sums_its_terms_over_the
     torch.testing.assert_close(cut, st_model.encode(ENGLISH[:2], convert_to_tensor=True)[:, :8], atol=1e-5, rtol=0)
 
 
+# The sentence-transformers versions whose MatryoshkaLoss ifcl.sentence_transformers_matryoshka was checked against
+# (their ForwardDecorator, CachedLossDecorator and MatryoshkaLoss.__init__ read alike in what the adapter relies on).
+MATRYOSHKA_ADAPTER_HOLDS_FOR = ("6.0.0", "6.0.1", "6.1.0", "6.2.0")
+
+
+def test_the_matryoshka_adapter_holds_for_sentence_transformers_6(tiny_encoder_dir):
+    """What ``ifcl.sentence_transformers_matryoshka`` relies on of MatryoshkaLoss, which no public API promises, as
+    the installed sentence-transformers does it; a version outside :data:`MATRYOSHKA_ADAPTER_HOLDS_FOR` fails at the
+    end, to be read against the adapter and added. (1) Around a loss without gradient cache: one call per size, the
+    largest first, the size read from its forward decorator; the model runs in the first call only, and the later
+    ones get its outputs back, ``sentence_embedding`` cut and normalised as ``cut`` does, the full-size copy kept.
+    (2) Around a gradient-cache loss: the sizes taken from the decorator set as its ``calculate_loss``; that
+    decorator, around a loss of one size, draws ``n_dims_per_step`` sizes, cuts and weights each and carries the
+    gradients back through the cuts."""
+    import sentence_transformers
+    from sentence_transformers.base.losses import CachedLossMixin
+    from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
+    from torch.nn import functional as F
+
+    from ifcl.losses import Matryoshka
+    from ifcl.sentence_transformers_matryoshka import (
+        FULL_SIZE_EMBEDDING,
+        ModelRuns,
+        cut,
+        full_size_kept,
+        matryoshka_size,
+        matryoshka_sizes,
+        over_drawn_sizes,
+    )
+
+    st_model = sentence_transformer_of(tiny_encoder_dir)
+    features = st_model.preprocess(ENGLISH[:3])
+
+    class Probe(nn.Module):
+        def __init__(self, model: SentenceTransformer) -> None:
+            super().__init__()
+            self.model, self.calls = model, []
+
+        def forward(self, sentence_features, labels):
+            runs = ModelRuns()
+            with full_size_kept(self.model, runs):
+                outputs = self.model(dict(sentence_features[0]))
+            cut = outputs["sentence_embedding"]
+            self.calls.append((matryoshka_size(self.model), runs.ran, outputs[FULL_SIZE_EMBEDDING], cut))
+            return outputs["sentence_embedding"].sum()
+
+    probe = Probe(st_model)
+    MatryoshkaLoss(st_model, probe, [8, 32, 16])([features], None)
+    assert [(size, ran) for size, ran, _, _ in probe.calls] == [(32, True), (16, False), (8, False)]
+    full = probe.calls[0][2]
+    assert full.shape == (3, 32)
+    for size, _, kept, handed_back in probe.calls:
+        assert kept is full
+        torch.testing.assert_close(handed_back, F.normalize(full[:, :size], dim=-1))
+        torch.testing.assert_close(cut(full, size), handed_back)  # the adapter cuts as MatryoshkaLoss does
+    assert matryoshka_size(st_model) is None  # outside MatryoshkaLoss
+
+    class CachedProbe(CachedLossMixin, nn.Module):
+        def __init__(self, model: SentenceTransformer) -> None:
+            super().__init__()
+            self.model, self.mini_batch_size = model, 2
+
+    cached = CachedProbe(st_model)
+    MatryoshkaLoss(st_model, cached, [32, 16, 8], [1.0, 0.5, 2.0], n_dims_per_step=2)
+    sizes, n_dims_per_step = matryoshka_sizes(cached.calculate_loss)
+    assert sizes == Matryoshka((32, 16, 8), (1.0, 0.5, 2.0)) and n_dims_per_step == 2
+    with pytest.raises(TypeError, match="Only a MatryoshkaLoss"):
+        matryoshka_sizes(cached.embed_minibatch)
+
+    seen = []
+
+    def loss_at_size(reps, label, *, with_backward=False):
+        cut = torch.cat(reps[0])
+        seen.append((label, cut.detach()))
+        loss = (cut * torch.arange(cut.shape[-1])).sum()
+        if with_backward:
+            loss.backward()
+        return loss.detach()
+
+    rows = torch.randn(4, 32, requires_grad=True)
+    total = over_drawn_sizes(loss_at_size, sizes, n_dims_per_step)([[rows[:2], rows[2:]]], "step", with_backward=True)
+    drawn = [cut.shape[-1] for _, cut in seen]
+    assert len(drawn) == 2 and set(drawn) <= {32, 16, 8} and {label for label, _ in seen} == {"step"}
+    weight = dict(zip(sizes.dims, sizes.weights))
+    expected = sum(
+        weight[d] * (F.normalize(rows[:, :d], dim=-1) * torch.arange(d)).sum() for d in drawn
+    )  # the same loss, through autograd at once
+    assert total.item() == pytest.approx(expected.item(), rel=1e-5)
+    (gradient,) = torch.autograd.grad(expected, rows)
+    torch.testing.assert_close(rows.grad, gradient, atol=1e-5, rtol=1e-5)
+    version = sentence_transformers.__version__
+    assert version in MATRYOSHKA_ADAPTER_HOLDS_FOR, (
+        f"sentence-transformers {version}: what ifcl/sentence_transformers_matryoshka.py relies on holds above; read "
+        "its MatryoshkaLoss against the adapter's docstring, then add the version to MATRYOSHKA_ADAPTER_HOLDS_FOR"
+    )
+
+
 def features_of(batch: dict) -> list[dict[str, torch.Tensor]]:
     """A collated batch as sentence-transformers hands it to a loss: one dict per column."""
     return [
