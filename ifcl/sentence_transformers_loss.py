@@ -3,8 +3,10 @@
 The same equations, settings and code as the trainer's IFCL objective (``modeling_ifcl.twin_views``,
 ``ifcl.losses.IFCLTerms``, ``ifcl.queue``). BEL_F, its projection and the queue live in the loss module and are not
 saved, so the trained model stays a plain sentence-transformers model. Unlike ``IFCLTrainer``, the queue takes one
-slot per batch, and the in-batch negatives are this process's own. ``CachedIFCLLoss`` is the same loss with a
-gradient cache (GradCache), for batches larger than memory. Only this module and
+slot per batch. In several processes (DDP, as ``torchrun`` or ``accelerate launch`` start them) the in-batch
+negatives and the queue are each process's own, as in sentence-transformers' ``MultipleNegativesRankingLoss``;
+``gather_across_devices=True`` gathers them from all processes, as ``IFCLTrainer`` does. ``CachedIFCLLoss`` is the
+same loss with a gradient cache (GradCache), for batches larger than memory. Only this module and
 ``ifcl.sentence_transformers_matryoshka`` (what the losses rely on of ``MatryoshkaLoss``) need sentence-transformers to
 load.
 """
@@ -19,12 +21,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from datasets import Dataset
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.base.losses import CachedLossMixin, RandContext
 from sentence_transformers.sentence_transformer import SentenceTransformerDataCollator
+from sentence_transformers.util import all_gather, all_gather_with_grad, get_rank, get_world_size
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel
 
 from configuration_ifcl import IFCLConfig, IFCLSettings, SharedSettings
 from ifcl import queue as ring
@@ -68,6 +73,10 @@ class IFCLLoss(nn.Module):
         temperature: τ of ℓ^I and ℓ^F (``SharedSettings``' default).
         training_dropout: the dropout an encoder whose every dropout is 0 (decoder-based ones) trains with, so that
             identical twins differ from their anchors (``SharedSettings``' default, 0.1; 0: none, said in the log).
+        gather_across_devices: in several processes, gather the identical and fraternal twins of all processes,
+            with their gradients, as the candidates of ℓ^I and ℓ^F, and push all processes' anchors into every
+            process's queue, so that P processes of batch N train as one process of batch P·N (``IFCLTrainer``'s
+            way); by default each process keeps its own, as sentence-transformers' losses do.
         settings: the fields of ``configuration_ifcl.IFCLSettings`` (``fusion_rate``, ``queue_size``, ...), with
             its defaults and checks.
 
@@ -82,6 +91,7 @@ class IFCLLoss(nn.Module):
         fraternal_model_name_or_path: str | None = None,
         temperature: float = SharedSettings.temperature,
         training_dropout: float = SharedSettings.training_dropout,
+        gather_across_devices: bool = False,
         **settings: Any,
     ) -> None:
         super().__init__()
@@ -89,6 +99,7 @@ class IFCLLoss(nn.Module):
         SharedSettings(temperature=temperature, training_dropout=training_dropout)  # their checks
         check_model_path("fraternal_model_name_or_path", fraternal_model_name_or_path)
         self.model = model
+        self.gather_across_devices = gather_across_devices
         self.terms = IFCLTerms(temperature, self.settings.fraternal_loss_weight, self.settings.twins_loss_weight)
         # ℓ^I and ℓ^F, the terms that take each Matryoshka size; ℓ^T is self.terms' at the full size.
         self.terms_at_each_size = IFCLTerms(temperature, self.settings.fraternal_loss_weight, twins_loss_weight=0.0)
@@ -102,15 +113,30 @@ class IFCLLoss(nn.Module):
         if self.settings.uses_fraternal_twins:  # else no BEL_F at all, as in IFCLModel
             self.set_up_fraternal_table(words)
         self.to(words.weight.device)
+        for parameter in self.own_parameters():
+            if parameter.requires_grad:
+                parameter.register_hook(averaged_over_processes)
         self.collated_by_name = False  # set by data_collator()'s collator at each batch
         self.warned_about_positions = False
         self.queue: QueueBuffers | None = None  # built at the first push: one slot holds one batch (N rows)
         self.pending_anchors: torch.Tensor | None = None  # the last training batch's anchors, pushed at the next one
 
     @property
+    def sentence_transformer(self) -> SentenceTransformer:
+        """The model, out of the ``DistributedDataParallel`` wrapper that ``SentenceTransformerTrainer`` hands the
+        loss in several processes (``self.model`` then)."""
+        return self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
+
+    @property
     def encoder(self) -> nn.Module:
         """The transformers model inside the SentenceTransformer's first module."""
-        return self.model[0].auto_model
+        return self.sentence_transformer[0].auto_model
+
+    def own_parameters(self) -> Iterator[nn.Parameter]:
+        """The parameters the loss holds beside the model's: BEL_F and its projection."""
+        for part in (self.fraternal_embeddings, self.fraternal_projection):
+            if part is not None:
+                yield from part.parameters()
 
     def set_up_fraternal_table(self, words: nn.Embedding) -> None:
         """BEL_F and its projection from ``modeling_ifcl.fraternal_word_table``, as ``IFCLModel`` builds them: the
@@ -138,7 +164,8 @@ class IFCLLoss(nn.Module):
         The set is required: sentence-transformers hands a collator rows without their indices, and builds its card
         statistics from the set (stopping at a None) before the first batch."""
         check_text_dataset(train_dataset, self.text_columns, reader="IFCLLoss")
-        return IFCLDataCollator(preprocess_fn=self.model.preprocess, loss=self, num_rows=len(train_dataset), **kwargs)
+        preprocess = self.sentence_transformer.preprocess
+        return IFCLDataCollator(preprocess_fn=preprocess, loss=self, num_rows=len(train_dataset), **kwargs)
 
     @property
     def text_columns(self) -> tuple[str, ...]:
@@ -153,8 +180,9 @@ class IFCLLoss(nn.Module):
         return embeddings if self.fraternal_projection is None else self.fraternal_projection(embeddings)
 
     def encode_views(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """One forward pass of the model on word embeddings: the full-size sentence embeddings (the model's modules
-        after the Transformer: pooling, and e.g. Normalize) and the mean-pooled embedding-layer outputs."""
+        """One forward pass of the model on word embeddings, through the trainer's DDP wrapper, which then
+        synchronises the gradients: the full-size sentence embeddings (the model's modules after the Transformer:
+        pooling, and e.g. Normalize) and the mean-pooled embedding-layer outputs."""
         outputs = self.model({"inputs_embeds": inputs_embeds, "attention_mask": attention_mask})
         return outputs[FULL_SIZE_EMBEDDING], mean_pool(outputs["all_layer_embeddings"][0], attention_mask)
 
@@ -178,8 +206,9 @@ class IFCLLoss(nn.Module):
     ) -> dict[str, torch.Tensor]:
         """ℓ^I and w_F·ℓ^F by name, of the views of ``twins`` whole or cut to a Matryoshka size (the queue's rows
         cut alike)."""
+        identical, fraternal, offset = self.candidates(twins.identical, twins.fraternal)
         rows = None if queue_rows is None else queue_rows[..., : twins.anchor.shape[-1]]
-        terms = self.terms_at_each_size.terms(twins, rows, queue_log_weights)
+        terms = self.terms_at_each_size.terms(twins, rows, queue_log_weights, identical, fraternal, offset)
         return {name: self.terms.weight(name) * term for name, term in terms.items()}
 
     def twins_term(self, twins: IFCLTwinsOutput) -> dict[str, torch.Tensor]:
@@ -246,8 +275,19 @@ class IFCLLoss(nn.Module):
             )
         tokens = (input_ids, mask, self.encoder.config.pad_token_id or 0)
         runs = ModelRuns() if runs is None else runs
-        with hidden_states_returned(self.encoder.config), full_size_kept(self.model, runs):
+        with hidden_states_returned(self.encoder.config), full_size_kept(self.sentence_transformer, runs):
             return twin_views(self.encode_views, self.encoder.get_input_embeddings(), tokens, fraternal)
+
+    def candidates(
+        self, identical: torch.Tensor, fraternal: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        """The candidates of ℓ^I and ℓ^F, and where this process's rows start among them: with
+        ``gather_across_devices``, the twins of all processes in rank order, gathered with their gradients, so that
+        each process's loss sends gradient back to every process's rows; else this process's own."""
+        if not self.gather_across_devices:
+            return identical, fraternal, 0
+        gathered = [None if view is None else all_gather_with_grad(view) for view in (identical, fraternal)]
+        return gathered[0], gathered[1], get_rank() * identical.shape[0]
 
     def queue_negatives(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The queue's rows and their log weights (None, None before the first push)."""
@@ -256,9 +296,11 @@ class IFCLLoss(nn.Module):
         return ring.negatives(self.queue, self.settings.forgetting_rate)
 
     def keep_anchors(self, anchors: torch.Tensor) -> None:
-        """Keep a training batch's anchors, to push at the next batch."""
+        """Keep a training batch's anchors, to push at the next batch: with ``gather_across_devices``, those of all
+        processes in rank order, so that every process's queue is the same."""
         if self.training and self.settings.queue_size > 0:
-            self.pending_anchors = anchors.detach().float()
+            anchors = anchors.detach().float()
+            self.pending_anchors = all_gather(anchors) if self.gather_across_devices else anchors
 
     def get_config_dict(self) -> dict[str, Any]:
         """The loss's settings, for the model card sentence-transformers generates (the fraternal model by a public
@@ -268,6 +310,7 @@ class IFCLLoss(nn.Module):
         return {
             **asdict(self.settings),
             "temperature": self.terms.identical_loss.temperature,
+            "gather_across_devices": self.gather_across_devices,
             "fraternal_model": public_name(self.fraternal_model_name_or_path),
         }
 
@@ -281,6 +324,17 @@ def cut_to(twins: IFCLTwinsOutput, size: int) -> IFCLTwinsOutput:
     """The three views of ``twins`` cut to a Matryoshka size as MatryoshkaLoss cuts embeddings."""
     views = {"anchor": twins.anchor, "identical": twins.identical, "fraternal": twins.fraternal}
     return IFCLTwinsOutput(**{name: None if view is None else cut(view, size) for name, view in views.items()})
+
+
+def averaged_over_processes(gradient: torch.Tensor) -> torch.Tensor:
+    """A gradient of the loss's own parameters averaged over the training processes, as DDP averages the model's
+    (which it wraps; the loss's it does not), so that every process keeps the same BEL_F and projection."""
+    world_size = get_world_size()
+    if world_size == 1:
+        return gradient
+    total = gradient.clone()
+    dist.all_reduce(total)
+    return total / world_size
 
 
 @contextmanager
@@ -324,7 +378,9 @@ class CachedIFCLLoss(CachedLossMixin, IFCLLoss):
     its cached gradients are back-propagated into the model.
 
     Args: those of :class:`IFCLLoss`, and ``mini_batch_size``, the rows embedded at once (memory, not the loss:
-    the in-batch negatives and the queue's slot are the whole batch's), and ``show_progress_bar``.
+    the in-batch negatives and the queue's slot are the whole batch's), and ``show_progress_bar``. With
+    ``gather_across_devices`` the whole batches of all processes are gathered, as ``CachedMultipleNegativesRankingLoss``
+    gathers them, in the loss over the cached views.
 
     Inside sentence-transformers' ``MatryoshkaLoss`` the loss takes its sizes, weights and ``n_dims_per_step``
     (``ifcl.sentence_transformers_matryoshka``): ℓ^I (the queue's rows cut alike) and ℓ^F at each size it draws, by
@@ -339,11 +395,14 @@ class CachedIFCLLoss(CachedLossMixin, IFCLLoss):
         temperature: float = SharedSettings.temperature,
         mini_batch_size: int = 32,
         show_progress_bar: bool = False,
+        gather_across_devices: bool = False,
         **settings: Any,
     ) -> None:
         if isinstance(mini_batch_size, bool) or not isinstance(mini_batch_size, int) or mini_batch_size < 1:
             raise ValueError(f"CachedIFCLLoss: mini_batch_size must be a positive integer, not {mini_batch_size!r}.")
-        super().__init__(model, fraternal_model_name_or_path, temperature, **settings)
+        super().__init__(
+            model, fraternal_model_name_or_path, temperature, gather_across_devices=gather_across_devices, **settings
+        )
         self.mini_batch_size, self.show_progress_bar = mini_batch_size, show_progress_bar
         self.matryoshka: Matryoshka | None = None  # the sizes of a MatryoshkaLoss around this loss
         self.n_dims_per_step = -1
@@ -548,7 +607,7 @@ class IFCLDataCollator(SentenceTransformerDataCollator):
             fraternal,
             padding=True,
             truncation=True,
-            max_length=self.loss.model.max_seq_length,
+            max_length=self.loss.sentence_transformer.max_seq_length,
             return_tensors="pt",
         )
         batch["fraternal_input_ids"] = encoded["input_ids"]

@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from conftest import ENGLISH, GERMAN, cpu_training_args, st_training_args, without_dropout
+from conftest import ENGLISH, GERMAN, build_tiny_bert, cpu_training_args, launch, st_training_args, without_dropout
 from datasets import Dataset
 from torch import nn
 
@@ -165,7 +165,7 @@ def test_its_settings_reach_sentence_transformers_cards(tiny_encoder_dir):
     st_model = sentence_transformer_of(tiny_encoder_dir)
     config = IFCLLoss(st_model, **SETTINGS).get_config_dict()
     frozen = {"freeze_word_embeddings": True, "freeze_fraternal_embeddings": True}  # IFCLSettings' defaults
-    assert config == {**SETTINGS, **frozen, "fraternal_model": None}
+    assert config == {**SETTINGS, **frozen, "gather_across_devices": False, "fraternal_model": None}
 
 
 def test_sentence_transformers_trainer_writes_the_ifcl_settings_and_citation_into_its_card(
@@ -540,3 +540,88 @@ def test_inside_sentence_transformers_matryoshka_loss_the_cached_loss_trains(tin
         model=st_model, args=args, train_dataset=pairs, loss=matryoshka, data_collator=loss.data_collator(pairs)
     ).train()
     assert ring.size(loss.queue) == 8 and loss.queue.head.item() == 1
+
+
+# ---------------------------------------------------------------- several processes (DDP through the trainer)
+
+ST_RUNS = ["IFCLLoss", "CachedIFCLLoss", "IFCLLoss in MatryoshkaLoss", "CachedIFCLLoss in MatryoshkaLoss"]
+
+
+@pytest.fixture(scope="module")
+def distributed_runs(tmp_path_factory) -> dict[str, tuple]:
+    """``tests/distributed_st_loss.py`` under ``accelerate launch`` (gloo on the CPU), dropout off, so that the
+    only randomness is the data order: the four losses of its ``RUNS`` trained three steps in one process with
+    batch 4 (``one``), and in two processes with batch 2 each, with ``gather_across_devices`` (``gathered``) and
+    without (``own``). Each run: the finished process and what each rank saved."""
+    folder = tmp_path_factory.mktemp("st_ddp")
+    encoder = build_tiny_bert(folder / "encoder", ENGLISH + GERMAN, dropout=0.0)
+    fraternal = build_tiny_bert(folder / "fraternal", GERMAN, hidden_size=24, seed=1, dropout=0.0)
+    runs = {}
+    for run, processes, batch_size, gather in (("one", 1, 4, 1), ("gathered", 2, 2, 1), ("own", 2, 2, 0)):
+        output = folder / run
+        output.mkdir()
+        args = [str(output), str(encoder), str(fraternal), str(batch_size), str(gather)]
+        result = launch(args, processes=processes, script="tests/distributed_st_loss.py")
+        saved = [torch.load(output / f"st_rank{rank}.pt") for rank in range(processes) if result.returncode == 0]
+        runs[run] = (result, saved)
+    return runs
+
+
+def finished(run: tuple) -> list[dict]:
+    """What each rank of a finished run saved; the run's output when it failed."""
+    result, saved = run
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return saved
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ST_RUNS)
+def test_two_processes_gathering_across_devices_train_exactly_like_one_process_with_the_global_batch(
+    distributed_runs, name
+):
+    """Batch 2 on each of 2 processes with ``gather_across_devices=True`` = batch 4 on one: at each of 3 steps the
+    mean of the processes' losses, and of each term, is the one process's within 1e-5 (the candidates of both
+    processes in rank order, gradients flowing back to both, the loss's own projection averaged), and every
+    process's queue holds the same rows as the one process's (all processes' anchors, pushed on each)."""
+    (one,) = [rank[name] for rank in finished(distributed_runs["one"])]
+    two = [rank[name] for rank in finished(distributed_runs["gathered"])]
+    assert len(one["losses"]) == len(two[0]["losses"]) == len(two[1]["losses"]) == 3
+    for step, expected in enumerate(one["losses"]):
+        assert (two[0]["losses"][step] + two[1]["losses"][step]) / 2 == pytest.approx(expected, abs=1e-5), step
+    assert len(one["terms"]) == len(two[0]["terms"]) == (0 if name == "IFCLLoss in MatryoshkaLoss" else 3)
+    for step, expected in enumerate(one["terms"]):
+        for term, value in expected.items():
+            mean = (two[0]["terms"][step][term] + two[1]["terms"][step][term]) / 2
+            assert mean == pytest.approx(value, abs=1e-5), (step, term)
+    for rank in two:
+        for buffer in ("valid", "head"):
+            assert torch.equal(rank["queue"][buffer], one["queue"][buffer]), buffer
+        torch.testing.assert_close(rank["queue"]["embeddings"], one["queue"]["embeddings"], atol=1e-5, rtol=0)
+    assert one["queue"]["embeddings"].shape == (2, 4, 32)  # slots of the global batch
+    # The learning rate is large enough that training moves: equal losses at later steps mean equal gradients.
+    assert abs(one["losses"][-1] - one["losses"][0]) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ST_RUNS)
+def test_without_gathering_each_process_keeps_its_own_negatives_and_queue_and_the_weights_stay_equal(
+    distributed_runs, name
+):
+    """``gather_across_devices=False``, the default: both processes train (exit 0), each on its own batch of 2 (its
+    losses its own, its queue's slots of 2 rows its own anchors), and end with the same weights, the model's (DDP)
+    and the loss's own trained projection (averaged over the processes) alike."""
+    ranks = [rank[name] for rank in finished(distributed_runs["own"])]
+    assert len(ranks[0]["losses"]) == len(ranks[1]["losses"]) == 3
+    assert ranks[0]["losses"][0] != pytest.approx(ranks[1]["losses"][0], abs=1e-4)
+    assert ranks[0]["queue"]["embeddings"].shape == (2, 2, 32)
+    assert not torch.allclose(ranks[0]["queue"]["embeddings"], ranks[1]["queue"]["embeddings"])
+    assert ranks[0]["loss_weights"].keys() == {
+        "fraternal_embeddings.weight",
+        "fraternal_projection.weight",
+        "fraternal_projection.bias",
+    }
+    for weights in ("weights", "loss_weights"):
+        for key, value in ranks[0][weights].items():
+            assert torch.equal(value, ranks[1][weights][key]), key
+    trained = ranks[0]["loss_weights"]["fraternal_projection.weight"]
+    assert not torch.allclose(trained, ranks[0]["loss_weights_before"]["fraternal_projection.weight"])
