@@ -3,32 +3,47 @@
 The same equations, settings and code as the trainer's IFCL objective (``modeling_ifcl.twin_views``,
 ``ifcl.losses.IFCLTerms``, ``ifcl.queue``). BEL_F, its projection and the queue live in the loss module and are not
 saved, so the trained model stays a plain sentence-transformers model. Unlike ``IFCLTrainer``, the queue takes one
-slot per batch, and the in-batch negatives are this process's own. ``CachedIFCLLoss`` is the same loss with a
-gradient cache (GradCache), for batches larger than memory. Only this module imports sentence-transformers.
+slot per batch. In several processes (DDP, as ``torchrun`` or ``accelerate launch`` start them) the in-batch
+negatives and the queue are each process's own, as in sentence-transformers' ``MultipleNegativesRankingLoss``;
+``gather_across_devices=True`` gathers them from all processes, as ``IFCLTrainer`` does. ``CachedIFCLLoss`` is the
+same loss with a gradient cache (GradCache), for batches larger than memory. Only this module and
+``ifcl.sentence_transformers_matryoshka`` (what the losses rely on of ``MatryoshkaLoss``) need sentence-transformers to
+load.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import random
-from collections.abc import Iterable
-from contextlib import nullcontext
-from dataclasses import asdict, astuple, dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from datasets import Dataset
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.base.losses import CachedLossMixin, RandContext
-from sentence_transformers.base.losses.gradcache import _create_minibatch
-from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator
-from sentence_transformers.sentence_transformer.losses.matryoshka import CachedLossDecorator, ForwardDecorator
+from sentence_transformers.sentence_transformer import SentenceTransformerDataCollator
+from sentence_transformers.util import all_gather, all_gather_with_grad, get_rank, get_world_size
 from torch import nn
+from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel
 
 from configuration_ifcl import IFCLConfig, IFCLSettings, SharedSettings
 from ifcl import queue as ring
 from ifcl.data import check_text_dataset, check_training_data_size
 from ifcl.losses import IFCL_CITATION, IFCLTerms, Matryoshka
+from ifcl.sentence_transformers_matryoshka import (
+    FULL_SIZE_EMBEDDING,
+    ModelRuns,
+    cut,
+    full_size_kept,
+    matryoshka_size,
+    matryoshka_sizes,
+    over_drawn_sizes,
+)
 from modeling_ifcl import (
     IFCLTwinsOutput,
     QueueBuffers,
@@ -58,6 +73,10 @@ class IFCLLoss(nn.Module):
         temperature: τ of ℓ^I and ℓ^F (``SharedSettings``' default).
         training_dropout: the dropout an encoder whose every dropout is 0 (decoder-based ones) trains with, so that
             identical twins differ from their anchors (``SharedSettings``' default, 0.1; 0: none, said in the log).
+        gather_across_devices: in several processes, gather the identical and fraternal twins of all processes,
+            with their gradients, as the candidates of ℓ^I and ℓ^F, and push all processes' anchors into every
+            process's queue, so that P processes of batch N train as one process of batch P·N (``IFCLTrainer``'s
+            way); by default each process keeps its own, as sentence-transformers' losses do.
         settings: the fields of ``configuration_ifcl.IFCLSettings`` (``fusion_rate``, ``queue_size``, ...), with
             its defaults and checks.
 
@@ -72,6 +91,7 @@ class IFCLLoss(nn.Module):
         fraternal_model_name_or_path: str | None = None,
         temperature: float = SharedSettings.temperature,
         training_dropout: float = SharedSettings.training_dropout,
+        gather_across_devices: bool = False,
         **settings: Any,
     ) -> None:
         super().__init__()
@@ -79,7 +99,10 @@ class IFCLLoss(nn.Module):
         SharedSettings(temperature=temperature, training_dropout=training_dropout)  # their checks
         check_model_path("fraternal_model_name_or_path", fraternal_model_name_or_path)
         self.model = model
+        self.gather_across_devices = gather_across_devices
         self.terms = IFCLTerms(temperature, self.settings.fraternal_loss_weight, self.settings.twins_loss_weight)
+        # ℓ^I and ℓ^F, the terms that take each Matryoshka size; ℓ^T is self.terms' at the full size.
+        self.terms_at_each_size = IFCLTerms(temperature, self.settings.fraternal_loss_weight, twins_loss_weight=0.0)
         dropout = fit_dropout(self.encoder, training_dropout)
         if dropout:
             logger.warning(f"IFCLLoss: {dropout} (training_dropout).")
@@ -90,16 +113,30 @@ class IFCLLoss(nn.Module):
         if self.settings.uses_fraternal_twins:  # else no BEL_F at all, as in IFCLModel
             self.set_up_fraternal_table(words)
         self.to(words.weight.device)
+        for parameter in self.own_parameters():
+            if parameter.requires_grad:
+                parameter.register_hook(averaged_over_processes)
         self.collated_by_name = False  # set by data_collator()'s collator at each batch
         self.warned_about_positions = False
         self.queue: QueueBuffers | None = None  # built at the first push: one slot holds one batch (N rows)
         self.pending_anchors: torch.Tensor | None = None  # the last training batch's anchors, pushed at the next one
-        self.views_of_step: tuple | None = None  # inside MatryoshkaLoss: its decorator and the step's views
+
+    @property
+    def sentence_transformer(self) -> SentenceTransformer:
+        """The model, out of the ``DistributedDataParallel`` wrapper that ``SentenceTransformerTrainer`` hands the
+        loss in several processes (``self.model`` then)."""
+        return self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
 
     @property
     def encoder(self) -> nn.Module:
         """The transformers model inside the SentenceTransformer's first module."""
-        return self.model[0].auto_model
+        return self.sentence_transformer[0].auto_model
+
+    def own_parameters(self) -> Iterator[nn.Parameter]:
+        """The parameters the loss holds beside the model's: BEL_F and its projection."""
+        for part in (self.fraternal_embeddings, self.fraternal_projection):
+            if part is not None:
+                yield from part.parameters()
 
     def set_up_fraternal_table(self, words: nn.Embedding) -> None:
         """BEL_F and its projection from ``modeling_ifcl.fraternal_word_table``, as ``IFCLModel`` builds them: the
@@ -127,7 +164,8 @@ class IFCLLoss(nn.Module):
         The set is required: sentence-transformers hands a collator rows without their indices, and builds its card
         statistics from the set (stopping at a None) before the first batch."""
         check_text_dataset(train_dataset, self.text_columns, reader="IFCLLoss")
-        return IFCLDataCollator(preprocess_fn=self.model.preprocess, loss=self, num_rows=len(train_dataset), **kwargs)
+        preprocess = self.sentence_transformer.preprocess
+        return IFCLDataCollator(preprocess_fn=preprocess, loss=self, num_rows=len(train_dataset), **kwargs)
 
     @property
     def text_columns(self) -> tuple[str, ...]:
@@ -142,48 +180,63 @@ class IFCLLoss(nn.Module):
         return embeddings if self.fraternal_projection is None else self.fraternal_projection(embeddings)
 
     def encode_views(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """One encoder call: the model's own sentence embeddings (its modules after the Transformer: pooling, and
-        e.g. Normalize) and the mean-pooled embedding-layer outputs."""
-        outputs = self.encoder(
-            inputs_embeds=inputs_embeds, attention_mask=attention_mask, output_hidden_states=True, return_dict=True
-        )
-        features = {"token_embeddings": outputs.last_hidden_state, "attention_mask": attention_mask}
-        for module in list(self.model.children())[1:]:
-            features = module(features)
-        return features["sentence_embedding"], mean_pool(outputs.hidden_states[0], attention_mask)
+        """One forward pass of the model on word embeddings, through the trainer's DDP wrapper, which then
+        synchronises the gradients: the full-size sentence embeddings (the model's modules after the Transformer:
+        pooling, and e.g. Normalize) and the mean-pooled embedding-layer outputs."""
+        outputs = self.model({"inputs_embeds": inputs_embeds, "attention_mask": attention_mask})
+        return outputs[FULL_SIZE_EMBEDDING], mean_pool(outputs["all_layer_embeddings"][0], attention_mask)
 
     def forward(self, sentence_features: Iterable[dict[str, torch.Tensor]], labels: torch.Tensor | None = None):
         """The terms of Eq. 9 by name, each times its weight: the trainer sums them (Eq. 9) and logs each.
 
-        Inside sentence-transformers' ``MatryoshkaLoss`` (which calls it once per size, the largest first, with its
-        ``ForwardDecorator`` on the model), the views are computed once, at the first call, and cut to each size: ℓ^I
-        (the queue's rows cut alike) and ℓ^F at each size, ℓ^T at the full size in every call (so weighted by the sum
-        of the sizes' weights, as in the trainer route); the queue takes one push per step; the weighted sum is
-        returned, as ``MatryoshkaLoss`` adds tensors.
+        Inside sentence-transformers' ``MatryoshkaLoss``, which calls it once per size, the model runs in the first
+        call and MatryoshkaLoss hands its outputs back for the others (``ifcl.sentence_transformers_matryoshka``):
+        ℓ^I (the queue's rows cut alike) and ℓ^F of the views cut to the size of the call as MatryoshkaLoss cuts
+        them, ℓ^T at the full size in every call (so weighted by the sum of the sizes' weights, as in the trainer
+        route); the queue takes one push per step; the weighted sum is returned, as ``MatryoshkaLoss`` adds tensors.
         """
-        decorator = self.model.forward if isinstance(self.model.forward, ForwardDecorator) else None
-        if decorator is not None and self.views_of_step is not None and self.views_of_step[0] is decorator:
-            twins, queue_rows, queue_log_weights = self.views_of_step[1]
-        else:
-            twins, queue_rows, queue_log_weights = self.views(list(sentence_features))
-            self.views_of_step = (decorator, (twins, queue_rows, queue_log_weights)) if decorator else None
-        size = getattr(decorator, "dim", None)
-        at_size = self.terms if size is None else self.terms.at_sizes(Matryoshka((size,), (1.0,)))
-        terms = at_size.terms(twins, queue_rows, queue_log_weights)
-        weighted = {name: self.terms.weight(name) * term for name, term in terms.items()}
-        return weighted if decorator is None else sum(weighted.values())
+        size = matryoshka_size(self.model)
+        twins, queue_rows, queue_log_weights = self.views(list(sentence_features))
+        at_size = twins if size is None else cut_to(twins, size)
+        terms = {**self.terms_at_size(at_size, queue_rows, queue_log_weights), **self.twins_term(twins)}
+        return terms if size is None else sum(terms.values())
 
-    def views(self, columns: list[dict[str, torch.Tensor]]) -> tuple[IFCLTwinsOutput, torch.Tensor | None, Any]:
-        """The batch's three views (the queue first takes the previous batch's anchors) and the queue's rows with
-        their log weights."""
-        self.start_step(columns)
-        twins = self.embed_twins(columns)
+    def terms_at_size(
+        self, twins: IFCLTwinsOutput, queue_rows: torch.Tensor | None, queue_log_weights: torch.Tensor | None
+    ) -> dict[str, torch.Tensor]:
+        """ℓ^I and w_F·ℓ^F by name, of the views of ``twins`` whole or cut to a Matryoshka size (the queue's rows
+        cut alike)."""
+        identical, fraternal, offset = self.candidates(twins.identical, twins.fraternal)
+        rows = None if queue_rows is None else queue_rows[..., : twins.anchor.shape[-1]]
+        terms = self.terms_at_each_size.terms(twins, rows, queue_log_weights, identical, fraternal, offset)
+        return {name: self.terms.weight(name) * term for name, term in terms.items()}
+
+    def twins_term(self, twins: IFCLTwinsOutput) -> dict[str, torch.Tensor]:
+        """w_T·ℓ^T by name, of the full-size views (nothing when w_T = 0, as ``IFCLTerms.terms``)."""
+        if self.terms.twins_loss_weight == 0:
+            return {}
+        views = (twins.anchor, twins.identical, twins.fraternal)
+        outputs = (twins.anchor_embedding_output, twins.identical_embedding_output, twins.fraternal_embedding_output)
+        return {"loss_twins": self.terms.weight("loss_twins") * self.terms.twins_loss(*views, *outputs)}
+
+    def views(
+        self, columns: list[dict[str, torch.Tensor]]
+    ) -> tuple[IFCLTwinsOutput, torch.Tensor | None, torch.Tensor | None]:
+        """The batch's three views at the full size, and the queue's rows with their log weights. Once per step,
+        where the model ran (inside MatryoshkaLoss: at its first size), the queue first takes the previous training
+        batch's anchors, and this batch's are kept for the next."""
+        self.check_columns(columns)
+        runs = ModelRuns()
+        twins = self.embed_twins(columns, runs)
+        if runs.ran:
+            self.push_pending_anchors()
         queue_rows, queue_log_weights = self.queue_negatives()
-        self.keep_anchors(twins.anchor)
+        if runs.ran:
+            self.keep_anchors(twins.anchor)
         return twins, queue_rows, queue_log_weights
 
-    def start_step(self, columns: list[dict[str, torch.Tensor]]) -> None:
-        """Check the batch's columns, and push the previous training batch's anchors into the queue."""
+    def check_columns(self, columns: list[dict[str, torch.Tensor]]) -> None:
+        """The batch has the columns the loss needs; a warning, once, when they come by position."""
         if self.training and not self.collated_by_name and not self.warned_about_positions:
             self.warned_about_positions = True
             logger.warning(
@@ -196,15 +249,19 @@ class IFCLLoss(nn.Module):
                 "IFCLLoss needs two text columns, the sentence and its fraternal twin (a translation); "
                 "or set fraternal_loss_weight = twins_loss_weight = 0."
             )
+
+    def push_pending_anchors(self) -> None:
+        """The previous training batch's anchors enter the queue, after its backward pass and optimizer step, as in
+        IFCLTrainer."""
         if self.training and self.pending_anchors is not None:
-            # The previous batch's anchors enter now, after its backward and optimizer step, as in IFCLTrainer.
             anchors, self.pending_anchors = self.pending_anchors, None
             if self.queue is None:
                 self.queue = QueueBuffers(self.settings.queue_size, *anchors.shape).to(anchors.device)
             ring.push(self.queue, anchors)
 
-    def embed_twins(self, columns: list[dict[str, torch.Tensor]]) -> IFCLTwinsOutput:
-        """The three views of the rows of ``columns`` (the sentence, then its fraternal twin): ``twin_views``."""
+    def embed_twins(self, columns: list[dict[str, torch.Tensor]], runs: ModelRuns | None = None) -> IFCLTwinsOutput:
+        """The three views of the rows of ``columns`` (the sentence, then its fraternal twin) at the full size:
+        ``twin_views``; ``runs`` notes whether the model ran."""
         mask, input_ids = right_padded(columns[0]["attention_mask"], columns[0]["input_ids"])
         fraternal = None
         if self.settings.uses_fraternal_twins:
@@ -217,7 +274,20 @@ class IFCLLoss(nn.Module):
                 self.fraternal_pad_token_id,
             )
         tokens = (input_ids, mask, self.encoder.config.pad_token_id or 0)
-        return twin_views(self.encode_views, self.encoder.get_input_embeddings(), tokens, fraternal)
+        runs = ModelRuns() if runs is None else runs
+        with hidden_states_returned(self.encoder.config), full_size_kept(self.sentence_transformer, runs):
+            return twin_views(self.encode_views, self.encoder.get_input_embeddings(), tokens, fraternal)
+
+    def candidates(
+        self, identical: torch.Tensor, fraternal: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        """The candidates of ℓ^I and ℓ^F, and where this process's rows start among them: with
+        ``gather_across_devices``, the twins of all processes in rank order, gathered with their gradients, so that
+        each process's loss sends gradient back to every process's rows; else this process's own."""
+        if not self.gather_across_devices:
+            return identical, fraternal, 0
+        gathered = [None if view is None else all_gather_with_grad(view) for view in (identical, fraternal)]
+        return gathered[0], gathered[1], get_rank() * identical.shape[0]
 
     def queue_negatives(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The queue's rows and their log weights (None, None before the first push)."""
@@ -226,9 +296,11 @@ class IFCLLoss(nn.Module):
         return ring.negatives(self.queue, self.settings.forgetting_rate)
 
     def keep_anchors(self, anchors: torch.Tensor) -> None:
-        """Keep a training batch's anchors, to push at the next batch."""
+        """Keep a training batch's anchors, to push at the next batch: with ``gather_across_devices``, those of all
+        processes in rank order, so that every process's queue is the same."""
         if self.training and self.settings.queue_size > 0:
-            self.pending_anchors = anchors.detach().float()
+            anchors = anchors.detach().float()
+            self.pending_anchors = all_gather(anchors) if self.gather_across_devices else anchors
 
     def get_config_dict(self) -> dict[str, Any]:
         """The loss's settings, for the model card sentence-transformers generates (the fraternal model by a public
@@ -238,6 +310,7 @@ class IFCLLoss(nn.Module):
         return {
             **asdict(self.settings),
             "temperature": self.terms.identical_loss.temperature,
+            "gather_across_devices": self.gather_across_devices,
             "fraternal_model": public_name(self.fraternal_model_name_or_path),
         }
 
@@ -247,7 +320,47 @@ class IFCLLoss(nn.Module):
         return IFCL_CITATION
 
 
+def cut_to(twins: IFCLTwinsOutput, size: int) -> IFCLTwinsOutput:
+    """The three views of ``twins`` cut to a Matryoshka size as MatryoshkaLoss cuts embeddings."""
+    views = {"anchor": twins.anchor, "identical": twins.identical, "fraternal": twins.fraternal}
+    return IFCLTwinsOutput(**{name: None if view is None else cut(view, size) for name, view in views.items()})
+
+
+def averaged_over_processes(gradient: torch.Tensor) -> torch.Tensor:
+    """A gradient of the loss's own parameters averaged over the training processes, as DDP averages the model's
+    (which it wraps; the loss's it does not), so that every process keeps the same BEL_F and projection."""
+    world_size = get_world_size()
+    if world_size == 1:
+        return gradient
+    total = gradient.clone()
+    dist.all_reduce(total)
+    return total / world_size
+
+
+@contextmanager
+def hidden_states_returned(config) -> Iterator[None]:
+    """While inside, the encoder returns its hidden states, which sentence-transformers' ``Transformer`` module
+    passes on as ``all_layer_embeddings`` (the switch its own ``AdaptiveLayerLoss`` turns)."""
+    before, config.output_hidden_states = config.output_hidden_states, True
+    try:
+        yield
+    finally:
+        config.output_hidden_states = before
+
+
 FRATERNAL_PREFIX = "fraternal_"  # the fraternal column's keys inside the one column a CachedIFCLLoss caches
+
+
+@dataclass
+class CachedStep:
+    """What a :class:`CachedIFCLLoss` forward pass hands ``CachedLossMixin`` as the labels, which the mixin passes on
+    to the loss over the cached views: the queue's rows and log weights, and, written there, the weight of each size
+    the loss was computed at and the weighted terms by name."""
+
+    queue_rows: torch.Tensor | None
+    queue_log_weights: torch.Tensor | None
+    size_weights: list[float] = field(default_factory=list)
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class CachedIFCLLoss(CachedLossMixin, IFCLLoss):
@@ -258,19 +371,21 @@ class CachedIFCLLoss(CachedLossMixin, IFCLLoss):
 
     (1) Each mini-batch's views (anchors and identical twins: the sentence twice under two dropout masks; fraternal
     twins: the encoder on fused word embeddings) are computed without gradients, the random state recorded before
-    (``RandContext``), and the mean-pooled embedding-layer outputs kept (ℓ^T's margin, which carries no gradient).
+    (``RandContext``), with their mean-pooled embedding-layer outputs (ℓ^T's margin, which carries no gradient).
     (2) Eq. 9 is computed over the whole batch, the queue's rows included (one push per step, as ``IFCLLoss``), and
     back-propagated to the views only. (3) In the backward pass, each mini-batch is embedded again with gradients
     under its recorded random state, so that every dropout mask, and so each identical twin, is the one of (1), and
     its cached gradients are back-propagated into the model.
 
     Args: those of :class:`IFCLLoss`, and ``mini_batch_size``, the rows embedded at once (memory, not the loss:
-    the in-batch negatives and the queue's slot are the whole batch's), and ``show_progress_bar``.
+    the in-batch negatives and the queue's slot are the whole batch's), and ``show_progress_bar``. With
+    ``gather_across_devices`` the whole batches of all processes are gathered, as ``CachedMultipleNegativesRankingLoss``
+    gathers them, in the loss over the cached views.
 
-    Inside sentence-transformers' ``MatryoshkaLoss``, whose ``CachedLossDecorator`` would cut every view, ℓ^T's
-    included, the loss takes the decorator's sizes, weights and ``n_dims_per_step`` instead and sums over them itself:
-    ℓ^I (the queue's rows cut alike) and ℓ^F at each size, ℓ^T at the full size for each, the same loss as
-    :class:`IFCLLoss` inside ``MatryoshkaLoss``.
+    Inside sentence-transformers' ``MatryoshkaLoss`` the loss takes its sizes, weights and ``n_dims_per_step``
+    (``ifcl.sentence_transformers_matryoshka``): ℓ^I (the queue's rows cut alike) and ℓ^F at each size it draws, by
+    MatryoshkaLoss's own code, and ℓ^T at the full size for each, the same loss as :class:`IFCLLoss` inside
+    ``MatryoshkaLoss``.
     """
 
     def __init__(
@@ -280,31 +395,27 @@ class CachedIFCLLoss(CachedLossMixin, IFCLLoss):
         temperature: float = SharedSettings.temperature,
         mini_batch_size: int = 32,
         show_progress_bar: bool = False,
+        gather_across_devices: bool = False,
         **settings: Any,
     ) -> None:
         if isinstance(mini_batch_size, bool) or not isinstance(mini_batch_size, int) or mini_batch_size < 1:
             raise ValueError(f"CachedIFCLLoss: mini_batch_size must be a positive integer, not {mini_batch_size!r}.")
-        super().__init__(model, fraternal_model_name_or_path, temperature, **settings)
+        super().__init__(
+            model, fraternal_model_name_or_path, temperature, gather_across_devices=gather_across_devices, **settings
+        )
         self.mini_batch_size, self.show_progress_bar = mini_batch_size, show_progress_bar
         self.matryoshka: Matryoshka | None = None  # the sizes of a MatryoshkaLoss around this loss
         self.n_dims_per_step = -1
-        self.step_state: dict[str, Any] | None = None  # one forward pass's queue rows and embedding-layer outputs
 
     def forward(self, sentence_features: Iterable[dict[str, torch.Tensor]], labels: torch.Tensor | None = None):
         """The terms of Eq. 9 by name, each times its weight, as :meth:`IFCLLoss.forward`; their sum back-propagates
         through the gradient cache."""
         columns = list(sentence_features)
-        self.start_step(columns)
-        # One column for CachedLossMixin, so that each mini-batch holds a sentence and its own fraternal twin.
-        merged = dict(columns[0])
-        if self.settings.uses_fraternal_twins:
-            merged.update({FRATERNAL_PREFIX + key: value for key, value in columns[1].items()})
-        self.step_state = {"queue": self.queue_negatives(), "embedding_outputs": []}
-        try:
-            loss = self.forward_cached([merged], labels)  # detached, its hook running step (3)
-            terms = self.step_state["terms"]
-        finally:
-            self.step_state = None
+        self.check_columns(columns)
+        self.push_pending_anchors()
+        step = CachedStep(*self.queue_negatives())
+        loss = self.forward_cached([joined(columns)], step)  # detached, its hook running step (3)
+        terms = step.terms
         first = next(iter(terms))
         terms[first] = terms[first] + (loss - loss.detach())  # the trainer sums the terms: one path to the hook
         return terms
@@ -318,76 +429,68 @@ class CachedIFCLLoss(CachedLossMixin, IFCLLoss):
         copy_random_state: bool,
         random_state: RandContext | None = None,
     ) -> tuple[torch.Tensor, RandContext | None]:
-        """Rows ``begin:end``'s views stacked, [rows, 2 or 3, dim] (anchor, identical, fraternal), under
-        ``random_state`` when one is given, the state first recorded when ``copy_random_state``; without gradients,
-        their embedding-layer outputs are kept for :meth:`calculate_loss`."""
-        sentence = {key: value for key, value in sentence_feature.items() if not key.startswith(FRATERNAL_PREFIX)}
-        fraternal = {
-            key[len(FRATERNAL_PREFIX) :]: value
-            for key, value in sentence_feature.items()
-            if key.startswith(FRATERNAL_PREFIX)
-        }
-        # CachedLossMixin's slicing: the rows, less the padding columns they all share.
-        columns = [_create_minibatch(column, begin, end) for column in (sentence, fraternal) if column]
-        with nullcontext() if random_state is None else random_state, nullcontext() if with_grad else torch.no_grad():
+        """Rows ``begin:end``'s views and their embedding-layer outputs, :func:`packed`, under ``random_state`` when
+        one is given, the state first recorded when ``copy_random_state``."""
+        columns = [rows_of(column, begin, end) for column in split(sentence_feature)]
+        with nullcontext() if random_state is None else random_state, torch.set_grad_enabled(with_grad):
             random_state = RandContext(*columns[0].values()) if copy_random_state else None
             twins = self.embed_twins(columns)
-        if not with_grad:
-            self.step_state["embedding_outputs"].append(
-                (twins.anchor_embedding_output, twins.identical_embedding_output, twins.fraternal_embedding_output)
-            )
-        views = [twins.anchor, twins.identical] + ([] if twins.fraternal is None else [twins.fraternal])
-        return torch.stack(views, dim=1), random_state
-
-    def loss_of_views(
-        self, reps: list[list[torch.Tensor]], labels: torch.Tensor | None = None, *, with_backward: bool = False
-    ) -> torch.Tensor:
-        """``CachedLossMixin.calculate_loss``: Eq. 9 over the whole batch from the mini-batches' views (``reps[0]``),
-        back-propagated to them with ``with_backward``; the weighted terms are kept for :meth:`forward`, the
-        anchors for the queue's next push."""
-        views = torch.cat(reps[0])
-        outputs = [
-            None if parts[0] is None else torch.cat(parts) for parts in zip(*self.step_state["embedding_outputs"])
-        ]
-        twins = IFCLTwinsOutput(
-            anchor=views[:, 0],
-            identical=views[:, 1],
-            fraternal=views[:, 2] if views.shape[1] > 2 else None,
-            anchor_embedding_output=outputs[0],
-            identical_embedding_output=outputs[1],
-            fraternal_embedding_output=outputs[2],
-        )
-        self.keep_anchors(twins.anchor)
-        terms = self.terms
-        if self.matryoshka is not None:
-            (dims, weights), sizes = astuple(self.matryoshka), range(len(self.matryoshka.dims))
-            if 0 < self.n_dims_per_step < len(sizes):  # as MatryoshkaLoss samples them
-                sizes = sorted(random.sample(sizes, self.n_dims_per_step))
-            terms = terms.at_sizes(Matryoshka(tuple(dims[i] for i in sizes), tuple(weights[i] for i in sizes)))
-        weighted = {
-            name: self.terms.weight(name) * term
-            for name, term in terms.terms(twins, *self.step_state["queue"]).items()
-        }
-        total = sum(weighted.values())
-        if with_backward:
-            total.backward()
-        self.step_state["terms"] = {name: term.detach() for name, term in weighted.items()}
-        return total.detach()
+        return packed(twins), random_state
 
     @property
-    def calculate_loss(self):
+    def calculate_loss(self) -> Callable[..., torch.Tensor]:
         """``CachedLossMixin``'s loss over the cached views: :meth:`loss_of_views`."""
         return self.loss_of_views
 
     @calculate_loss.setter
-    def calculate_loss(self, decorator: CachedLossDecorator) -> None:
-        """What ``MatryoshkaLoss`` sets: its sizes, weights and ``n_dims_per_step`` are taken, the decorator not."""
-        if not isinstance(decorator, CachedLossDecorator):
-            raise TypeError(f"CachedIFCLLoss.calculate_loss takes a MatryoshkaLoss's sizes only, not {decorator!r}.")
+    def calculate_loss(self, decorator: Any) -> None:
+        """What ``MatryoshkaLoss`` sets: the loss takes its sizes, weights and ``n_dims_per_step``
+        (``ifcl.sentence_transformers_matryoshka.matryoshka_sizes``)."""
         if self.matryoshka is not None:
             raise ValueError("CachedIFCLLoss is inside a MatryoshkaLoss already; one MatryoshkaLoss per loss.")
-        self.matryoshka = Matryoshka(tuple(decorator.matryoshka_dims), tuple(decorator.matryoshka_weights))
-        self.n_dims_per_step = decorator.n_dims_per_step
+        self.matryoshka, self.n_dims_per_step = matryoshka_sizes(decorator)
+
+    def loss_of_views(
+        self, reps: list[list[torch.Tensor]], step: CachedStep, *, with_backward: bool = False
+    ) -> torch.Tensor:
+        """Eq. 9 over the whole batch from the mini-batches' packed views (``reps[0]``), back-propagated to them
+        with ``with_backward``: ℓ^I and ℓ^F by :meth:`loss_at_size`, at each Matryoshka size drawn, ℓ^T at the full
+        size, weighted by the sum of their weights. The weighted terms go into ``step``, the anchors to the queue's
+        next push."""
+        twins = unpacked(torch.cat(reps[0]))
+        self.keep_anchors(twins.anchor)
+        views = [[packed_views(rows) for rows in reps[0]]]
+        at_sizes = self.loss_at_size
+        if self.matryoshka is not None:
+            at_sizes = over_drawn_sizes(self.loss_at_size, self.matryoshka, self.n_dims_per_step)
+        total = at_sizes(views, step, with_backward=with_backward)
+        for name, term in self.twins_term(twins).items():
+            weighted = sum(step.size_weights) * term
+            if with_backward:
+                weighted.backward()
+            step.terms[name] = weighted.detach()
+            total = total + weighted.detach()
+        return total
+
+    def loss_at_size(
+        self, reps: list[list[torch.Tensor]], step: CachedStep, *, with_backward: bool = False
+    ) -> torch.Tensor:
+        """ℓ^I and w_F·ℓ^F of the views in ``reps`` (rows × views × size: cut to one of MatryoshkaLoss's sizes, or
+        whole; the queue's rows cut alike), back-propagated to them with ``with_backward``; the size's weight and its
+        weighted terms go into ``step``."""
+        views = torch.cat(reps[0])
+        size = views.shape[-1]
+        weight = 1.0 if self.matryoshka is None else dict(zip(self.matryoshka.dims, self.matryoshka.weights))[size]
+        fraternal = views[:, 2] if views.shape[1] > 2 else None
+        twins = IFCLTwinsOutput(anchor=views[:, 0], identical=views[:, 1], fraternal=fraternal)
+        weighted = self.terms_at_size(twins, step.queue_rows, step.queue_log_weights)
+        total = sum(weighted.values())
+        if with_backward:
+            total.backward()
+        step.size_weights.append(weight)
+        for name, term in weighted.items():
+            step.terms[name] = step.terms.get(name, 0.0) + weight * term.detach()
+        return total.detach()
 
     def get_config_dict(self) -> dict[str, Any]:
         """:meth:`IFCLLoss.get_config_dict` and ``mini_batch_size``."""
@@ -397,6 +500,72 @@ class CachedIFCLLoss(CachedLossMixin, IFCLLoss):
     def citation(self) -> str:
         """The IFCL paper's and GradCache's BibTeX entries."""
         return super().citation + GRADCACHE_CITATION
+
+
+def joined(columns: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The sentence column and the fraternal one (its keys prefixed) as one, for ``CachedLossMixin``, so that each
+    mini-batch holds a sentence and its own fraternal twin: :func:`split` parts them again."""
+    column = dict(columns[0])
+    if len(columns) > 1:
+        column.update({FRATERNAL_PREFIX + key: value for key, value in columns[1].items()})
+    return column
+
+
+def split(column: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """The columns that :func:`joined` made one: the sentence, then the fraternal twin when there is one."""
+    sentence = {key: value for key, value in column.items() if not key.startswith(FRATERNAL_PREFIX)}
+    fraternal = {key.removeprefix(FRATERNAL_PREFIX): value for key, value in column.items() if key not in sentence}
+    return [sentence, fraternal] if fraternal else [sentence]
+
+
+def rows_of(column: dict[str, Any], begin: int, end: int) -> dict[str, Any]:
+    """Rows ``begin:end`` of a tokenized column (its tensors; other entries, such as the modality, as they are), less
+    the padding columns at the end that they all share, so that a mini-batch of short sentences is embedded at its
+    own length."""
+    mask = column["attention_mask"][begin:end]
+    used = mask.bool().any(dim=0).nonzero()
+    length = int(used.max()) + 1 if len(used) else mask.shape[1]
+
+    def rows(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        return value[begin:end, :length] if value.shape[1:2] == mask.shape[1:2] else value[begin:end]
+
+    return {key: rows(value) for key, value in column.items()}
+
+
+def packed(twins: IFCLTwinsOutput) -> torch.Tensor:
+    """A mini-batch's views and their embedding-layer outputs as the one tensor ``CachedLossMixin`` caches,
+    [rows, 2 × views, width]: the views, then their outputs, zero-padded to one width, which keeps their cosines, all
+    that the loss takes of them. :func:`unpacked` reverses it."""
+    parts = [
+        part
+        for part in (twins.anchor, twins.identical, twins.fraternal)
+        + (twins.anchor_embedding_output, twins.identical_embedding_output, twins.fraternal_embedding_output)
+        if part is not None
+    ]
+    width = max(part.shape[-1] for part in parts)
+    dtype = functools.reduce(torch.promote_types, (part.dtype for part in parts))
+    return torch.stack([F.pad(part.to(dtype), (0, width - part.shape[-1])) for part in parts], dim=1)
+
+
+def packed_views(reps: torch.Tensor) -> torch.Tensor:
+    """The views of a :func:`packed` tensor, [rows, views, width]."""
+    return reps[:, : reps.shape[1] // 2]
+
+
+def unpacked(reps: torch.Tensor) -> IFCLTwinsOutput:
+    """The views and embedding-layer outputs of a :func:`packed` tensor."""
+    views, outputs = packed_views(reps), reps[:, reps.shape[1] // 2 :]
+    fraternal = views.shape[1] > 2
+    return IFCLTwinsOutput(
+        anchor=views[:, 0],
+        identical=views[:, 1],
+        fraternal=views[:, 2] if fraternal else None,
+        anchor_embedding_output=outputs[:, 0],
+        identical_embedding_output=outputs[:, 1],
+        fraternal_embedding_output=outputs[:, 2] if fraternal else None,
+    )
 
 
 GRADCACHE_CITATION = """
@@ -435,7 +604,11 @@ class IFCLDataCollator(SentenceTransformerDataCollator):
         fraternal = [row["fraternal"] for row in features]
         batch = super().__call__([{**row, "fraternal": ""} for row in features])
         encoded = self.loss.fraternal_tokenizer(
-            fraternal, padding=True, truncation=True, max_length=self.loss.model.max_seq_length, return_tensors="pt"
+            fraternal,
+            padding=True,
+            truncation=True,
+            max_length=self.loss.sentence_transformer.max_seq_length,
+            return_tensors="pt",
         )
         batch["fraternal_input_ids"] = encoded["input_ids"]
         batch["fraternal_attention_mask"] = encoded["attention_mask"]

@@ -136,6 +136,29 @@ def test_the_published_remote_code_imports_nothing_of_the_project(filename):
             assert guarded_in_a_function(node), f"{filename}:{node.lineno} imports the project's {own}"
 
 
+def test_nothing_imports_a_private_name_of_sentence_transformers():
+    """Only sentence-transformers' public API: no module or name that starts with an underscore is imported from
+    it, anywhere in the project (what the losses rely on beyond that is in
+    ``ifcl/sentence_transformers_matryoshka.py``, checked against the versions it names)."""
+    private = []
+    for path in python_files():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "sentence_transformers":
+                names = [*node.module.split("."), *(alias.name for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [
+                    part
+                    for alias in node.names
+                    if alias.name.startswith("sentence_transformers.")
+                    for part in alias.name.split(".")
+                ]
+            else:
+                continue
+            if any(name.startswith("_") for name in names):
+                private.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert not private, private
+
+
 def test_ruff_formats_everything_no_region_is_left_out():
     marks = ("# fmt" + ": skip", "# fmt" + ": off", "# fmt" + ":skip", "# fmt" + ":off")
     marked = [

@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from conftest import ENGLISH, GERMAN, cpu_training_args, st_training_args, without_dropout
+from conftest import ENGLISH, GERMAN, build_tiny_bert, cpu_training_args, launch, st_training_args, without_dropout
 from datasets import Dataset
 from torch import nn
 
@@ -165,7 +165,7 @@ def test_its_settings_reach_sentence_transformers_cards(tiny_encoder_dir):
     st_model = sentence_transformer_of(tiny_encoder_dir)
     config = IFCLLoss(st_model, **SETTINGS).get_config_dict()
     frozen = {"freeze_word_embeddings": True, "freeze_fraternal_embeddings": True}  # IFCLSettings' defaults
-    assert config == {**SETTINGS, **frozen, "fraternal_model": None}
+    assert config == {**SETTINGS, **frozen, "gather_across_devices": False, "fraternal_model": None}
 
 
 def test_sentence_transformers_trainer_writes_the_ifcl_settings_and_citation_into_its_card(
@@ -274,6 +274,103 @@ def test_inside_sentence_transformers_matryoshka_loss_it_sums_its_terms_over_the
     cut = loaded.encode(ENGLISH[:2], convert_to_tensor=True)
     assert cut.shape == (2, 8)
     torch.testing.assert_close(cut, st_model.encode(ENGLISH[:2], convert_to_tensor=True)[:, :8], atol=1e-5, rtol=0)
+
+
+# The sentence-transformers versions whose MatryoshkaLoss ifcl.sentence_transformers_matryoshka was checked against
+# (their ForwardDecorator, CachedLossDecorator and MatryoshkaLoss.__init__ read alike in what the adapter relies on).
+MATRYOSHKA_ADAPTER_HOLDS_FOR = ("6.0.0", "6.0.1", "6.1.0", "6.2.0")
+
+
+def test_the_matryoshka_adapter_holds_for_sentence_transformers_6(tiny_encoder_dir):
+    """What ``ifcl.sentence_transformers_matryoshka`` relies on of MatryoshkaLoss, which no public API promises, as
+    the installed sentence-transformers does it; a version outside :data:`MATRYOSHKA_ADAPTER_HOLDS_FOR` fails at the
+    end, to be read against the adapter and added. (1) Around a loss without gradient cache: one call per size, the
+    largest first, the size read from its forward decorator; the model runs in the first call only, and the later
+    ones get its outputs back, ``sentence_embedding`` cut and normalised as ``cut`` does, the full-size copy kept.
+    (2) Around a gradient-cache loss: the sizes taken from the decorator set as its ``calculate_loss``; that
+    decorator, around a loss of one size, draws ``n_dims_per_step`` sizes, cuts and weights each and carries the
+    gradients back through the cuts."""
+    import sentence_transformers
+    from sentence_transformers.base.losses import CachedLossMixin
+    from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
+    from torch.nn import functional as F
+
+    from ifcl.losses import Matryoshka
+    from ifcl.sentence_transformers_matryoshka import (
+        FULL_SIZE_EMBEDDING,
+        ModelRuns,
+        cut,
+        full_size_kept,
+        matryoshka_size,
+        matryoshka_sizes,
+        over_drawn_sizes,
+    )
+
+    st_model = sentence_transformer_of(tiny_encoder_dir)
+    features = st_model.preprocess(ENGLISH[:3])
+
+    class Probe(nn.Module):
+        def __init__(self, model: SentenceTransformer) -> None:
+            super().__init__()
+            self.model, self.calls = model, []
+
+        def forward(self, sentence_features, labels):
+            runs = ModelRuns()
+            with full_size_kept(self.model, runs):
+                outputs = self.model(dict(sentence_features[0]))
+            cut = outputs["sentence_embedding"]
+            self.calls.append((matryoshka_size(self.model), runs.ran, outputs[FULL_SIZE_EMBEDDING], cut))
+            return outputs["sentence_embedding"].sum()
+
+    probe = Probe(st_model)
+    MatryoshkaLoss(st_model, probe, [8, 32, 16])([features], None)
+    assert [(size, ran) for size, ran, _, _ in probe.calls] == [(32, True), (16, False), (8, False)]
+    full = probe.calls[0][2]
+    assert full.shape == (3, 32)
+    for size, _, kept, handed_back in probe.calls:
+        assert kept is full
+        torch.testing.assert_close(handed_back, F.normalize(full[:, :size], dim=-1))
+        torch.testing.assert_close(cut(full, size), handed_back)  # the adapter cuts as MatryoshkaLoss does
+    assert matryoshka_size(st_model) is None  # outside MatryoshkaLoss
+
+    class CachedProbe(CachedLossMixin, nn.Module):
+        def __init__(self, model: SentenceTransformer) -> None:
+            super().__init__()
+            self.model, self.mini_batch_size = model, 2
+
+    cached = CachedProbe(st_model)
+    MatryoshkaLoss(st_model, cached, [32, 16, 8], [1.0, 0.5, 2.0], n_dims_per_step=2)
+    sizes, n_dims_per_step = matryoshka_sizes(cached.calculate_loss)
+    assert sizes == Matryoshka((32, 16, 8), (1.0, 0.5, 2.0)) and n_dims_per_step == 2
+    with pytest.raises(TypeError, match="Only a MatryoshkaLoss"):
+        matryoshka_sizes(cached.embed_minibatch)
+
+    seen = []
+
+    def loss_at_size(reps, label, *, with_backward=False):
+        cut = torch.cat(reps[0])
+        seen.append((label, cut.detach()))
+        loss = (cut * torch.arange(cut.shape[-1])).sum()
+        if with_backward:
+            loss.backward()
+        return loss.detach()
+
+    rows = torch.randn(4, 32, requires_grad=True)
+    total = over_drawn_sizes(loss_at_size, sizes, n_dims_per_step)([[rows[:2], rows[2:]]], "step", with_backward=True)
+    drawn = [cut.shape[-1] for _, cut in seen]
+    assert len(drawn) == 2 and set(drawn) <= {32, 16, 8} and {label for label, _ in seen} == {"step"}
+    weight = dict(zip(sizes.dims, sizes.weights))
+    expected = sum(
+        weight[d] * (F.normalize(rows[:, :d], dim=-1) * torch.arange(d)).sum() for d in drawn
+    )  # the same loss, through autograd at once
+    assert total.item() == pytest.approx(expected.item(), rel=1e-5)
+    (gradient,) = torch.autograd.grad(expected, rows)
+    torch.testing.assert_close(rows.grad, gradient, atol=1e-5, rtol=1e-5)
+    version = sentence_transformers.__version__
+    assert version in MATRYOSHKA_ADAPTER_HOLDS_FOR, (
+        f"sentence-transformers {version}: what ifcl/sentence_transformers_matryoshka.py relies on holds above; read "
+        "its MatryoshkaLoss against the adapter's docstring, then add the version to MATRYOSHKA_ADAPTER_HOLDS_FOR"
+    )
 
 
 def features_of(batch: dict) -> list[dict[str, torch.Tensor]]:
@@ -443,3 +540,88 @@ def test_inside_sentence_transformers_matryoshka_loss_the_cached_loss_trains(tin
         model=st_model, args=args, train_dataset=pairs, loss=matryoshka, data_collator=loss.data_collator(pairs)
     ).train()
     assert ring.size(loss.queue) == 8 and loss.queue.head.item() == 1
+
+
+# ---------------------------------------------------------------- several processes (DDP through the trainer)
+
+ST_RUNS = ["IFCLLoss", "CachedIFCLLoss", "IFCLLoss in MatryoshkaLoss", "CachedIFCLLoss in MatryoshkaLoss"]
+
+
+@pytest.fixture(scope="module")
+def distributed_runs(tmp_path_factory) -> dict[str, tuple]:
+    """``tests/distributed_st_loss.py`` under ``accelerate launch`` (gloo on the CPU), dropout off, so that the
+    only randomness is the data order: the four losses of its ``RUNS`` trained three steps in one process with
+    batch 4 (``one``), and in two processes with batch 2 each, with ``gather_across_devices`` (``gathered``) and
+    without (``own``). Each run: the finished process and what each rank saved."""
+    folder = tmp_path_factory.mktemp("st_ddp")
+    encoder = build_tiny_bert(folder / "encoder", ENGLISH + GERMAN, dropout=0.0)
+    fraternal = build_tiny_bert(folder / "fraternal", GERMAN, hidden_size=24, seed=1, dropout=0.0)
+    runs = {}
+    for run, processes, batch_size, gather in (("one", 1, 4, 1), ("gathered", 2, 2, 1), ("own", 2, 2, 0)):
+        output = folder / run
+        output.mkdir()
+        args = [str(output), str(encoder), str(fraternal), str(batch_size), str(gather)]
+        result = launch(args, processes=processes, script="tests/distributed_st_loss.py")
+        saved = [torch.load(output / f"st_rank{rank}.pt") for rank in range(processes) if result.returncode == 0]
+        runs[run] = (result, saved)
+    return runs
+
+
+def finished(run: tuple) -> list[dict]:
+    """What each rank of a finished run saved; the run's output when it failed."""
+    result, saved = run
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return saved
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ST_RUNS)
+def test_two_processes_gathering_across_devices_train_exactly_like_one_process_with_the_global_batch(
+    distributed_runs, name
+):
+    """Batch 2 on each of 2 processes with ``gather_across_devices=True`` = batch 4 on one: at each of 3 steps the
+    mean of the processes' losses, and of each term, is the one process's within 1e-5 (the candidates of both
+    processes in rank order, gradients flowing back to both, the loss's own projection averaged), and every
+    process's queue holds the same rows as the one process's (all processes' anchors, pushed on each)."""
+    (one,) = [rank[name] for rank in finished(distributed_runs["one"])]
+    two = [rank[name] for rank in finished(distributed_runs["gathered"])]
+    assert len(one["losses"]) == len(two[0]["losses"]) == len(two[1]["losses"]) == 3
+    for step, expected in enumerate(one["losses"]):
+        assert (two[0]["losses"][step] + two[1]["losses"][step]) / 2 == pytest.approx(expected, abs=1e-5), step
+    assert len(one["terms"]) == len(two[0]["terms"]) == (0 if name == "IFCLLoss in MatryoshkaLoss" else 3)
+    for step, expected in enumerate(one["terms"]):
+        for term, value in expected.items():
+            mean = (two[0]["terms"][step][term] + two[1]["terms"][step][term]) / 2
+            assert mean == pytest.approx(value, abs=1e-5), (step, term)
+    for rank in two:
+        for buffer in ("valid", "head"):
+            assert torch.equal(rank["queue"][buffer], one["queue"][buffer]), buffer
+        torch.testing.assert_close(rank["queue"]["embeddings"], one["queue"]["embeddings"], atol=1e-5, rtol=0)
+    assert one["queue"]["embeddings"].shape == (2, 4, 32)  # slots of the global batch
+    # The learning rate is large enough that training moves: equal losses at later steps mean equal gradients.
+    assert abs(one["losses"][-1] - one["losses"][0]) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ST_RUNS)
+def test_without_gathering_each_process_keeps_its_own_negatives_and_queue_and_the_weights_stay_equal(
+    distributed_runs, name
+):
+    """``gather_across_devices=False``, the default: both processes train (exit 0), each on its own batch of 2 (its
+    losses its own, its queue's slots of 2 rows its own anchors), and end with the same weights, the model's (DDP)
+    and the loss's own trained projection (averaged over the processes) alike."""
+    ranks = [rank[name] for rank in finished(distributed_runs["own"])]
+    assert len(ranks[0]["losses"]) == len(ranks[1]["losses"]) == 3
+    assert ranks[0]["losses"][0] != pytest.approx(ranks[1]["losses"][0], abs=1e-4)
+    assert ranks[0]["queue"]["embeddings"].shape == (2, 2, 32)
+    assert not torch.allclose(ranks[0]["queue"]["embeddings"], ranks[1]["queue"]["embeddings"])
+    assert ranks[0]["loss_weights"].keys() == {
+        "fraternal_embeddings.weight",
+        "fraternal_projection.weight",
+        "fraternal_projection.bias",
+    }
+    for weights in ("weights", "loss_weights"):
+        for key, value in ranks[0][weights].items():
+            assert torch.equal(value, ranks[1][weights][key]), key
+    trained = ranks[0]["loss_weights"]["fraternal_projection.weight"]
+    assert not torch.allclose(trained, ranks[0]["loss_weights_before"]["fraternal_projection.weight"])
