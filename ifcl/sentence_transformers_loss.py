@@ -49,6 +49,7 @@ from modeling_ifcl import (
     QueueBuffers,
     check_model_path,
     fit_dropout,
+    fit_tokenizer,
     fraternal_word_table,
     load_fraternal,
     mean_pool,
@@ -82,7 +83,9 @@ class IFCLLoss(nn.Module):
 
     Inputs: the sentence and its fraternal twin (a translation), taken by name with :meth:`data_collator`. Batches
     padded on the left (decoder tokenizers) are moved to the right first, as ``IFCLModel`` does, so that fusion pairs
-    each sentence's tokens from its first one.
+    each sentence's tokens from its first one. A tokenizer without a pad token (Llama's, Mistral's) pads with its
+    end-of-sequence token, and with ``lasttoken`` pooling one that ends no sentence with that token gets it once at
+    the end (``modeling_ifcl.fit_tokenizer``), as the trainer route does; the log says so.
     """
 
     def __init__(
@@ -106,6 +109,9 @@ class IFCLLoss(nn.Module):
         dropout = fit_dropout(self.encoder, training_dropout)
         if dropout:
             logger.warning(f"IFCLLoss: {dropout} (training_dropout).")
+        last_token = any(getattr(module, "pooling_mode", None) == "lasttoken" for module in self.sentence_transformer)
+        for change in fit_tokenizer(self.sentence_transformer.tokenizer, end_with_eos=last_token):
+            logger.warning(f"IFCLLoss: {change} (the model saves it so).")
         words = word_table_of(self.encoder, "IFCLLoss")
         words.weight.requires_grad_(not self.settings.freeze_word_embeddings)
         self.fraternal_model_name_or_path = fraternal_model_name_or_path

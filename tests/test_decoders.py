@@ -142,18 +142,25 @@ def decoder_sentence_transformer(family: str, folder: Path, padding_side: str = 
 
 @pytest.mark.parametrize("family", list(DECODERS))
 def test_each_decoder_trains_with_ifcl_loss_in_sentence_transformers(family, tmp_path, caplog):
-    """The sentence-transformers route: IFCLLoss sets the training dropout the decoder lacks (and says so), trains
-    two steps, and the saved model embeds as the trained one."""
+    """The sentence-transformers route: IFCLLoss sets the training dropout the decoder lacks, a pad token where the
+    tokenizer has none (Llama's, Mistral's) and, for its lasttoken pooling, the EOS once at the end of each sentence,
+    and says so; it trains two steps, and the saved model reads and embeds as the trained one."""
     from sentence_transformers import (
         SentenceTransformer,
         SentenceTransformerTrainer,
     )
+    from transformers import AutoTokenizer
 
     from ifcl.sentence_transformers_loss import IFCLLoss
 
     model = decoder_sentence_transformer(family, tmp_path / family)
+    base = AutoTokenizer.from_pretrained(tmp_path / family)
+    expected = [*base(SENTENCE)["input_ids"][: model.max_seq_length - 1], base.eos_token_id]  # truncated at 16
     loss = IFCLLoss(model, queue_size=2)
     assert "has no dropout: its dropout is 0.1 while training (training_dropout)" in caplog.text
+    assert f"its tokenizer ends each sentence with {base.eos_token}" in caplog.text
+    assert ("its tokenizer has no pad token" in caplog.text) == (base.pad_token is None)
+    assert model.tokenize([SENTENCE])["input_ids"][0].tolist() == expected
     args = st_training_args(tmp_path / "st", per_device_train_batch_size=4, max_steps=2, learning_rate=1e-3)
     data = Dataset.from_dict(PAIRS := {"sentence": ENGLISH[:8], "fraternal": GERMAN[:8]})
     trainer = SentenceTransformerTrainer(
@@ -165,6 +172,7 @@ def test_each_decoder_trains_with_ifcl_loss_in_sentence_transformers(family, tmp
     assert (model.encode(PAIRS["sentence"], convert_to_tensor=True) - before).abs().max() > 0
     model.save(str(tmp_path / "saved"))
     loaded = SentenceTransformer(str(tmp_path / "saved"), device="cpu")
+    assert loaded.tokenize([SENTENCE])["input_ids"][0].tolist() == expected
     assert (loaded.encode(ENGLISH, convert_to_tensor=True) - trained).abs().max() <= 1e-5
 
 
