@@ -38,6 +38,7 @@ from ifcl.losses import IFCL_CITATION, IFCLTerms, Matryoshka
 from ifcl.sentence_transformers_matryoshka import (
     FULL_SIZE_EMBEDDING,
     ModelRuns,
+    check_sizes,
     cut,
     full_size_kept,
     matryoshka_size,
@@ -126,6 +127,7 @@ class IFCLLoss(nn.Module):
         self.warned_about_positions = False
         self.queue: QueueBuffers | None = None  # built at the first push: one slot holds one batch (N rows)
         self.pending_anchors: torch.Tensor | None = None  # the last training batch's anchors, pushed at the next one
+        self.sizes_of_step: list[int] = []  # inside MatryoshkaLoss: the sizes this step was computed at so far
 
     @property
     def sentence_transformer(self) -> SentenceTransformer:
@@ -202,7 +204,13 @@ class IFCLLoss(nn.Module):
         route); the queue takes one push per step; the weighted sum is returned, as ``MatryoshkaLoss`` adds tensors.
         """
         size = matryoshka_size(self.model)
+        if size is not None:
+            check_sizes([size])  # MatryoshkaLoss takes 64.5 or "64" as it comes
         twins, queue_rows, queue_log_weights = self.views(list(sentence_features))
+        if size is not None:  # MatryoshkaLoss's sizes of the step: its weights it keeps to itself
+            if size in self.sizes_of_step:
+                check_sizes([*self.sizes_of_step, size])  # names the size given twice
+            self.sizes_of_step.append(size)
         at_size = twins if size is None else cut_to(twins, size)
         terms = {**self.terms_at_size(at_size, queue_rows, queue_log_weights), **self.twins_term(twins)}
         return terms if size is None else sum(terms.values())
@@ -235,6 +243,7 @@ class IFCLLoss(nn.Module):
         runs = ModelRuns()
         twins = self.embed_twins(columns, runs)
         if runs.ran:
+            self.sizes_of_step = []
             self.push_pending_anchors()
         queue_rows, queue_log_weights = self.queue_negatives()
         if runs.ran:

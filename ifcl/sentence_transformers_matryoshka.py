@@ -30,6 +30,7 @@ import torch
 from sentence_transformers.sentence_transformer.losses.matryoshka import CachedLossDecorator, ForwardDecorator, shrink
 from torch import nn
 
+from configuration_ifcl import SharedSettings
 from ifcl.losses import Matryoshka
 
 # The key under which a model output keeps its full-size sentence embedding while MatryoshkaLoss cuts the other one.
@@ -73,11 +74,22 @@ def cut(embeddings: torch.Tensor, size: int) -> torch.Tensor:
     return shrink(embeddings, size)
 
 
+def check_sizes(dims: list, weights: list | None = None) -> None:
+    """The checks ``run_ifcl.py --matryoshka_dims`` makes (``SharedSettings``), for sizes and weights a
+    MatryoshkaLoss around an IFCL loss holds, which MatryoshkaLoss itself does not make (a size of 64.5, a size
+    twice, a negative weight): ``TypeError`` or ``ValueError`` in one line, in the same words."""
+    try:
+        SharedSettings(matryoshka_dims=list(dims), matryoshka_weights=list(weights or []))
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"MatryoshkaLoss around an IFCL loss: {error}") from None
+
+
 def matryoshka_sizes(decorator: object) -> tuple[Matryoshka, int]:
     """The sizes and weights, and ``n_dims_per_step``, of the ``CachedLossDecorator`` that MatryoshkaLoss puts in
-    place of a gradient-cache loss's ``calculate_loss``."""
+    place of a gradient-cache loss's ``calculate_loss``, checked (:func:`check_sizes`)."""
     if not isinstance(decorator, CachedLossDecorator):
         raise TypeError(f"Only a MatryoshkaLoss sets the calculate_loss of an IFCL loss, not {decorator!r}.")
+    check_sizes(decorator.matryoshka_dims, decorator.matryoshka_weights)
     sizes = Matryoshka(tuple(decorator.matryoshka_dims), tuple(decorator.matryoshka_weights))
     return sizes, decorator.n_dims_per_step
 

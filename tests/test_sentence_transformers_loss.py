@@ -629,3 +629,31 @@ def test_without_gathering_each_process_keeps_its_own_negatives_and_queue_and_th
             assert torch.equal(value, ranks[1][weights][key]), key
     trained = ranks[0]["loss_weights"]["fraternal_projection.weight"]
     assert not torch.allclose(trained, ranks[0]["loss_weights_before"]["fraternal_projection.weight"])
+
+
+BAD_SIZES = [
+    ([32, 16.5], None, ValueError, "matryoshka_dims must be distinct whole numbers ≥ 1, got ["),
+    ([32, 16, 16], None, ValueError, "matryoshka_dims must be distinct whole numbers ≥ 1, got [32, 16, 16]"),
+]
+BAD_WEIGHTS = [([32, 16], [1.0, -1.0], ValueError, "matryoshka_weights must be one number > 0 per size")]
+
+
+@pytest.mark.parametrize(
+    "cached, dims, weights, error, named",
+    [(False, *case) for case in BAD_SIZES] + [(True, *case) for case in BAD_SIZES + BAD_WEIGHTS],
+    ids=lambda value: {False: "IFCLLoss", True: "CachedIFCLLoss"}.get(value) if isinstance(value, bool) else None,
+)
+def test_bad_sizes_of_a_matryoshka_loss_around_an_ifcl_loss_are_one_line(
+    tiny_encoder_dir, cached, dims, weights, error, named
+):
+    """MatryoshkaLoss takes these as they come; the IFCL loss inside it names them in run_ifcl.py's words, before
+    torch would trace back. Its weights only a gradient-cache loss sees: MatryoshkaLoss hands a loss without one none."""
+    from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
+
+    st_model = sentence_transformer_of(tiny_encoder_dir)
+    loss = (CachedIFCLLoss(st_model, mini_batch_size=2) if cached else IFCLLoss(st_model)).train()
+    pairs = Dataset.from_dict({"sentence": ENGLISH[:4], "fraternal": GERMAN[:4]})
+    with pytest.raises(error, match=re.escape(f"MatryoshkaLoss around an IFCL loss: {named}")) as raised:
+        sizes = MatryoshkaLoss(st_model, loss, dims, weights)
+        sizes(features_of(loss.data_collator(pairs)([pairs[i] for i in range(4)])), None)
+    assert str(dims[-1] if weights is None else weights[-1]) in str(raised.value)
