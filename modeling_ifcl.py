@@ -866,8 +866,8 @@ class IFCLModel(PreTrainedModel):
     ) -> None:
         """``PreTrainedModel.save_pretrained``, and, as sentence-transformers' ``save`` does, the tokenizer the model
         holds (attached, or read from where the model was loaded) with, when the config names a fraternal model, the
-        fraternal one in ``fraternal_tokenizer/``: a folder that loads alone. A fast tokenizer's file truncates at the
-        model's limit (:func:`max_input_length`) and pads nothing, whatever the last call before it asked. With ``push_to_hub`` (``repo_id``:
+        fraternal one in ``fraternal_tokenizer/``: a folder that loads alone. A fast tokenizer's file holds no truncation
+        nor padding of the last call before it (the training length, say): its limit is ``model_max_length``. With ``push_to_hub`` (``repo_id``:
         default the folder's name) the folder is pushed with them, by :meth:`push_to_hub`."""
         hub_names = ("repo_id", "commit_message", "commit_description", "private", "create_pr", "revision", "tags")
         hub = {name: kwargs.pop(name) for name in hub_names if name in kwargs}
@@ -884,9 +884,8 @@ class IFCLModel(PreTrainedModel):
                 logger.warning(f"{save_directory}: no {attribute} saved ({str(error).splitlines()[0]}).")
                 continue
             if getattr(tokenizer, "is_fast", False):  # the last call's truncation and padding are not the model's
-                backend = tokenizer.backend_tokenizer
-                backend.no_padding()
-                backend.enable_truncation(max_input_length(tokenizer, self.encoder.config))
+                tokenizer.backend_tokenizer.no_truncation()
+                tokenizer.backend_tokenizer.no_padding()
             tokenizer.save_pretrained(os.path.join(save_directory, subfolder))
         if push_to_hub:
             repo_id = hub.pop("repo_id", os.path.basename(os.path.normpath(save_directory)))

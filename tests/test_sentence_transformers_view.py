@@ -402,10 +402,14 @@ def test_the_published_tokenizer_truncates_at_the_models_limit_whatever_the_last
     tiny_encoder_dir, tmp_path
 ):
     """Training tokenizes at --max_seq_length and the fast tokenizer keeps the last call's truncation: a folder saved
-    after it would truncate at the training length; saving writes the model's own limit, with no padding."""
+    after it would say the training length; it is saved without the call's truncation and padding, its limit the
+    model's (``model_max_length``), the same whatever the run did last."""
+    from transformers import AutoTokenizer
+
     model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
     model.tokenizer(ENGLISH, truncation=True, max_length=5, padding="max_length")
     save_published(model, tmp_path / "saved")
     saved = json.loads((tmp_path / "saved" / "tokenizer.json").read_text())
-    assert saved["truncation"]["max_length"] == max_input_length(model.tokenizer, model.encoder.config) == 128
-    assert saved["padding"] is None
+    assert saved["truncation"] is None and saved["padding"] is None
+    loaded = AutoTokenizer.from_pretrained(tmp_path / "saved")
+    assert loaded.model_max_length == max_input_length(model.tokenizer, model.encoder.config) == 128

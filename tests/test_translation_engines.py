@@ -214,9 +214,9 @@ def test_token_batches_are_sorted_longest_first():
     assert batches == [[3, 0], [2, 1]]
 
 
-def test_unsupported_family_and_missing_package_are_clear(tmp_path, sentences_file, monkeypatch):
+def test_unsupported_family_and_missing_package_are_clear(tmp_path, sentences_file, tiny_marian_dir, monkeypatch):
     args = prepare_fraternal.PrepareFraternalArguments(
-        str(sentences_file), str(tmp_path / "out.txt"), str(tmp_path), engine="ctranslate2"
+        str(sentences_file), str(tmp_path / "out.txt"), str(tiny_marian_dir), engine="ctranslate2"
     )
 
     def not_installed():
