@@ -7,7 +7,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -20,7 +20,7 @@ from transformers.trainer_utils import get_last_checkpoint, speed_metrics
 
 from ifcl.files import read_json, write_json_atomically
 from ifcl.objectives import Objective, build_objective, unwrap_model
-from ifcl.objectives.base import Embeddings
+from ifcl.objectives.base import TOKEN_FIELDS, Embeddings
 from ifcl.publishing import without_training_state
 from ifcl.sts.evaluator import STSEvaluator
 
@@ -90,16 +90,43 @@ class RandomState:
             yield
 
 
-def mini_batches(inputs: dict[str, Any], size: int) -> list[dict[str, Any]]:
+def lengths_in_use(attention_mask: torch.Tensor, starts: range, size: int) -> list[int]:
+    """For each mini-batch of ``size`` rows from ``starts``, the columns of ``attention_mask`` [B, L] up to the last one
+    that any of its rows uses (L for rows padded on the left), read from the device once for all of them."""
+    positions = torch.arange(1, attention_mask.shape[1] + 1, device=attention_mask.device)
+    row_ends = (positions * attention_mask.bool()).amax(dim=1).tolist()
+    return [max(1, *row_ends[start : start + size]) for start in starts]
+
+
+def token_group_of(key: str) -> str | None:
+    """The token group a batch's key belongs to (its prefix before a ``TOKEN_FIELDS`` name; "" the sentences), None
+    for a key of no group."""
+    return next((key.removesuffix(name) for name in TOKEN_FIELDS if key.endswith(name)), None)
+
+
+def mini_batches(inputs: dict[str, Any], size: int, groups_at_own_length: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The batch cut into consecutive mini-batches of ``size`` rows: every tensor whose first dimension is the
-    batch's is cut, anything else kept whole."""
+    batch's is cut, anything else kept whole. The token groups of ``groups_at_own_length`` (an objective's
+    ``token_groups_at_own_length``) lose, in each mini-batch, the padding columns at the end that all its rows share,
+    so that a mini-batch of short sentences goes through the encoder at its own length, as in sentence-transformers'
+    cached losses, and not at the longest of the whole batch."""
     rows = inputs["input_ids"].shape[0]
+    starts = range(0, rows, size)
+    masks = {group: inputs.get(f"{group}attention_mask") for group in groups_at_own_length}
+    lengths = {  # each group's length in the batch, and in each mini-batch
+        group: (mask.shape[1], lengths_in_use(mask, starts, size))
+        for group, mask in masks.items()
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2
+    }
 
-    def cut(value: Any, start: int) -> Any:
-        is_rows = isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == rows
-        return value[start : start + size] if is_rows else value
+    def cut(key: str, value: Any, index: int) -> Any:
+        if not (isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == rows):
+            return value
+        value = value[starts[index] : starts[index] + size]
+        batch_length, used = lengths.get(token_group_of(key), (None, None))
+        return value[:, : used[index]] if value.dim() == 2 and value.shape[1] == batch_length else value
 
-    return [{key: cut(value, start) for key, value in inputs.items()} for start in range(0, rows, size)]
+    return [{key: cut(key, value, index) for key, value in inputs.items()} for index in range(len(starts))]
 
 
 class GradientCache(torch.autograd.Function):
@@ -161,7 +188,7 @@ def embed_with_gradient_cache(
     no_sync = model.no_sync if isinstance(model, DistributedDataParallel) else nullcontext
     rows = GradientCache.apply(
         lambda batch, replay: objective.embed(model, batch, replay),
-        mini_batches(inputs, mini_batch_size),
+        mini_batches(inputs, mini_batch_size, objective.token_groups_at_own_length),
         names,
         no_sync,
         torch.empty(0, requires_grad=True),

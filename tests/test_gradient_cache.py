@@ -101,6 +101,33 @@ def test_the_cache_composes_with_matryoshka_sizes(tiny_encoder_dir, tmp_path):
     assert_same_step(trainer, first_batch(trainer, 8), cache=2)
 
 
+@pytest.mark.parametrize("name", ["ifcl", "simcse"])
+def test_each_mini_batch_goes_through_the_encoder_at_its_own_length(tiny_encoder_dir, tmp_path, name):
+    """The padding that all rows of a mini-batch share is not encoded, as in sentence-transformers' cached losses:
+    in the embedding pass and the re-forward alike, the twins' call is as long as the mini-batch's longest sentence,
+    the fraternal call as its longest sentence or translation (on the CPU the views take two calls)."""
+    trainer = build(tmp_path, tiny_encoder_dir, name, batch=8)
+    batch = first_batch(trainer, 8)
+    calls = []
+
+    def counted(module, args, kwargs):
+        calls.append(tuple(kwargs["inputs_embeds"].shape[:2]))
+
+    hook = trainer.model.encoder.embeddings.register_forward_pre_hook(counted, with_kwargs=True)
+    one_training_step(trainer, batch, cache=3)
+    hook.remove()
+    expected = []
+    for start in range(0, 8, 3):
+        rows = slice(start, start + 3)
+        sentences = int(batch["attention_mask"][rows].sum(dim=1).max())
+        expected.append((2 * len(batch["input_ids"][rows]), sentences))
+        if name == "ifcl":
+            translations = int(batch["fraternal_attention_mask"][rows].sum(dim=1).max())
+            expected.append((len(batch["input_ids"][rows]), max(sentences, translations)))
+    assert calls == expected + expected
+    assert min(length for _, length in expected) < batch["input_ids"].shape[1], "no mini-batch is shorter"
+
+
 @pytest.mark.parametrize("name", ["ifcl", "simcse", "micse"])
 def test_the_gradient_pass_replays_the_dropout_masks(tiny_encoder_dir, tmp_path, name, monkeypatch):
     """Dropout on: the re-forward's rows are those of the embedding pass, and so is the loss computed from them."""

@@ -17,6 +17,7 @@ from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import each other as top-level modules (``import runs``)
 
+import cached_step  # noqa: E402
 import large_batches  # noqa: E402
 import matryoshka  # noqa: E402
 import objectives  # noqa: E402
@@ -45,6 +46,13 @@ TABLES = {
         large_batches.README_END,
         "large_batches",
         large_batches.readme_text,
+    ),
+    "cached-step-table": MarkedTable(
+        "benchmarks/README.md",
+        cached_step.README_START,
+        cached_step.README_END,
+        "cached_step",
+        cached_step.readme_text,
     ),
     "matryoshka-table": MarkedTable(
         "benchmarks/README.md", matryoshka.README_START, matryoshka.README_END, "matryoshka", matryoshka.readme_text

@@ -170,6 +170,10 @@ class Objective(nn.Module):
     own_arguments: ClassVar[tuple[str, ...]] = ()
     # Why ``matryoshka_dims`` cannot train this objective's embeddings (None: its contrastive terms take them).
     without_matryoshka: ClassVar[str | None] = None
+    # The token groups (prefixes of TOKEN_FIELDS: "" the sentences) that a gradient cache's mini-batch embeds at its
+    # own length, each group on its own: those whose rows' embeddings do not change with the padding after them.
+    # Groups left out keep the batch's length (ConIsI and PCL stack theirs into one call of one length).
+    token_groups_at_own_length: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, model: nn.Module, settings: Any = None) -> None:
         super().__init__()

@@ -50,6 +50,7 @@ class IFCLObjective(Objective):
     settings_class = IFCLSettings
     card_settings = (*IFCLSettings.__dataclass_fields__, "queue_batch_size", "fraternal_model_name_or_path")
     own_arguments = ("fraternal_model_name_or_path", "fraternal_column")
+    token_groups_at_own_length = ("", "fraternal_")
 
     @classmethod
     def stored_settings(cls, config) -> IFCLSettings:

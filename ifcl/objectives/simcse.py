@@ -32,6 +32,7 @@ class SimCSEObjective(Objective):
 }""",
     )
     loss_terms = ("loss_contrastive",)
+    token_groups_at_own_length = ("",)
 
     def __init__(self, model: nn.Module, settings=None) -> None:
         super().__init__(model, settings)
