@@ -90,9 +90,7 @@ class ModelArguments:
         },
     )
     lora_alpha: float | None = field(default=None, metadata={"help": "LoRA's scale alpha (alpha / r). None: 2 × r."})
-    lora_dropout: float | None = field(
-        default=None, metadata={"help": "Dropout on the LoRA adapters' input. None: 0.05 with --lora_r."}
-    )
+    lora_dropout: float | None = field(default=None, metadata={"help": "Dropout on the adapters' input. None: 0.05."})
     lora_target_modules: list[str] | None = field(
         default=None,
         metadata={
@@ -351,10 +349,8 @@ def main(argv: list[str] | None = None):
             if start.saved is not None:  # else IFCLModel.from_encoder chooses the poolers not given, and says so
                 for level, note in pooler_notes:
                     logger.log(level, note)
-            chosen = set(given_poolers) if start.saved is None else set(POOLER_SETTINGS)
-            model_settings = {
-                k: v for k, v in settings.items() if k != "lora" and (k not in POOLER_SETTINGS or k in chosen)
-            }
+            # The poolers given: the others are the starting model's own (what the planned config resolved).
+            model_settings = {k: v for k, v in settings.items() if k not in ("lora", *POOLER_SETTINGS)} | given_poolers
             trust = model_args.trust_remote_code
             model = load_model(start, model_args.model_name_or_path, fraternal_model, model_settings, trust)
             if model_args.lora() is not None:
@@ -445,8 +441,8 @@ def load_model(
 ):
     """The IFCL model to train: continued from a saved one with this command's settings (its queue loaded with its
     own shape, which ``Objective.prepare`` keeps only when unchanged; a LoRA checkpoint's adapters merged; this
-    project's class, no remote code), or built
-    from a plain encoder (its code run only with ``--trust_remote_code``); its weights checked finite."""
+    project's class, no remote code), or built from a plain encoder (its code run only with ``--trust_remote_code``);
+    its weights checked finite."""
     from ifcl.publishing import public_name
     from modeling_ifcl import IFCLModel
 
@@ -486,17 +482,8 @@ def train_or_finish(trainer, resume, output_dir: str) -> dict[str, float]:
     session's: a finished training's own train_results.json when it had written them, else the totals its last
     checkpoint keeps)."""
     if resume is not None and resume.finished:
-        whole_run = trainer.finish_from_checkpoint(resume.checkpoint)
-        written = read_json(output_dir, "train_results.json")
-        if written:
-            return written
-        if whole_run is None:
-            logger.warning(
-                f"{resume.checkpoint} keeps no totals of its training (an earlier version saved it): the train "
-                "results hold its steps only."
-            )
-            return {"train_steps": trainer.state.global_step}
-        return {**whole_run, "train_samples": len(trainer.train_dataset)}
+        whole_run = {**trainer.finish_from_checkpoint(resume.checkpoint), "train_samples": len(trainer.train_dataset)}
+        return read_json(output_dir, "train_results.json") or whole_run
     metrics = trainer.train_measured(resume.checkpoint if resume is not None else None)
     metrics["train_samples"] = len(trainer.train_dataset)
     if torch.cuda.is_available():

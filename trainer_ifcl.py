@@ -540,12 +540,12 @@ class IFCLTrainer(Trainer):
         """The callback that counts the run's totals (the Trainer makes a new one when it restores callbacks)."""
         return next(cb for cb in self.callback_handler.callbacks if isinstance(cb, RunTotalsCallback))
 
-    def finish_from_checkpoint(self, checkpoint: str) -> dict[str, float] | None:
+    def finish_from_checkpoint(self, checkpoint: str) -> dict[str, float]:
         """Take up a run whose training had ended when it stopped (before its results were written): the Trainer's
         state from ``checkpoint`` and the model training ended with (the best checkpoint when
         ``load_best_model_at_end`` kept one, else ``checkpoint``), without training a step. Returns the whole run's
-        train metrics, as :meth:`train_measured` gives them, from the totals the checkpoint keeps (None when it keeps
-        none: a checkpoint of an earlier version)."""
+        train metrics, as :meth:`train_measured` gives them, from the totals the checkpoint keeps (its steps alone,
+        with a warning, when it keeps none: a checkpoint of an earlier version)."""
         from transformers.trainer_callback import TrainerState
 
         self.state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
@@ -556,7 +556,11 @@ class IFCLTrainer(Trainer):
         record = self.state.stateful_callbacks.get(RunTotalsCallback.__name__)
         totals = RunTotals.stored(record, self.state.global_step)
         if totals is None:
-            return None
+            logger.warning(
+                f"{checkpoint} keeps no totals of its training (an earlier version saved it): the train results "
+                "hold its steps only."
+            )
+            return {"train_steps": self.state.global_step}
         return {**totals.train_metrics(global_batch_size(self.args), self.state.total_flos), "epoch": self.state.epoch}
 
     def train_measured(self, resume_from_checkpoint: str | None = None) -> dict[str, float]:
