@@ -41,14 +41,21 @@ def use_all_cpu_cores(training_args) -> None:
         torch.set_num_threads(available)
 
 
-def setup_logging(training_args, logger: logging.Logger) -> None:
-    """The examples' logging: the process's own level for transformers and datasets, and the script's progress
-    (``logger``, the package's and the trainer's) on the main process."""
+def log_to_stdout(**options) -> None:
+    """The scripts' log lines, as the examples write them, on standard output; ``options``: more of
+    ``logging.basicConfig``'s (``level``)."""
     logging.basicConfig(
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
         datefmt="%m/%d/%Y %H:%M:%S",
         handlers=[logging.StreamHandler(sys.stdout)],
+        **options,
     )
+
+
+def setup_logging(training_args, logger: logging.Logger) -> None:
+    """The examples' logging: the process's own level for transformers and datasets, and the script's progress
+    (``logger``, the package's and the trainer's) on the main process."""
+    log_to_stdout()
     log_level = training_args.get_process_log_level()
     script_log_level = min(log_level, logging.INFO) if training_args.should_log else log_level
     logger.setLevel(script_log_level)

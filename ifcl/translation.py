@@ -20,6 +20,7 @@ from ifcl.ctranslate2_engine import COMPUTE_TYPES, MADE_BY, EngineSettingsError
 from ifcl.data import DataFormatError, _iter_lines, file_sha256
 from ifcl.failures import Interrupted, RunFailure, failures_of_the_run, run_command
 from ifcl.files import atomic_path, exclusive_lock, read_json, write_json_atomically
+from ifcl.processes import log_to_stdout
 from modeling_ifcl import check_model_path, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -834,11 +835,7 @@ def prepare(args: PrepareFraternalArguments) -> PrepareSummary:
 def run(argv: list[str]) -> PrepareSummary:
     """Parse ``argv``, set up the log, and :func:`prepare`; Ctrl-C becomes :class:`Interrupted` saying how to go on."""
     args = parse_arguments(argv)
-    logging.basicConfig(
-        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
-        datefmt="%m/%d/%Y %H:%M:%S",
-        handlers=[logging.StreamHandler(sys.stdout)],
-    )
+    log_to_stdout()
     logger.setLevel(logging.INFO)
     try:
         return prepare(args)

@@ -27,6 +27,7 @@ from ifcl.arguments import command_line
 from ifcl.data import load_train_dataset
 from ifcl.failures import failures_of_the_run, run_command
 from ifcl.files import write_json_atomically
+from ifcl.processes import log_to_stdout
 from ifcl.sts.encoders import (
     MODEL_TYPES,
     MutualInformationEvaluator,
@@ -456,14 +457,20 @@ def read_evaluation_data(eval_args, mi_args) -> tuple[list[STSData], Any]:
     return sts_sets, mi_pairs
 
 
+def size_to_score(encoder, truncate_dim: int | None) -> tuple[int | None, int]:
+    """``--truncate_dim`` checked against the embeddings' width and given to ``encoder`` (None when it is the
+    width: the full size), and that width."""
+    width = encoder.encode(["width"]).shape[1]
+    if truncate_dim is not None and truncate_dim > width:
+        raise ValueError(f"--truncate_dim {truncate_dim}: the embeddings have {width} dimensions.")
+    encoder.truncate_dim = truncate_dim if truncate_dim != width else None
+    return encoder.truncate_dim, width
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Parse ``argv``, evaluate, write the results. Returns what sts_results.json holds."""
     model_args, eval_args, mi_args = parse_arguments(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(
-        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
-        level=logging.INFO,
-        handlers=[logging.StreamHandler(sys.stdout)],
-    )
+    log_to_stdout(level=logging.INFO)
 
     # 1. Everything that can be wrong with the input is found before the model is loaded.
     sts_sets, mi_pairs = read_evaluation_data(eval_args, mi_args)
@@ -487,11 +494,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         trust_remote_code=model_args.trust_remote_code,
     )
     encoder = loaded.encoder
-    width = encoder.encode(["width"]).shape[1]
-    if model_args.truncate_dim is not None and model_args.truncate_dim > width:
-        raise ValueError(f"--truncate_dim {model_args.truncate_dim}: the embeddings have {width} dimensions.")
-    truncate_dim = model_args.truncate_dim if model_args.truncate_dim != width else None  # all of them: full size
-    encoder.truncate_dim = truncate_dim
+    truncate_dim, width = size_to_score(encoder, model_args.truncate_dim)
     if dtype is not None and encoder.device.type == "cpu":
         logger.warning(f"--{'bf16' if eval_args.bf16 else 'fp16'} on the CPU: half precision is meant for GPUs.")
     label = model_label(model_args.model_name_or_path, loaded.pooler_type, truncate_dim)
