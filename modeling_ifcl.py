@@ -634,8 +634,8 @@ def fraternal_word_table(
 
 
 def lora_weights(name_or_path: str | os.PathLike, options: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The LoRA adapters a folder's or repo's weights hold beside their base layers (a LoRA run's checkpoint,
-    ``ifcl.lora``), by name; {} when they hold none (a published folder's are merged). ``options``: those of
+    """The LoRA adapters a folder's or repo's weights hold, and the base layers they sit beside (a LoRA run's
+    checkpoint, ``ifcl.lora``), by name; {} when they hold none (a published folder's are merged). ``options``: those of
     ``from_pretrained`` (subfolder, revision, cache). ``ValueError`` naming the file for adapters that are not plain
     LoRA (DoRA, a trained LoRA bias), which only peft merges."""
     from safetensors import safe_open
@@ -665,9 +665,11 @@ def lora_weights(name_or_path: str | os.PathLike, options: dict[str, Any]) -> di
         if path is None:
             return {}  # no safetensors weights: from_pretrained says what is missing
         with safe_open(path, framework="pt") as weights:
-            names = [name for name in weights.keys() if ".lora_" in name]
+            names = [name for name in weights.keys() if ".lora_" in name or ".base_layer." in name]
             unsupported = [
-                name for name in names if not re.search(r"\.lora_(embedding_)?(A|B)\.", name) or name.endswith(".bias")
+                name
+                for name in names
+                if ".lora_" in name and (not re.search(r"\.lora_(embedding_)?(A|B)\.", name) or name.endswith(".bias"))
             ]
             if unsupported:
                 raise ValueError(
@@ -690,7 +692,7 @@ class IFCLModel(PreTrainedModel):
     # Left out of published folders: the queue (a loaded model starts it empty) and a BEL_F that copies BEL_S.
     _keys_to_ignore_on_load_missing = [r"^queue\.", r"^fraternal_embeddings\."]
     # A LoRA checkpoint's adapters, which from_pretrained merges into their layers itself.
-    _keys_to_ignore_on_load_unexpected = [r"\.lora_(A|B|embedding_A|embedding_B)\."]
+    _keys_to_ignore_on_load_unexpected = [r"\.lora_(A|B|embedding_A|embedding_B)\.", r"\.base_layer\."]
 
     def __init__(self, config: IFCLConfig, add_pooling_layer: bool = False) -> None:
         super().__init__(config)  # add_pooling_layer: sentence-transformers passes it; no pooler head is held
@@ -725,9 +727,15 @@ class IFCLModel(PreTrainedModel):
         """
         checked_truncate_dim(truncate_dim)  # its type, before anything loads
         adapters = lora_weights(pretrained_model_name_or_path, kwargs)
-        if adapters:  # the base layers load under their plain names, the adapters are merged into them after
-            kwargs["key_mapping"] = {**(kwargs.get("key_mapping") or {}), r"\.base_layer\.": "."}
-        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        # The adapted layers' own weights are not in the file under their names (peft's base_layer holds them): not
+        # missing, since merge_lora writes them; nothing else is left out of the load report.
+        merged = [re.escape(name.replace(".base_layer.", ".")) for name in adapters if ".base_layer." in name]
+        ignored = cls._keys_to_ignore_on_load_missing
+        cls._keys_to_ignore_on_load_missing = [*ignored, *merged]
+        try:
+            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        finally:
+            cls._keys_to_ignore_on_load_missing = ignored
         model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, loading info) when asked for
         if adapters:
             model.merge_lora(adapters)
@@ -736,12 +744,16 @@ class IFCLModel(PreTrainedModel):
 
     @torch.no_grad()
     def merge_lora(self, adapters: dict[str, torch.Tensor]) -> None:
-        """Add LoRA ``adapters`` (a checkpoint's ``lora_A``/``lora_B`` tensors by their names in the model) into their
-        layers, as peft's merge does: W += B·A·s, transposed for an embedding table or a ``fan_in_fan_out`` layer, with
-        s = alpha / r (alpha / √r with rsLoRA) from the config's ``lora``; in float32, then the layer's dtype."""
+        """Give each adapted layer its base layer's weights with the LoRA ``adapters`` merged in (a checkpoint's
+        ``base_layer``, ``lora_A`` and ``lora_B`` tensors by their names in the model), as peft's merge does:
+        W = W_base + B·A·s, transposed for an embedding table or a ``fan_in_fan_out`` layer, with s = alpha / r
+        (alpha / √r with rsLoRA) from the config's ``lora``; in float32, then the layer's dtype."""
         lora = self.config.lora or {}
         if "alpha" not in lora:
             raise ValueError("The weights hold LoRA adapters, but config.json names no LoRA alpha (its ifcl.lora).")
+        for name, base in adapters.items():
+            if ".base_layer." in name:
+                self.get_parameter(name.replace(".base_layer.", ".")).copy_(base)
         for name_a, down in adapters.items():
             if ".lora_A." not in name_a and ".lora_embedding_A." not in name_a:
                 continue

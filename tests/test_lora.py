@@ -20,8 +20,10 @@ from conftest import (
     ROOT,
     build_tiny_decoder,
     cpu_training_args,
+    launch,
     losses_by_step,
     run_script,
+    saved_weight_names,
     write_sts_file,
 )
 from datasets import Dataset
@@ -244,6 +246,7 @@ def test_run_ifcl_trains_a_decoder_with_lora_checkpointing_and_bf16(tmp_path):
         )
         lora = IFCLModel.from_pretrained(str(out)).config.lora
         assert (lora or {}).get("r") == (4 if extra else None)
+        assert not [name for name in saved_weight_names(out) if "lora_" in name or "base_layer" in name]
 
 
 @pytest.mark.parametrize("objective", ["ifcl", "simcse"])
@@ -265,6 +268,12 @@ def test_a_lora_checkpoint_loads_as_the_model_of_its_step(objective, tmp_path):
     ):
         assert not [name for name, _ in loaded.named_parameters() if "lora_" in name]
         torch.testing.assert_close(loaded.encode(ENGLISH), published, atol=1e-5, rtol=0)
+    loaded.save_pretrained(tmp_path / "saved_again")  # a loaded checkpoint saves under the model's own names
+    assert not [
+        name for name in saved_weight_names(tmp_path / "saved_again") if "lora_" in name or "base_layer" in name
+    ]
+    again = IFCLModel.from_pretrained(str(tmp_path / "saved_again")).encode(ENGLISH)
+    torch.testing.assert_close(again, published, atol=1e-5, rtol=0)
     base_layers_only = IFCLModel.from_encoder(str(decoder), **LAST).encode(ENGLISH)
     assert (base_layers_only - published).abs().max() > 1e-3  # the adapters changed the model
 
@@ -321,3 +330,31 @@ def test_lora_without_peft_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "peft", None)
     with pytest.raises(ValueError, match=re.escape("pip install 'ifcl[peft]'")):
         run_ifcl.parse_arguments(["--output_dir", "unused", "--lora_r", "4"])
+
+
+@pytest.mark.slow
+def test_two_processes_train_a_lora_llama_and_go_on_from_its_checkpoint(tmp_path):
+    """As users run it on several GPUs (here two gloo processes): a tiny Llama 3 (BOS template, no pad token) with
+    LoRA trains, its checkpoint starts a second two-process run with new adapters, and both published folders read
+    a sentence as ``<bos> tokens <eos>`` and hold merged weights."""
+    from transformers import AutoTokenizer
+
+    decoder = build_tiny_decoder("llama", tmp_path / "llama")
+    base = AutoTokenizer.from_pretrained(decoder)
+    expected = [*base(ENGLISH[0])["input_ids"], base.eos_token_id]
+    (tmp_path / "train.txt").write_text("\n".join(f"{en}\t{de}" for en, de in zip(ENGLISH, GERMAN)) + "\n")
+    write_sts_file(tmp_path / "sts.tsv")
+    flags = [
+        *("--train_file", str(tmp_path / "train.txt"), "--validation_file", str(tmp_path / "sts.tsv")),
+        *("--test_file", str(tmp_path / "sts.tsv"), "--max_steps", "4", "--per_device_train_batch_size", "2"),
+        *("--eval_steps", "2", "--save_steps", "2", "--max_seq_length", "16", "--learning_rate", "1e-3"),
+        *("--pooler_type", "last", "--eval_pooler_type", "last", "--lora_r", "4"),
+    ]
+    first, second = tmp_path / "first", tmp_path / "second"
+    for output in (first, second):
+        start = decoder if output == first else max(first.glob("checkpoint-*"), key=lambda c: int(c.name[11:]))
+        result = launch([*flags, "--model_name_or_path", str(start), "--output_dir", str(output)], processes=2)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+        assert AutoTokenizer.from_pretrained(output)(ENGLISH[0])["input_ids"] == expected
+        assert not [name for name in saved_weight_names(output) if "lora_" in name or "base_layer" in name]
+        assert IFCLModel.from_pretrained(str(output)).config.lora["r"] == 4
