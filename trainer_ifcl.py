@@ -271,8 +271,10 @@ class RunTotals:
 class RunTotalsCallback(TrainerCallback, ExportableState):
     """Counts the run's :class:`RunTotals` across its sessions: a session starts from those of the checkpoint it
     resumes from (``trainer_state.json``'s ``stateful_callbacks``), adds its own, and each checkpoint it writes keeps
-    the sum. A step that saves or evaluates logs first, so that the logged losses reach every checkpoint whole (and
-    the loss is checked for NaN there, by :meth:`IFCLTrainer.log`). ``earlier``: the totals before this session."""
+    the sum. A step that saves, evaluates or ends training logs first, so that the logged losses reach every
+    checkpoint and the run's end whole (and the loss is checked for NaN there, by :meth:`IFCLTrainer.log`): the loss
+    is counted here, not taken from ``train``'s mean, which transformers versions divide by different step counts on
+    a resumed run. ``earlier``: the totals before this session."""
 
     def __init__(self, **earlier: Any) -> None:
         self.earlier: RunTotals | None = RunTotals(**earlier)  # None: unknown (a checkpoint of an earlier version)
@@ -294,7 +296,7 @@ class RunTotalsCallback(TrainerCallback, ExportableState):
 
     def on_step_end(self, args, state, control, **kwargs) -> None:
         self.step = state.global_step
-        if control.should_save or control.should_evaluate:
+        if control.should_save or control.should_evaluate or control.should_training_stop:
             control.should_log = True
 
     on_epoch_end = on_step_end
@@ -311,6 +313,11 @@ class RunTotalsCallback(TrainerCallback, ExportableState):
         """An STS evaluation took ``cpu_seconds``: counted while training."""
         if self.training:
             self.evaluation_cpu_seconds += cpu_seconds
+
+    def session_loss_sum(self, mean_loss: float) -> float:
+        """This session's step losses summed: those logged, when every step is; else ``mean_loss`` (the Trainer's
+        mean of the session) times its steps."""
+        return self.loss_sum if self.logged_step == self.step else mean_loss * self.session_steps
 
     @property
     def session_steps(self) -> int:
@@ -570,7 +577,7 @@ class IFCLTrainer(Trainer):
         processes sharing the cores do not lengthen, less the STS evaluations' own."""
         output = self.train(resume_from_checkpoint=resume_from_checkpoint)
         counter = self.run_totals
-        loss_sum, seconds = output.training_loss * counter.session_steps, output.metrics["train_runtime"]
+        loss_sum, seconds = counter.session_loss_sum(output.training_loss), output.metrics["train_runtime"]
         totals = counter.whole_run(loss_sum, seconds)
         samples_per_step = global_batch_size(self.args)
         if totals is not None:
