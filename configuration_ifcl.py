@@ -215,6 +215,7 @@ def refuse_unknown_settings(names: Any) -> None:
     closest setting's name (``fusion_rat`` → ``fusion_rate``): a typo would otherwise be stored and ignored."""
     known = {*inspect.signature(PretrainedConfig.__init__).parameters, *PretrainedConfig().to_dict(), *FILE_KEYS}
     known |= {"pad_token_id", "bos_token_id", "eos_token_id", "name_or_path", "output_attentions", "encoder_config"}
+    known |= {"attn_implementation", "experts_implementation"}  # PretrainedConfig pops them; from_dict may pass them
     for name in (name for name in names if not name.startswith("_") and name not in known):
         close = difflib.get_close_matches(name, setting_names(), n=1)
         hint = f"; did you mean {close[0]}?" if close else f". IFCL's settings: {', '.join(setting_names())}."

@@ -431,8 +431,9 @@ def check_text_dataset(dataset: datasets.Dataset, columns: Sequence[str], reader
     for column in columns:
         feature = dataset.features[column]
         if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
+            kind = feature.dtype if isinstance(feature, datasets.Value) else type(feature).__name__
             raise ValueError(
-                f"The training set's column {column!r} holds {feature}, not text: every row must be a sentence "
+                f"The training set's column {column!r} holds {kind}, not text: every row must be a sentence "
                 "(a non-empty string). Give the column of sentences, or convert this one (dataset.map)."
             )
         values = dataset.with_format("arrow")[column]

@@ -493,7 +493,7 @@ TEXT_CASES = [
         "has columns ['sentence'], but the test reads sentence, fraternal",
     ),
     ({"sentence": [], "fraternal": []}, ("sentence", "fraternal"), "The training set is empty"),
-    ({"sentence": [1, 2]}, ("sentence",), "The training set's column 'sentence' holds Value('int64')"),
+    ({"sentence": [1, 2]}, ("sentence",), "The training set's column 'sentence' holds int64, not text"),
     ({"sentence": ["A.", None]}, ("sentence",), "column 'sentence' has None in row 1"),
     ({"sentence": ["A.", "B."], "fraternal": ["C.", " "]}, ("sentence", "fraternal"), "has ' ' in row 1"),
     ({"anchor": ["A.", ""], "positive": ["B.", "C."]}, ("anchor", "positive"), "column 'anchor' has '' in row 1"),
