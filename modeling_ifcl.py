@@ -715,17 +715,27 @@ class IFCLModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(
-        cls, pretrained_model_name_or_path: str | os.PathLike, *model_args, truncate_dim: int | None = None, **kwargs
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *model_args,
+        truncate_dim: int | None = None,
+        attn_implementation: str | None = None,
+        **kwargs,
     ) -> IFCLModel:
-        """``PreTrainedModel.from_pretrained``, and two things of a sentence encoder's:
+        """``PreTrainedModel.from_pretrained``, and three things of a sentence encoder's:
 
         - ``truncate_dim``: ``encode`` keeps each embedding's first that many dimensions unless told otherwise (a
           Matryoshka size), as ``SentenceTransformer(..., truncate_dim=...)`` does.
+        - ``attn_implementation`` (``"eager"``, ``"sdpa"``, ``"flash_attention_2"``, ...) is the encoder's, which
+          checks it (the rest of the model has no attention); by default the encoder's own default.
         - A checkpoint of a LoRA run (its weights hold the adapters beside their base layers, ``ifcl.lora``) loads
           as the model of that step: the adapters merged into their layers (W + B·A·alpha/r, :meth:`merge_lora`),
           as a published folder holds them; no peft is needed.
         """
         checked_truncate_dim(truncate_dim)  # its type, before anything loads
+        config = kwargs.get("config")
+        if isinstance(config, PretrainedConfig) and config._attn_implementation is not None:  # AutoModel put it there
+            attn_implementation, config._attn_implementation = attn_implementation or config._attn_implementation, None
         adapters = lora_weights(pretrained_model_name_or_path, kwargs)
         # The adapted layers' own weights are not in the file under their names (peft's base_layer holds them): not
         # missing, since merge_lora writes them; nothing else is left out of the load report.
@@ -737,6 +747,8 @@ class IFCLModel(PreTrainedModel):
         finally:
             cls._keys_to_ignore_on_load_missing = ignored
         model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, loading info) when asked for
+        if attn_implementation is not None:
+            model.encoder.set_attn_implementation(attn_implementation)
         if adapters:
             model.merge_lora(adapters)
         model.truncate_dim = checked_truncate_dim(truncate_dim, model.hidden_size)
@@ -798,6 +810,7 @@ class IFCLModel(PreTrainedModel):
         tokenizer: PreTrainedTokenizerBase | None = None,
         encoder_config: PretrainedConfig | None = None,
         trust_remote_code: bool = False,
+        attn_implementation: str | None = None,
         **settings,
     ) -> IFCLModel:
         """An IFCL model to train, built from a pretrained encoder.
@@ -809,6 +822,8 @@ class IFCLModel(PreTrainedModel):
             tokenizer, encoder_config: the encoder's, when already read (else read from ``encoder_name_or_path``).
             trust_remote_code: run the code the encoder and fraternal model ship with (transformers' own classes
                 otherwise, and a model that needs its code is refused; no prompt is ever shown).
+            attn_implementation: the encoder's attention (``"sdpa"``, ``"flash_attention_2"``, ...), which it checks;
+                default its own default. Not saved: :meth:`from_pretrained` takes it again.
             settings: :class:`IFCLConfig` fields (``fusion_rate``, ``queue_size``, ``pooler_type``, ...). The
                 poolers not given are the encoder's own: those of its sentence-transformers Pooling module (CLS,
                 last token or mean), else ``avg`` (:func:`choose_poolers`, which logs where each came from).
@@ -847,6 +862,8 @@ class IFCLModel(PreTrainedModel):
             **settings,
         )
         model = cls(config)
+        if attn_implementation is not None:
+            model.encoder.set_attn_implementation(attn_implementation)
         model.encoder.load_state_dict(encoder.state_dict())
         model.fraternal_embeddings, model.fraternal_projection = fraternal_word_table(
             model.get_input_embeddings(), config, fraternal_table

@@ -272,6 +272,24 @@ def test_save_pretrained_saves_the_tokenizers_and_every_loader_embeds_the_same(m
     assert not [path.name for path in other_ranks.iterdir()]
 
 
+def test_the_attention_implementation_asked_for_is_the_encoders(tiny_encoder_dir, published_dir):
+    """``attn_implementation`` reaches the encoder (the rest of the model has no attention), through
+    ``from_encoder``, the package's loader and the folder's own code (where ``AutoModel`` hands it to the config);
+    an unknown one is refused by transformers' own check, naming it."""
+    from transformers import AutoModel
+
+    expected = IFCLModel.from_pretrained(published_dir).encode(ENGLISH)
+    assert IFCLModel.from_pretrained(published_dir).encoder.config._attn_implementation == "sdpa"  # BERT's default
+    built = IFCLModel.from_encoder(str(tiny_encoder_dir), attn_implementation="eager")
+    assert built.encoder.config._attn_implementation == "eager"
+    for loader, options in ((IFCLModel, {}), (AutoModel, {"trust_remote_code": True})):
+        model = loader.from_pretrained(published_dir, attn_implementation="eager", **options)
+        assert model.encoder.config._attn_implementation == "eager"
+        assert torch.allclose(model.encode(ENGLISH), expected, atol=1e-5)
+    with pytest.raises(ValueError, match='attn_implementation="no_such_attention"'):
+        IFCLModel.from_pretrained(published_dir, attn_implementation="no_such_attention")
+
+
 def test_save_pretrained_pushes_the_folder_with_its_tokenizer(tiny_model, tmp_path, monkeypatch):
     """transformers would upload the folder before the tokenizer is in it: ``push_to_hub`` saves and pushes both."""
     pushed = []
