@@ -25,7 +25,7 @@ def offline_snippet() -> str:
 
 
 @pytest.mark.slow
-def test_the_offline_mteb_snippet_gives_the_projects_stsb_figure(published_dir, tmp_path):
+def test_the_offline_mteb_snippet_gives_the_projects_stsb_figure(published_dir, tmp_path, one_cpu_thread):
     from ifcl import IFCLModel, STSEvaluator
     from ifcl.data import load_stsb
 
@@ -48,7 +48,7 @@ def test_the_offline_mteb_snippet_gives_the_projects_stsb_figure(published_dir, 
 
     model = IFCLModel.from_pretrained(tmp_path / DEFAULT_RUN)
     ours = STSEvaluator.from_dataset(load_stsb("test"))(model, show_progress_bar=False)
-    # The same scoring; float32 sums in another batching order and thread count move near-tied ranks of this
-    # random model by ~1e-6 (another pooler or similarity would move the figure by far more).
+    # The same scoring, on one thread as the snippet's process is: float32 sums in another batching order move
+    # near-tied ranks of this random model by ~1e-6 (another pooler or similarity would move it by far more).
     assert mteb_figure == pytest.approx(ours["spearman"] / 100, abs=1e-5)
     assert not [path for path in tmp_path.glob(".cache/mteb/**/*") if path.is_file()]  # cache=None: no results kept
