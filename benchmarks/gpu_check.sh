@@ -17,14 +17,16 @@ PY_WHEEL=(--python-version 3.12 --implementation cp --only-binary=:all: --no-dep
     --platform manylinux2014_x86_64)
 
 prepare() {
-    # Wheels of the packages the GPU image (Python 3.12) lacks, the versions this project is tested with here.
+    # Wheels of the packages the GPU image (Python 3.12) lacks, the versions this project is tested with here; and
+    # peft, whose version there is unknown (one before 0.18 breaks transformers 5's Trainer at import).
     local python=${PYTHON:-python}
     rm -rf "$GPU_DIR" && mkdir -p "$GPU_DIR"/{wheels,pyarrow,ctranslate2,data/tokenizer}
     "$python" -m pip download -q "${PY_WHEEL[@]}" -d "$GPU_DIR/wheels" \
         "datasets==$("$python" -c 'import datasets; print(datasets.__version__)')" \
         "evaluate==$("$python" -c 'import evaluate; print(evaluate.__version__)')" \
         "dill==$("$python" -c 'import dill; print(dill.__version__)')" \
-        "multiprocess==$("$python" -c 'import multiprocess; print(multiprocess.__version__)')" || exit 1
+        "multiprocess==$("$python" -c 'import multiprocess; print(multiprocess.__version__)')" \
+        "peft==$("$python" -c 'import peft; print(peft.__version__)')" || exit 1
     "$python" -m pip download -q "${PY_WHEEL[@]}" -d "$GPU_DIR/pyarrow" "pyarrow>=24" || exit 1
     "$python" -m pip download -q "${PY_WHEEL[@]}" -d "$GPU_DIR/ctranslate2" \
         "ctranslate2==$("$python" -c 'import ctranslate2; print(ctranslate2.__version__)')" || exit 1
