@@ -25,6 +25,34 @@ def test_one_dependency_list():
     assert any(line.startswith("evaluate") for line in requirements.splitlines())
 
 
+def test_the_oldest_versions_pinned_are_the_floors():
+    """Each package .ci/oldest.txt pins (the oldest versions the suite is run with) has that version as its floor, in
+    requirements.txt and in pyproject.toml's extras wherever they name it."""
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    pinned = {}
+    for line in (ROOT / ".ci" / "oldest.txt").read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            requirement = Requirement(line)
+            pinned[canonicalize_name(requirement.name)] = next(iter(requirement.specifier)).version
+    lines = (ROOT / "requirements.txt").read_text(encoding="utf-8").splitlines()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    lines += [line for extra in extras.values() for line in extra]
+    floors = {}
+    for line in lines:
+        if line.strip() and not line.startswith("#"):
+            requirement = Requirement(line)
+            name = canonicalize_name(requirement.name)
+            if name in pinned:
+                floors.setdefault(name, set()).update(s.version for s in requirement.specifier if s.operator == ">=")
+    for name, version in pinned.items():
+        assert floors.get(name), f"{name} is pinned in .ci/oldest.txt but has no floor"
+        assert {Version(floor) for floor in floors[name]} == {Version(version)}, name
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     pytest.importorskip("setuptools")
