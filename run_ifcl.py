@@ -418,9 +418,7 @@ def main(argv: list[str] | None = None):
         raise Interrupted(interrupted_message(output_dir, sys.argv)) from None
 
     # 10. What the run gave and where it lies; the push, last (a failed one loses nothing).
-    # The process group goes before the interpreter does: gloo's threads would otherwise abort it. (Trainer.end, which
-    # does the same, came in a later transformers 5 than requirements.txt's floor.)
-    trainer.accelerator.end_training()
+    trainer.accelerator.end_training()  # the process group goes first: gloo's threads would otherwise abort the exit
     for key in ("init_eval", "eval", "init_test", "test"):
         value = all_metrics.get(f"{key}_{task}_spearman")
         if value is not None and not math.isnan(value):
