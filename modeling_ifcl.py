@@ -601,36 +601,39 @@ def scaled_orthogonal_projection(
 
 
 def fraternal_word_table(
-    words: nn.Embedding, config: IFCLConfig, table: torch.Tensor | None = None
-) -> tuple[nn.Embedding | None, nn.Linear | None]:
-    """BEL_F and its map to BEL_S's width, for BEL_S = ``words`` and the settings of ``config``: the one place they
-    are built, for ``IFCLModel`` and the sentence-transformers losses alike.
+    words: nn.Embedding,
+    table: torch.Tensor | None = None,
+    *,
+    shape: tuple[int, int] | None = None,
+    pad_token_id: int | None = None,
+    frozen: bool = True,
+) -> tuple[nn.Embedding, nn.Linear | None]:
+    """BEL_F and its map to BEL_S's width, for BEL_S = ``words``: the one place they are built, for ``IFCLModel`` and
+    the sentence-transformers losses alike.
 
-    (None, None) when BEL_F is BEL_S itself (``config.shares_word_table``) or training has no fraternal twins.
-    Otherwise a table holding ``table`` (the fraternal model's word table; None: BEL_S's values when the config names
-    no fraternal model, else left for the weights to load) with ``config.fraternal_pad_token_id`` as padding, frozen
-    as ``freeze_fraternal_embeddings`` says, and, when its width differs from BEL_S's, a linear map to it, started by
+    A table holding ``table`` (the fraternal model's word table, or BEL_S's own for a copy), or, without one, of
+    ``shape`` (default BEL_S's), its values left for the weights to load; ``pad_token_id`` as padding, frozen as
+    ``frozen`` says; and, when its width differs from BEL_S's, a linear map to it, started by
     :func:`scaled_orthogonal_projection` when the table's values are known.
     """
-    if not config.uses_fraternal_twins or config.shares_word_table:
-        return None, None
-    if table is None and config.fraternal_model_name_or_path is None:
-        table = words.weight
-    vocab_size = config.fraternal_vocab_size or words.num_embeddings
-    width = config.fraternal_embedding_size or words.embedding_dim
-    if table is not None:
-        vocab_size, width = table.shape
-    embedding = nn.Embedding(vocab_size, width, padding_idx=config.fraternal_pad_token_id, device=words.weight.device)
+    vocab_size, width = table.shape if table is not None else shape or words.weight.shape
+    embedding = nn.Embedding(vocab_size, width, padding_idx=pad_token_id, device=words.weight.device)
     if table is not None:
         with torch.no_grad():
             embedding.weight.copy_(table)
-    embedding.weight.requires_grad_(not config.freeze_fraternal_embeddings)
+    embedding.weight.requires_grad_(not frozen)
     projection = None
     if width != words.embedding_dim:
         projection = nn.Linear(width, words.embedding_dim, device=words.weight.device)
         if table is not None:
             scaled_orthogonal_projection(projection, words.weight, embedding.weight)
     return embedding, projection
+
+
+def check_matryoshka_width(dims: list[int] | None, width: int) -> None:
+    """``ValueError`` for a Matryoshka size wider than the embeddings."""
+    if max(dims or [0]) > width:
+        raise ValueError(f"matryoshka_dims {list(dims)}: the embeddings have {width} dimensions.")
 
 
 def lora_weights(name_or_path: str | os.PathLike, options: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -694,24 +697,61 @@ class IFCLModel(PreTrainedModel):
     # A LoRA checkpoint's adapters, which from_pretrained merges into their layers itself.
     _keys_to_ignore_on_load_unexpected = [r"\.lora_(A|B|embedding_A|embedding_B)\.", r"\.base_layer\."]
 
-    def __init__(self, config: IFCLConfig, add_pooling_layer: bool = False) -> None:
-        super().__init__(config)  # add_pooling_layer: sentence-transformers passes it; no pooler head is held
+    def __init__(
+        self,
+        config: IFCLConfig,
+        add_pooling_layer: bool = False,
+        *,
+        encoder: PreTrainedModel | None = None,
+        fraternal_table: torch.Tensor | None = None,
+    ) -> None:
+        """The model of ``config``: around ``encoder`` when given (a loaded encoder, kept as it is, with BEL_F
+        holding ``fraternal_table``: :meth:`from_encoder`), else around a new encoder of the config's, whose weights
+        ``from_pretrained`` loads. ``add_pooling_layer``: sentence-transformers passes it; no pooler head is held."""
+        super().__init__(config)
         # Registered directly: add_module would take the ``encoder`` property for a clash.
         self.encoder_prefix = config.encoder_prefix or "encoder"
-        self._modules[self.encoder_prefix] = drop_pooler_head(AutoModel.from_config(config.build_encoder_config()))
+        self._modules[self.encoder_prefix] = drop_pooler_head(
+            encoder if encoder is not None else AutoModel.from_config(config.build_encoder_config())
+        )
         words = word_table_of(self.encoder, type(self.encoder).__name__)
         # The sentence embeddings' width: the word table may be narrower (ALBERT, ELECTRA), and BEL_F matches it.
         self.hidden_size = getattr(self.encoder.config, "hidden_size", None) or words.embedding_dim
-        self.fraternal_embeddings, self.fraternal_projection = fraternal_word_table(words, config)
+        check_matryoshka_width(config.matryoshka_dims, self.hidden_size)
+        self.fraternal_embeddings = self.fraternal_projection = None
+        if encoder is None:  # else built after post_init, which would draw new values over its table
+            self.set_fraternal_table()
         self.mlp = simcse_mlp(self.hidden_size) if "cls" in (config.pooler_type, config.eval_pooler_type) else None
-        if max(config.matryoshka_dims or [0]) > self.hidden_size:
-            raise ValueError(
-                f"matryoshka_dims {config.matryoshka_dims}: the embeddings have {self.hidden_size} dimensions."
-            )
         self.queue = self.new_queue()
         self._tokenizer = self._fraternal_tokenizer = None  # loaded from the folder when first asked for
         self.truncate_dim: int | None = None  # encode's default size (from_pretrained's truncate_dim)
-        self.post_init()
+        self.post_init()  # initialises what is new; a loaded encoder's weights are marked as loaded and kept
+        if encoder is not None:
+            self.set_fraternal_table(fraternal_table)
+
+    def set_fraternal_table(self, table: torch.Tensor | None = None) -> None:
+        """BEL_F and its projection as the config says (:func:`fraternal_word_table`): none when training has no
+        fraternal twins or BEL_F is BEL_S itself (``config.shares_word_table``); else a table holding ``table`` (the
+        fraternal model's), or BEL_S's values when the config names no fraternal model, or left for the weights to
+        load."""
+        config = self.config
+        if not config.uses_fraternal_twins or config.shares_word_table:
+            self.fraternal_embeddings = self.fraternal_projection = None
+            return
+        words = self.get_input_embeddings()
+        if table is None and config.fraternal_model_name_or_path is None:
+            table = words.weight
+        shape = (
+            config.fraternal_vocab_size or words.num_embeddings,
+            config.fraternal_embedding_size or words.embedding_dim,
+        )
+        self.fraternal_embeddings, self.fraternal_projection = fraternal_word_table(
+            words,
+            table,
+            shape=shape,
+            pad_token_id=config.fraternal_pad_token_id,
+            frozen=config.freeze_fraternal_embeddings,
+        )
 
     @classmethod
     def from_pretrained(
@@ -844,9 +884,9 @@ class IFCLModel(PreTrainedModel):
             logger.info(f"{encoder_name_or_path}: {change}.")
         options = {"config": encoder_config} if encoder_config else {}
         options["trust_remote_code"] = trust_remote_code
-        encoder = drop_pooler_head(AutoModel.from_pretrained(encoder_name_or_path, **options))
-        fraternal_table = word_table_of(encoder, encoder_name_or_path).weight
-        fraternal_tokenizer = None
+        encoder = AutoModel.from_pretrained(encoder_name_or_path, **options)
+        word_table_of(encoder, encoder_name_or_path)  # refused before the model is built when it has none
+        fraternal_table = fraternal_tokenizer = None
         if fraternal_model_name_or_path is not None:
             fraternal_table, fraternal_tokenizer = load_fraternal(fraternal_model_name_or_path, trust_remote_code)
         prefix = getattr(encoder, "base_model_prefix", "")  # its own, so that the weights keep their names
@@ -861,13 +901,9 @@ class IFCLModel(PreTrainedModel):
             fraternal_model_name_or_path=fraternal_model_name_or_path,
             **settings,
         )
-        model = cls(config)
+        model = cls(config, encoder=encoder, fraternal_table=fraternal_table)
         if attn_implementation is not None:
             model.encoder.set_attn_implementation(attn_implementation)
-        model.encoder.load_state_dict(encoder.state_dict())
-        model.fraternal_embeddings, model.fraternal_projection = fraternal_word_table(
-            model.get_input_embeddings(), config, fraternal_table
-        )
         model.name_or_path = encoder_name_or_path  # where its tokenizer and sentence-transformers settings come from
         model._tokenizer, model._fraternal_tokenizer = tokenizer, fraternal_tokenizer
         return model

@@ -62,6 +62,32 @@ def test_a_trained_table_gets_its_own_copy_also_when_loaded_from_a_shared_one(ti
     assert not shared.get_input_embeddings().weight.requires_grad
 
 
+@pytest.mark.parametrize("fraternal", [False, True], ids=["BEL_F a trained copy of BEL_S", "fraternal model"])
+def test_from_encoder_builds_the_model_around_the_loaded_encoder_with_one_fraternal_table(
+    tiny_encoder_dir, tiny_fraternal_dir, monkeypatch, fraternal
+):
+    """No random encoder is built beside the loaded one, and BEL_F is built once, with its own values: the
+    encoder's weights are the base's, BEL_F the fraternal model's table (or BEL_S's)."""
+    import modeling_ifcl
+    from transformers import AutoModel
+
+    built = []
+    table_of = modeling_ifcl.fraternal_word_table
+    monkeypatch.setattr(modeling_ifcl, "fraternal_word_table", lambda *a, **k: built.append(a) or table_of(*a, **k))
+    monkeypatch.setattr(AutoModel, "from_config", lambda *a, **k: pytest.fail("a random encoder was built"))
+    fraternal_dir = str(tiny_fraternal_dir) if fraternal else None
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), fraternal_dir, freeze_fraternal_embeddings=False)
+    assert len(built) == 1
+    monkeypatch.undo()
+    base = AutoModel.from_pretrained(tiny_encoder_dir)
+    for name, weight in base.state_dict().items():
+        if not name.startswith("pooler."):
+            assert torch.equal(model.encoder.state_dict()[name], weight), name
+    source = AutoModel.from_pretrained(tiny_fraternal_dir) if fraternal else base
+    assert torch.equal(model.fraternal_embeddings.weight, source.get_input_embeddings().weight)
+    assert model.fraternal_embeddings.weight.requires_grad
+
+
 def test_the_queue_is_saved_and_a_folder_without_it_loads_with_an_empty_queue(tiny_encoder_dir, tmp_path):
     from safetensors.torch import load_file, save_file
 

@@ -23,7 +23,7 @@ from configuration_ifcl import IFCLSettings, SharedSettings
 from ifcl import queue as ring
 from ifcl.data import check_text_dataset, check_training_data_size, is_text_dataset
 from ifcl.publishing import adopt_base
-from modeling_ifcl import fit_dropout, fraternal_word_table
+from modeling_ifcl import fit_dropout
 
 logger = logging.getLogger(__name__)
 
@@ -96,12 +96,8 @@ def fit_model(model: nn.Module, **settings: Any) -> None:
         if ring.size(model.queue):
             logger.warning(f"The hippocampus queue held {ring.size(model.queue)} rows; it starts empty.")
         model.queue = model.new_queue()
-    if not config.uses_fraternal_twins:
-        model.fraternal_embeddings = model.fraternal_projection = None
-    elif model.fraternal_embeddings is None and not config.shares_word_table:  # BEL_F was BEL_S: now a copy of it
-        model.fraternal_embeddings, model.fraternal_projection = fraternal_word_table(
-            model.get_input_embeddings(), config
-        )
+    if not config.uses_fraternal_twins or model.fraternal_embeddings is None:  # none, or BEL_F was BEL_S: a copy
+        model.set_fraternal_table()
     # BEL_S and BEL_F fixed or trained (IFCL's reading of BEL_S: "the embedding layer without trainable parameters"):
     # a frozen table gets no gradient and so no optimizer state. BEL_F's width-matching projection always trains.
     model.get_input_embeddings().weight.requires_grad_(not config.freeze_word_embeddings)
