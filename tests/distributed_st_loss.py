@@ -1,6 +1,6 @@
 """Run under ``torch.distributed.run`` (gloo, CPU; one process or several): trains the tiny encoder through
 ``SentenceTransformerTrainer``, three steps each, with ``IFCLLoss`` and ``CachedIFCLLoss`` (mini-batches of one row),
-alone and inside sentence-transformers' ``MatryoshkaLoss`` (sizes 32 and 8), and saves ``st_rank<r>.pt`` in the
+with and without Matryoshka sizes (32 and 8), and saves ``st_rank<r>.pt`` in the
 output folder: for each of the four, the loss and the weighted terms (when the loss gives them by name) of each step
 as this process computed them, at full precision, the queue, the model's weights at the end and the loss's own
 (BEL_F and its projection) before and after training.
@@ -19,18 +19,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import ENGLISH, GERMAN, st_training_args  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer  # noqa: E402
-from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss  # noqa: E402
 from sentence_transformers.sentence_transformer.modules import Pooling, Transformer  # noqa: E402
 
 from ifcl.sentence_transformers_loss import CachedIFCLLoss, IFCLLoss  # noqa: E402
 
 # A queue of two batches, a fraternal model of another width (so a projection that trains in the loss module).
 SETTINGS = {"queue_size": 2, "forgetting_rate": 0.2, "training_dropout": 0.0}
-RUNS = {  # name: (loss class, inside MatryoshkaLoss)
-    "IFCLLoss": (IFCLLoss, False),
-    "CachedIFCLLoss": (CachedIFCLLoss, False),
-    "IFCLLoss in MatryoshkaLoss": (IFCLLoss, True),
-    "CachedIFCLLoss in MatryoshkaLoss": (CachedIFCLLoss, True),
+RUNS = {  # name: (loss class, Matryoshka sizes)
+    "IFCLLoss": (IFCLLoss, None),
+    "CachedIFCLLoss": (CachedIFCLLoss, None),
+    "IFCLLoss with sizes": (IFCLLoss, [32, 8]),
+    "CachedIFCLLoss with sizes": (CachedIFCLLoss, [32, 8]),
 }
 
 
@@ -58,8 +57,7 @@ def train(name: str, output: str, encoder: str, fraternal: str, batch_size: int,
     transformer = Transformer(encoder, max_seq_length=16)
     model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")])
     extra = {"mini_batch_size": 1} if loss_class is CachedIFCLLoss else {}
-    loss = loss_class(model, fraternal, gather_across_devices=gather, **SETTINGS, **extra)
-    trained = MatryoshkaLoss(model, loss, [32, 8]) if sizes else loss
+    loss = loss_class(model, fraternal, gather_across_devices=gather, matryoshka_dims=sizes, **SETTINGS, **extra)
     pairs = Dataset.from_dict({"sentence": ENGLISH, "fraternal": GERMAN})
     args = st_training_args(
         os.path.join(output, name.replace(" ", "_")),
@@ -70,7 +68,7 @@ def train(name: str, output: str, encoder: str, fraternal: str, batch_size: int,
         seed=0,
     )
     trainer = RecordingTrainer(
-        model=model, args=args, train_dataset=pairs, loss=trained, data_collator=loss.data_collator(pairs)
+        model=model, args=args, train_dataset=pairs, loss=loss, data_collator=loss.data_collator(pairs)
     )
     before = {
         name: tensor.detach().clone() for name, tensor in loss.named_parameters() if not name.startswith("model.")

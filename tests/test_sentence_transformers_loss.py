@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -40,52 +40,109 @@ def sentence_transformer_of(encoder_dir, ifcl_model: IFCLModel | None = None) ->
     return SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")])
 
 
+@pytest.fixture(scope="module")
+def wide_encoder_dir(tmp_path_factory) -> Path:
+    """A tiny BERT of width 128, so that Matryoshka sizes of 128, 64 and 32 can be taken."""
+    return build_tiny_bert(tmp_path_factory.mktemp("wide_encoder"), ENGLISH + GERMAN, hidden_size=128, seed=2)
+
+
+def features_of(batch: dict) -> list[dict[str, torch.Tensor]]:
+    """A collated batch as sentence-transformers hands it to a loss: one dict per column."""
+    return [
+        {key[len(column) + 1 :]: value for key, value in batch.items() if key.startswith(column + "_")}
+        for column in ("sentence", "fraternal")
+    ]
+
+
+def total_of(loss_output) -> torch.Tensor:
+    """The loss the trainer back-propagates: the sum of the terms when a loss returns them by name."""
+    return torch.stack(list(loss_output.values())).sum() if isinstance(loss_output, dict) else loss_output
+
+
+def optimizer_step(loss: nn.Module) -> None:
+    """An optimizer step that changes nothing (learning rate 0), after which the loss's queue takes the step's
+    anchors, as after a training step."""
+    torch.optim.SGD(loss.parameters(), lr=0.0).step()
+
+
+def gradients(module: nn.Module, names: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
+    """Every gradient of ``module``'s parameters, by their names (renamed by ``names``' prefixes), then cleared."""
+    result = {}
+    for name, parameter in module.named_parameters():
+        if parameter.grad is not None:
+            for old, new in (names or {}).items():
+                name = new + name.removeprefix(old) if name.startswith(old) else name
+            result[name] = parameter.grad.clone()
+    module.zero_grad(set_to_none=True)
+    return result
+
+
+SIZES = {"one size": None, "sizes 128 64 32": ([128, 64, 32], [1.0, 0.5, 2.0])}
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["IFCLLoss", "CachedIFCLLoss"])
+@pytest.mark.parametrize("sizes", SIZES.values(), ids=SIZES.keys())
 @pytest.mark.parametrize("with_fraternal_model", [False, True], ids=["BEL_F a copy of BEL_S", "fraternal model"])
-def test_the_loss_equals_the_ifcl_objective_in_ifcl_trainer(
-    tiny_encoder_dir, tiny_fraternal_dir, tmp_path, with_fraternal_model
+def test_the_losses_equal_the_ifcl_objective_in_ifcl_trainer(
+    wide_encoder_dir, tiny_fraternal_dir, tmp_path, with_fraternal_model, sizes, cached
 ):
-    """Same weights, same batches, dropout off: each term and the total within 1e-5, over two steps (the second
-    with the queue holding the first step's anchors)."""
+    """Same weights, same batches, dropout off, float64, both word tables trained: over two steps (the second with
+    the queue holding the first step's anchors), each term (by name, from IFCLLoss), the total and the gradient of
+    every parameter within 1e-6 of IFCLTrainer's IFCL objective, with and without Matryoshka sizes; CachedIFCLLoss in
+    mini-batches of 3 and 1 rows. Each queue takes one push per optimizer step."""
     fraternal_dir = str(tiny_fraternal_dir) if with_fraternal_model else None
+    dims, weights = sizes or (None, None)
+    unfrozen = {"freeze_word_embeddings": False, "freeze_fraternal_embeddings": False}
     torch.manual_seed(0)
     settings = {("contrastive_" if name == "temperature" else "") + name: value for name, value in SETTINGS.items()}
-    model = IFCLModel.from_encoder(str(tiny_encoder_dir), fraternal_dir, max_seq_length=16, **settings)
+    trainer_sizes = {"matryoshka_dims": dims, "matryoshka_weights": weights} if sizes else {}
+    model = IFCLModel.from_encoder(
+        str(wide_encoder_dir), fraternal_dir, max_seq_length=16, **settings, **unfrozen, **trainer_sizes
+    ).double()
     pairs = Dataset.from_dict({"sentence": ENGLISH[:8], "fraternal": GERMAN[:8]})
     args = cpu_training_args(tmp_path / "ifcl", per_device_train_batch_size=4)
     trainer = IFCLTrainer(model=model, args=args, train_dataset=pairs)
 
-    st_model = sentence_transformer_of(tiny_encoder_dir, model)
-    loss = IFCLLoss(st_model, fraternal_model_name_or_path=fraternal_dir, **SETTINGS)
-    if with_fraternal_model:
-        assert loss.fraternal_projection is not None
-        loss.fraternal_projection.load_state_dict(model.fraternal_projection.state_dict())
-    fraternal_table = loss.fraternal_embeddings or st_model[0].auto_model.get_input_embeddings()
-    assert torch.equal(fraternal_table.weight, (model.fraternal_embeddings or model.get_input_embeddings()).weight)
+    st_model = sentence_transformer_of(wide_encoder_dir, model).double()
+    route = {"matryoshka_dims": dims, "matryoshka_weights": weights, **unfrozen, **SETTINGS}
+    loss_class, extra = (CachedIFCLLoss, {"mini_batch_size": 3}) if cached else (IFCLLoss, {})
+    loss = loss_class(st_model, fraternal_model_name_or_path=fraternal_dir, **route, **extra).double()
+    assert loss.fraternal_embeddings is not None  # a table that trains, in the loss as in the model
+    assert (loss.fraternal_projection is not None) == with_fraternal_model
+    loss.load_state_dict({**loss.state_dict(), **model.state_dict()}, strict=False)  # BEL_F and its projection
+    torch.testing.assert_close(loss.fraternal_embeddings.weight, model.fraternal_embeddings.weight, rtol=0, atol=0)
     collator = loss.data_collator(pairs)
     for part in (model, st_model):
         without_dropout(part)
         part.train()
     loss.train()
 
+    names = {"model.0.model.": f"{model.encoder_prefix}."}
     for step in range(2):
         rows = [trainer.train_dataset[i] for i in range(4 * step, 4 * step + 4)]
         ifcl_total, output = trainer.compute_loss(model, trainer.data_collator(rows), return_outputs=True)
-        ifcl_terms = {name: value.item() for name, value in output.components.items()}
+        ifcl_total.backward()
+        expected = gradients(model)
         trainer.objective.on_step_end(model)  # the step's anchors enter the model's queue
 
-        batch = collator([pairs[i] for i in range(4 * step, 4 * step + 4)])
-        features = [
-            {key[len(column) + 1 :]: value for key, value in batch.items() if key.startswith(column + "_")}
-            for column in ("sentence", "fraternal")
-        ]
-        terms = loss(features, None)
-        assert set(terms) == {"loss_identical", "loss_fraternal", "loss_twins"}
-        for name, value in terms.items():
-            assert value.item() / loss.terms.weight(name) == pytest.approx(ifcl_terms[name], abs=1e-5), name
-        assert sum(terms.values()).item() == pytest.approx(ifcl_total.item(), abs=1e-5)
-    # The last batch's anchors enter with the next batch.
-    assert ring.size(loss.queue) == 4 and ring.size(model.queue) == 8
-    assert torch.equal(loss.pending_anchors, ring.newest_first(model.queue)[0][:4])
+        result = loss(features_of(collator([pairs[i] for i in range(4 * step, 4 * step + 4)])), None)
+        if not cached:
+            assert set(result) == {"loss_identical", "loss_fraternal", "loss_twins"}
+            for name, value in result.items():
+                assert value.item() / loss.terms.weight(name) == pytest.approx(
+                    output.components[name].item(), abs=1e-6
+                )
+        assert total_of(result).item() == pytest.approx(ifcl_total.item(), abs=1e-6)
+        total_of(result).backward()
+        got = gradients(loss, names)
+        assert {"fraternal_embeddings.weight", f"{model.encoder_prefix}.embeddings.word_embeddings.weight"} <= set(got)
+        assert got.keys() == expected.keys()
+        for name, gradient in expected.items():
+            torch.testing.assert_close(got[name], gradient, atol=1e-6, rtol=0, msg=lambda m: f"{name}: {m}")
+        assert ring.size(loss.queue) == 4 * step  # the queue has not yet taken this step's anchors
+        optimizer_step(loss)
+        assert ring.size(loss.queue) == ring.size(model.queue) == 4 * (step + 1)
+    torch.testing.assert_close(loss.queue.embeddings, model.queue.embeddings.to(torch.float32), atol=1e-6, rtol=0)
 
 
 def test_the_loss_trains_with_sentence_transformers_trainer_and_logs_its_terms(tiny_encoder_dir, tmp_path):
@@ -133,7 +190,7 @@ def test_its_collator_takes_the_columns_by_name_and_a_missing_fraternal_model_is
     swapped = [{"fraternal": german, "sentence": english} for english, german in zip(ENGLISH[:3], GERMAN[:3])]
     batch = loss.data_collator(Dataset.from_list(swapped))(swapped)
     first = next(key for key in batch if key.endswith("_input_ids"))
-    assert first == "sentence_input_ids" and loss.collated_by_name
+    assert first == "sentence_input_ids" and loss.collator_made
     assert torch.equal(batch["sentence_input_ids"], st_model.tokenize(ENGLISH[:3])["input_ids"])
     missing = str(tmp_path / "no" / "such" / "model")
     with pytest.raises(FileNotFoundError, match=f"fraternal_model_name_or_path {missing}: no such folder"):
@@ -240,204 +297,90 @@ def test_under_sentence_transformers_trainer_bad_data_is_named_in_one_error_or_w
     assert len(ifcl_warnings) == (warning is not None) and all(warning in message for message in ifcl_warnings)
 
 
-def test_inside_sentence_transformers_matryoshka_loss_it_sums_its_terms_over_the_sizes(tiny_encoder_dir, tmp_path):
-    """``MatryoshkaLoss(model, IFCLLoss(model), dims)``: with dropout off, its loss is Σ_d w_d·(ℓ^I_d + w_F·ℓ^F_d +
-    w_T·ℓ^T), as ``IFCLTerms`` with the same sizes gives it (ℓ^T at the full size at each); it trains with one queue
-    push per step, saves, and the folder loads with ``truncate_dim``."""
-    from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
-
-    from ifcl.losses import IFCLTerms, Matryoshka
-
+@pytest.mark.parametrize("cached", [False, True], ids=["IFCLLoss", "CachedIFCLLoss"])
+def test_with_sizes_it_trains_with_one_push_per_optimizer_step_and_the_saved_model_loads_at_a_size(
+    tiny_encoder_dir, tmp_path, monkeypatch, cached
+):
+    """``IFCLLoss(model, matryoshka_dims=[32, 16, 8])`` under SentenceTransformerTrainer, 3 optimizer steps of 2
+    batches of 2 (gradient accumulation): the queue takes exactly one push per optimizer step, of the step's 4
+    anchors, whatever the sizes and the batches; the card names the sizes, and the saved folder loads with
+    ``truncate_dim``."""
+    pushes = []
+    push = ring.push
+    monkeypatch.setattr(ring, "push", lambda queue, rows: (pushes.append(rows.shape[0]), push(queue, rows)))
     st_model = sentence_transformer_of(tiny_encoder_dir)
-    width = st_model.get_embedding_dimension()
-    dims, weights = (width, 16, 8), (1.0, 0.5, 2.0)
-    loss = IFCLLoss(st_model, queue_size=4, forgetting_rate=0.2, fraternal_loss_weight=0.7, twins_loss_weight=1.3)
-    matryoshka = MatryoshkaLoss(st_model, loss, list(dims), list(weights))
+    options = {"mini_batch_size": 1} if cached else {}
+    loss = (CachedIFCLLoss if cached else IFCLLoss)(st_model, queue_size=4, matryoshka_dims=[32, 16, 8], **options)
     pairs = Dataset.from_dict({"sentence": ENGLISH * 2, "fraternal": GERMAN * 2})
-    batch = loss.data_collator(pairs)([pairs[i] for i in range(4)])
-    features = [
-        {key[len(column) + 1 :]: value for key, value in batch.items() if key.startswith(column + "_")}
-        for column in ("sentence", "fraternal")
-    ]
-    without_dropout(st_model)
-    st_model.eval(), loss.eval()
-    twins, _, _ = loss.views(features)
-    expected, _ = IFCLTerms(0.05, 0.7, 1.3, Matryoshka(dims, weights))(twins)
-    assert matryoshka(features, None).item() == pytest.approx(expected.item(), rel=1e-5)
-
-    args = st_training_args(tmp_path / "st", per_device_train_batch_size=4, max_steps=3)
-    loss.train()
-    SentenceTransformerTrainer(model=st_model, args=args, train_dataset=pairs, loss=matryoshka).train()
-    # One push of four rows per step, not one per size: the two steps before the last, in 4 slots.
-    assert ring.size(loss.queue) == 8 and loss.queue.head.item() == 1
+    args = st_training_args(tmp_path / "st", per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=3)
+    trainer = SentenceTransformerTrainer(
+        model=st_model, args=args, train_dataset=pairs, loss=loss, data_collator=loss.data_collator(pairs)
+    )
+    trainer.train()
+    assert trainer.state.global_step == 3 and pushes == [4, 4, 4]
+    assert ring.size(loss.queue) == 12 and loss.queue.embeddings.shape == (4, 4, 32) and not loss.step_anchors
     st_model.save(str(tmp_path / "saved"))
+    card = (tmp_path / "saved" / "README.md").read_text(encoding="utf-8")
+    assert '"matryoshka_dims":[32,16,8],"matryoshka_weights":[1.0,1.0,1.0]' in "".join(card.split())
     loaded = SentenceTransformer(str(tmp_path / "saved"), truncate_dim=8)
     cut = loaded.encode(ENGLISH[:2], convert_to_tensor=True)
     assert cut.shape == (2, 8)
     torch.testing.assert_close(cut, st_model.encode(ENGLISH[:2], convert_to_tensor=True)[:, :8], atol=1e-5, rtol=0)
 
 
-# The sentence-transformers versions whose MatryoshkaLoss ifcl.sentence_transformers_matryoshka was checked against
-# (their ForwardDecorator, CachedLossDecorator and MatryoshkaLoss.__init__ read alike in what the adapter relies on).
-MATRYOSHKA_ADAPTER_HOLDS_FOR = ("6.0.0", "6.0.1", "6.1.0", "6.2.0")
-
-
-def test_the_matryoshka_adapter_holds_for_sentence_transformers_6(tiny_encoder_dir):
-    """What ``ifcl.sentence_transformers_matryoshka`` relies on of MatryoshkaLoss, which no public API promises, as
-    the installed sentence-transformers does it; a version outside :data:`MATRYOSHKA_ADAPTER_HOLDS_FOR` (those read
-    against the adapter) is warned about at the end, to be read and added. (1) Around a loss without gradient cache: one call per size, the
-    largest first, the size read from its forward decorator; the model runs in the first call only, and the later
-    ones get its outputs back, ``sentence_embedding`` cut and normalised as ``cut`` does, the full-size copy kept.
-    (2) Around a gradient-cache loss: the sizes taken from the decorator set as its ``calculate_loss``; that
-    decorator, around a loss of one size, draws ``n_dims_per_step`` sizes, cuts and weights each and carries the
-    gradients back through the cuts."""
-    import sentence_transformers
-    from sentence_transformers.base.losses import CachedLossMixin
-    from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
-    from torch.nn import functional as F
-
-    from ifcl.losses import Matryoshka
-    from ifcl.sentence_transformers_matryoshka import (
-        FULL_SIZE_EMBEDDING,
-        ModelRuns,
-        cut,
-        full_size_kept,
-        matryoshka_size,
-        matryoshka_sizes,
-        over_drawn_sizes,
-    )
+@pytest.mark.parametrize("cached", [False, True], ids=["IFCLLoss", "CachedIFCLLoss"])
+def test_a_loss_modifier_around_an_ifcl_loss_is_refused_in_one_line_that_gives_the_parameter(tiny_encoder_dir, cached):
+    from sentence_transformers.sentence_transformer.losses import AdaptiveLayerLoss, MatryoshkaLoss
 
     st_model = sentence_transformer_of(tiny_encoder_dir)
-    features = st_model.preprocess(ENGLISH[:3])
-
-    class Probe(nn.Module):
-        def __init__(self, model: SentenceTransformer) -> None:
-            super().__init__()
-            self.model, self.calls = model, []
-
-        def forward(self, sentence_features, labels):
-            runs = ModelRuns()
-            with full_size_kept(self.model, runs):
-                outputs = self.model(dict(sentence_features[0]))
-            cut = outputs["sentence_embedding"]
-            self.calls.append((matryoshka_size(self.model), runs.ran, outputs[FULL_SIZE_EMBEDDING], cut))
-            return outputs["sentence_embedding"].sum()
-
-    probe = Probe(st_model)
-    MatryoshkaLoss(st_model, probe, [8, 32, 16])([features], None)
-    assert [(size, ran) for size, ran, _, _ in probe.calls] == [(32, True), (16, False), (8, False)]
-    full = probe.calls[0][2]
-    assert full.shape == (3, 32)
-    for size, _, kept, handed_back in probe.calls:
-        assert kept is full
-        torch.testing.assert_close(handed_back, F.normalize(full[:, :size], dim=-1))
-        torch.testing.assert_close(cut(full, size), handed_back)  # the adapter cuts as MatryoshkaLoss does
-    assert matryoshka_size(st_model) is None  # outside MatryoshkaLoss
-
-    class CachedProbe(CachedLossMixin, nn.Module):
-        def __init__(self, model: SentenceTransformer) -> None:
-            super().__init__()
-            self.model, self.mini_batch_size = model, 2
-
-    cached = CachedProbe(st_model)
-    MatryoshkaLoss(st_model, cached, [32, 16, 8], [1.0, 0.5, 2.0], n_dims_per_step=2)
-    sizes, n_dims_per_step = matryoshka_sizes(cached.calculate_loss)
-    assert sizes == Matryoshka((32, 16, 8), (1.0, 0.5, 2.0)) and n_dims_per_step == 2
-    with pytest.raises(TypeError, match="Only a MatryoshkaLoss"):
-        matryoshka_sizes(cached.embed_minibatch)
-
-    seen = []
-
-    def loss_at_size(reps, label, *, with_backward=False):
-        cut = torch.cat(reps[0])
-        seen.append((label, cut.detach()))
-        loss = (cut * torch.arange(cut.shape[-1])).sum()
-        if with_backward:
-            loss.backward()
-        return loss.detach()
-
-    rows = torch.randn(4, 32, requires_grad=True)
-    total = over_drawn_sizes(loss_at_size, sizes, n_dims_per_step)([[rows[:2], rows[2:]]], "step", with_backward=True)
-    drawn = [cut.shape[-1] for _, cut in seen]
-    assert len(drawn) == 2 and set(drawn) <= {32, 16, 8} and {label for label, _ in seen} == {"step"}
-    weight = dict(zip(sizes.dims, sizes.weights))
-    expected = sum(
-        weight[d] * (F.normalize(rows[:, :d], dim=-1) * torch.arange(d)).sum() for d in drawn
-    )  # the same loss, through autograd at once
-    assert total.item() == pytest.approx(expected.item(), rel=1e-5)
-    (gradient,) = torch.autograd.grad(expected, rows)
-    torch.testing.assert_close(rows.grad, gradient, atol=1e-5, rtol=1e-5)
-    version = sentence_transformers.__version__
-    if version not in MATRYOSHKA_ADAPTER_HOLDS_FOR:  # the checks above hold on it: say so, without failing
-        warnings.warn(
-            f"sentence-transformers {version}: what ifcl/sentence_transformers_matryoshka.py relies on holds; read "
-            "its MatryoshkaLoss against the adapter's docstring, then add the version to MATRYOSHKA_ADAPTER_HOLDS_FOR",
-            stacklevel=1,
-        )
+    loss = CachedIFCLLoss(st_model, mini_batch_size=2) if cached else IFCLLoss(st_model)
+    name = type(loss).__name__
+    with pytest.raises(TypeError, match=re.escape(f"{name}(model, matryoshka_dims=[...]")) as refused:
+        MatryoshkaLoss(st_model, loss, [32, 16])
+    assert "\n" not in str(refused.value)
+    with pytest.raises(TypeError, match="not wrapped by a loss modifier"):
+        AdaptiveLayerLoss(st_model, loss)
 
 
-def features_of(batch: dict) -> list[dict[str, torch.Tensor]]:
-    """A collated batch as sentence-transformers hands it to a loss: one dict per column."""
-    return [
-        {key[len(column) + 1 :]: value for key, value in batch.items() if key.startswith(column + "_")}
-        for column in ("sentence", "fraternal")
-    ]
+BAD_SETTINGS = [
+    ({"matryoshka_dims": [32, 32]}, ValueError, "matryoshka_dims must be distinct whole numbers ≥ 1, got [32, 32]."),
+    (
+        {"matryoshka_dims": [32, 16.5]},
+        ValueError,
+        "matryoshka_dims must be distinct whole numbers ≥ 1, got [32, 16.5]",
+    ),
+    ({"matryoshka_dims": 32}, TypeError, "matryoshka_dims must be a list of whole numbers, got 32 (int)."),
+    ({"matryoshka_dims": [64, 32]}, ValueError, "matryoshka_dims [64, 32]: the embeddings have 32 dimensions."),
+    (
+        {"matryoshka_dims": [32, 16], "matryoshka_weights": [1.0, -1.0]},
+        ValueError,
+        "matryoshka_weights must be one number > 0 per size of matryoshka_dims [32, 16], got [1.0, -1.0].",
+    ),
+    ({"gather_across_devices": "no"}, TypeError, "gather_across_devices must be True or False, got 'no' (str)."),
+    ({"gather_across_devices": 1}, TypeError, "gather_across_devices must be True or False, got 1 (int)."),
+    ({"freeze_word_embeddings": "false"}, TypeError, "freeze_word_embeddings must be True or False, got 'false'"),
+]
+CACHED_BAD_SETTINGS = [
+    ({"show_progress_bar": "yes"}, TypeError, "show_progress_bar must be True or False, got 'yes' (str)."),
+    ({"mini_batch_size": 0}, ValueError, "mini_batch_size must be a positive integer, got 0."),
+    ({"mini_batch_size": True}, TypeError, "mini_batch_size must be an integer, got True (bool)."),
+]
 
 
-def total_of(loss_output) -> torch.Tensor:
-    """The loss the trainer back-propagates: the sum of the terms when a loss returns them by name."""
-    return torch.stack(list(loss_output.values())).sum() if isinstance(loss_output, dict) else loss_output
-
-
-@pytest.mark.parametrize("matryoshka", [False, True], ids=["one size", "MatryoshkaLoss"])
-@pytest.mark.parametrize("with_fraternal_model", [False, True], ids=["BEL_F a copy of BEL_S", "fraternal model"])
-def test_the_cached_loss_and_its_gradients_equal_the_loss_without_cache(
-    tiny_encoder_dir, tiny_fraternal_dir, with_fraternal_model, matryoshka
+@pytest.mark.parametrize(
+    "cached, settings, error, message",
+    [(False, *case) for case in BAD_SETTINGS] + [(True, *case) for case in BAD_SETTINGS + CACHED_BAD_SETTINGS],
+    ids=lambda value: {False: "IFCLLoss", True: "CachedIFCLLoss"}.get(value) if isinstance(value, bool) else None,
+)
+def test_bad_settings_of_the_losses_are_one_line_in_the_trainer_routes_words(
+    tiny_encoder_dir, cached, settings, error, message
 ):
-    """Dropout off, float64 (float32's rounding of a sum split into mini-batches is not what is compared), both word
-    tables trained: over two steps of 6 rows (the second with the queue holding the first's anchors), mini-batches of
-    4 and 2 rows give IFCLLoss's terms on the whole batch and the gradient of every trainable parameter within 1e-5,
-    alone and inside sentence-transformers' MatryoshkaLoss."""
-    from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
-
-    fraternal_dir = str(tiny_fraternal_dir) if with_fraternal_model else None
-    torch.manual_seed(0)
-    st_model = sentence_transformer_of(tiny_encoder_dir).double()
-    without_dropout(st_model)
-    unfrozen = {"freeze_word_embeddings": False, "freeze_fraternal_embeddings": False}
-    plain = IFCLLoss(st_model, fraternal_dir, **SETTINGS, **unfrozen).double()
-    cached = CachedIFCLLoss(st_model, fraternal_dir, mini_batch_size=4, **SETTINGS, **unfrozen).double()
-    cached.load_state_dict(plain.state_dict())  # the same BEL_F and projection
-    pairs = Dataset.from_dict({"sentence": ENGLISH, "fraternal": GERMAN})
-    runs = [(plain, plain.data_collator(pairs)), (cached, cached.data_collator(pairs))]
-    if matryoshka:
-        dims, weights = [st_model.get_embedding_dimension(), 16, 8], [1.0, 0.5, 2.0]
-        runs = [(MatryoshkaLoss(st_model, loss, dims, weights), collator) for loss, collator in runs]
-
-    for step in range(2):
-        rows = [pairs[i] for i in range(6 * step, 6 * step + 6)]
-        results = []
-        for loss, collator in runs:
-            loss.train()
-            loss.zero_grad(set_to_none=True)
-            output = loss(features_of(collator(rows)), None)
-            total_of(output).backward()
-            grads = {name: p.grad.clone() for name, p in loss.named_parameters() if p.grad is not None}
-            results.append((output, grads))
-        (plain_output, plain_grads), (cached_output, cached_grads) = results
-        if matryoshka:
-            assert total_of(cached_output).item() == pytest.approx(plain_output.item(), abs=1e-5)
-        else:
-            assert {name: value.item() for name, value in cached_output.items()} == pytest.approx(
-                {name: value.item() for name, value in plain_output.items()}, abs=1e-5
-            )
-        assert plain_grads.keys() == cached_grads.keys()
-        assert any("fraternal_embeddings" in name for name in plain_grads)
-        assert any("word_embeddings" in name for name in plain_grads)
-        for name, grad in plain_grads.items():
-            torch.testing.assert_close(cached_grads[name], grad, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
-    assert ring.size(cached.queue) == 6
-    torch.testing.assert_close(cached.queue.embeddings, plain.queue.embeddings, atol=1e-5, rtol=0)
+    """Sizes and weights in ``run_ifcl.py --matryoshka_dims``' words, booleans that are not True or False (a
+    string's truthiness would otherwise decide), before any batch."""
+    st_model = sentence_transformer_of(tiny_encoder_dir)
+    with pytest.raises(error, match=re.escape(message)) as refused:
+        (CachedIFCLLoss if cached else IFCLLoss)(st_model, **settings)
+    assert "\n" not in str(refused.value)
 
 
 def test_with_dropout_the_gradient_pass_replays_the_embedding_pass(tiny_encoder_dir, monkeypatch):
@@ -462,8 +405,9 @@ def test_with_dropout_the_gradient_pass_replays_the_embedding_pass(tiny_encoder_
     for step in range(2):
         recorded.update({False: [], True: []})
         features = features_of(collator([pairs[i] for i in range(6 * step, 6 * step + 6)]))
-        terms = loss(features, None)
-        total_of(terms).backward()
+        queue = () if loss.queue is None else ring.negatives(loss.queue, SETTINGS["forgetting_rate"])
+        total = loss(features, None)
+        total.backward()
         assert len(recorded[False]) == len(recorded[True]) == 2  # rows 0-3 and 4-5
         for first, second in zip(recorded[False], recorded[True]):
             assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
@@ -473,26 +417,22 @@ def test_with_dropout_the_gradient_pass_replays_the_embedding_pass(tiny_encoder_
         }
         assert not torch.allclose(twins[False].anchor, twins[False].identical, atol=1e-3)  # two dropout masks
         losses = [
-            sum(
-                loss.terms.weight(name) * term
-                for name, term in loss.terms.terms(twins[grad], *loss.queue_negatives()).items()
-            )
+            sum(loss.terms.weight(name) * term for name, term in loss.terms.terms(twins[grad], *queue).items())
             for grad in (False, True)
         ]
-        assert losses[0].item() == losses[1].item() == pytest.approx(total_of(terms).item(), abs=1e-6)
-    assert ring.size(loss.queue) == 6
+        assert losses[0].item() == losses[1].item() == pytest.approx(total.item(), abs=1e-6)
+        optimizer_step(loss)
+    assert ring.size(loss.queue) == 12
     merged = {**features[0], **{"fraternal_" + key: value for key, value in features[1].items()}}
     again, _ = loss.embed_minibatch(merged, 0, 4, with_grad=True, copy_random_state=False)
-    assert not torch.allclose(again[:, 0], recorded[True][0]["anchor"], atol=1e-3)
+    assert not torch.allclose(again[:, :32], recorded[True][0]["anchor"], atol=1e-3)
 
 
 def test_the_cached_loss_trains_with_sentence_transformers_trainer(tiny_encoder_dir, tmp_path):
-    """Three steps of 4 rows in mini-batches of 3 and 1: the model learns, the terms are logged, the queue takes one
+    """Three steps of 4 rows in mini-batches of 3 and 1: the model learns, the total is logged, the queue takes one
     push per step, and the card's settings name the mini-batch size."""
 
     st_model = sentence_transformer_of(tiny_encoder_dir)
-    with pytest.raises(ValueError, match="mini_batch_size must be a positive integer"):
-        CachedIFCLLoss(st_model, mini_batch_size=0)
     loss = CachedIFCLLoss(st_model, mini_batch_size=3, queue_size=4)
     assert loss.get_config_dict()["mini_batch_size"] == 3 and "gao2021scaling" in loss.citation
     before = {name: p.detach().clone() for name, p in st_model.named_parameters() if p.requires_grad}
@@ -502,53 +442,15 @@ def test_the_cached_loss_trains_with_sentence_transformers_trainer(tiny_encoder_
         model=st_model, args=args, train_dataset=pairs, loss=loss, data_collator=loss.data_collator(pairs)
     )
     trainer.train()
-    logged = [entry for entry in trainer.state.log_history if "loss_identical" in entry]
-    assert len(logged) == 3 and all(
-        {"loss_identical", "loss_fraternal", "loss_twins"} <= set(entry) for entry in logged
-    )
-    assert ring.size(loss.queue) == 8 and loss.queue.head.item() == 1  # the two steps before the last, 4 slots
+    assert len([entry for entry in trainer.state.log_history if "loss" in entry]) == 3
+    assert ring.size(loss.queue) == 12 and loss.queue.head.item() == 2  # a push after each of the 3 steps, 4 slots
     changed = [name for name, p in st_model.named_parameters() if name in before and not torch.equal(p, before[name])]
     assert any(name.endswith("encoder.layer.0.attention.self.query.weight") for name in changed)
 
 
-def test_inside_sentence_transformers_matryoshka_loss_the_cached_loss_trains(tiny_encoder_dir, tmp_path):
-    """``MatryoshkaLoss(model, CachedIFCLLoss(model), dims)``: the loss takes MatryoshkaLoss's sizes (not its
-    CachedLossDecorator, which would put ℓ^T at every size); dropout off its loss is Σ_d w_d·(ℓ^I_d + w_F·ℓ^F_d) +
-    w_T·ℓ^T as ``IFCLTerms`` gives it; it trains with one queue push per step, sampling sizes with
-    ``n_dims_per_step``; a second MatryoshkaLoss around it is refused."""
-    from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
-
-    from ifcl.losses import IFCLTerms, Matryoshka
-
-    st_model = sentence_transformer_of(tiny_encoder_dir)
-    dims, weights = (st_model.get_embedding_dimension(), 16, 8), (1.0, 0.5, 2.0)
-    settings = {"queue_size": 4, "forgetting_rate": 0.2, "fraternal_loss_weight": 0.7, "twins_loss_weight": 1.3}
-    loss = CachedIFCLLoss(st_model, mini_batch_size=3, **settings)
-    matryoshka = MatryoshkaLoss(st_model, loss, list(dims), list(weights), n_dims_per_step=2)
-    assert matryoshka.uses_gradient_cache and loss.matryoshka == Matryoshka(dims, weights)
-    with pytest.raises(ValueError, match="inside a MatryoshkaLoss already"):
-        MatryoshkaLoss(st_model, loss, [8])
-    pairs = Dataset.from_dict({"sentence": ENGLISH * 2, "fraternal": GERMAN * 2})
-    features = features_of(loss.data_collator(pairs)([pairs[i] for i in range(4)]))
-    without_dropout(st_model)
-    loss.eval()
-    loss.n_dims_per_step = -1  # every size, to compare
-    twins, _, _ = loss.views(features)
-    expected, _ = IFCLTerms(0.05, 0.7, 1.3, Matryoshka(dims, weights))(twins)
-    assert total_of(matryoshka(features, None)).item() == pytest.approx(expected.item(), rel=1e-5)
-
-    loss.n_dims_per_step = 2
-    args = st_training_args(tmp_path / "st", per_device_train_batch_size=4, max_steps=3)
-    loss.train()
-    SentenceTransformerTrainer(
-        model=st_model, args=args, train_dataset=pairs, loss=matryoshka, data_collator=loss.data_collator(pairs)
-    ).train()
-    assert ring.size(loss.queue) == 8 and loss.queue.head.item() == 1
-
-
 # ---------------------------------------------------------------- several processes (DDP through the trainer)
 
-ST_RUNS = ["IFCLLoss", "CachedIFCLLoss", "IFCLLoss in MatryoshkaLoss", "CachedIFCLLoss in MatryoshkaLoss"]
+ST_RUNS = ["IFCLLoss", "CachedIFCLLoss", "IFCLLoss with sizes", "CachedIFCLLoss with sizes"]
 
 
 @pytest.fixture(scope="module")
@@ -592,7 +494,7 @@ def test_two_processes_gathering_across_devices_train_exactly_like_one_process_w
     assert len(one["losses"]) == len(two[0]["losses"]) == len(two[1]["losses"]) == 3
     for step, expected in enumerate(one["losses"]):
         assert (two[0]["losses"][step] + two[1]["losses"][step]) / 2 == pytest.approx(expected, abs=1e-5), step
-    assert len(one["terms"]) == len(two[0]["terms"]) == (0 if name == "IFCLLoss in MatryoshkaLoss" else 3)
+    assert len(one["terms"]) == len(two[0]["terms"]) == (3 if name.startswith("IFCLLoss") else 0)  # by name
     for step, expected in enumerate(one["terms"]):
         for term, value in expected.items():
             mean = (two[0]["terms"][step][term] + two[1]["terms"][step][term]) / 2
@@ -629,31 +531,3 @@ def test_without_gathering_each_process_keeps_its_own_negatives_and_queue_and_th
             assert torch.equal(value, ranks[1][weights][key]), key
     trained = ranks[0]["loss_weights"]["fraternal_projection.weight"]
     assert not torch.allclose(trained, ranks[0]["loss_weights_before"]["fraternal_projection.weight"])
-
-
-BAD_SIZES = [
-    ([32, 16.5], None, ValueError, "matryoshka_dims must be distinct whole numbers ≥ 1, got ["),
-    ([32, 16, 16], None, ValueError, "matryoshka_dims must be distinct whole numbers ≥ 1, got [32, 16, 16]"),
-]
-BAD_WEIGHTS = [([32, 16], [1.0, -1.0], ValueError, "matryoshka_weights must be one number > 0 per size")]
-
-
-@pytest.mark.parametrize(
-    "cached, dims, weights, error, named",
-    [(False, *case) for case in BAD_SIZES] + [(True, *case) for case in BAD_SIZES + BAD_WEIGHTS],
-    ids=lambda value: {False: "IFCLLoss", True: "CachedIFCLLoss"}.get(value) if isinstance(value, bool) else None,
-)
-def test_bad_sizes_of_a_matryoshka_loss_around_an_ifcl_loss_are_one_line(
-    tiny_encoder_dir, cached, dims, weights, error, named
-):
-    """MatryoshkaLoss takes these as they come; the IFCL loss inside it names them in run_ifcl.py's words, before
-    torch would trace back. Its weights only a gradient-cache loss sees: MatryoshkaLoss hands a loss without one none."""
-    from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss
-
-    st_model = sentence_transformer_of(tiny_encoder_dir)
-    loss = (CachedIFCLLoss(st_model, mini_batch_size=2) if cached else IFCLLoss(st_model)).train()
-    pairs = Dataset.from_dict({"sentence": ENGLISH[:4], "fraternal": GERMAN[:4]})
-    with pytest.raises(error, match=re.escape(f"MatryoshkaLoss around an IFCL loss: {named}")) as raised:
-        sizes = MatryoshkaLoss(st_model, loss, dims, weights)
-        sizes(features_of(loss.data_collator(pairs)([pairs[i] for i in range(4)])), None)
-    assert str(dims[-1] if weights is None else weights[-1]) in str(raised.value)
