@@ -126,10 +126,11 @@ class SentenceTransformersStep:
     """One optimizer step of sentence-transformers' MultipleNegativesRankingLoss with (x, x) pairs: SimCSE."""
 
     def __init__(self, model_path: str, device, batch_size: int, dtype) -> None:
-        from sentence_transformers import SentenceTransformer, losses
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
         self.model = SentenceTransformer(model_path, device=str(device)).train()
-        self.loss = losses.MultipleNegativesRankingLoss(self.model, scale=20.0)
+        self.loss = MultipleNegativesRankingLoss(self.model, scale=20.0)
         self.optimizer = trainer_optimizer(self.model)
         self.device, self.dtype = device, dtype
 
