@@ -131,7 +131,9 @@ class ModelSettings:
     global batch), whether the three training views share one encoder call (None: on accelerators), the training
     objective (None: IFCL) with its own settings, and the LoRA adapters the encoder trains with (``ifcl.lora``: rank,
     alpha, dropout, target modules; None: none), which a checkpoint holds beside their base layers and loading merges
-    (``IFCLModel.from_pretrained``), and a published folder holds merged."""
+    (``IFCLModel.from_pretrained``), and a published folder holds merged; and, as a sentence-transformers base
+    defines them, whether a prompt's tokens are pooled and the prompt ``encode`` puts before every sentence unless
+    given another."""
 
     encoder_config: dict[str, Any] = field(default_factory=dict)
     encoder_name_or_path: str | None = None
@@ -146,6 +148,8 @@ class ModelSettings:
     objective: str | None = None
     objective_settings: dict[str, Any] = field(default_factory=dict)
     lora: dict[str, Any] | None = None
+    include_prompt: bool = True
+    default_prompt: str | None = None
 
 
 class IFCLConfig(PretrainedConfig):

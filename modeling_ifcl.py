@@ -70,16 +70,34 @@ def read_json(name_or_path: str, filename: str, subfolder: str = "") -> Any:
         return json.load(f)
 
 
-def base_pooler(name_or_path: str) -> tuple[str, str] | None:
-    """The pooler that pools as a sentence-transformers model (a folder or Hub repo with a modules.json) does, and
-    the file of its Pooling module that says so; None for a model without one. ``ValueError`` naming that file for a
-    mode this project has no pooler for (max, weightedmean, mean_sqrt_len_tokens, several at once)."""
+@dataclass(frozen=True)
+class BasePooling:
+    """How a sentence-transformers model (a folder or Hub repo with a modules.json) pools, as its Pooling module's
+    config (``file``) says: its modes, whether the tokens of a prompt are pooled, and its default prompt."""
+
+    modes: tuple[str, ...]
+    file: str
+    include_prompt: bool = True
+    default_prompt: str | None = None
+
+    @property
+    def pooler(self) -> str | None:
+        """This project's pooler that pools alike; None for what it has none for (max, weightedmean, several)."""
+        return POOLER_OF_POOLING.get(self.modes[0]) if len(self.modes) == 1 else None
+
+    @property
+    def name(self) -> str:
+        """The pooler, or the modes this project has none for (``max + mean``)."""
+        return self.pooler or " + ".join(self.modes) or "nothing"
+
+
+def base_pooling(name_or_path: str) -> BasePooling | None:
+    """How ``name_or_path`` pools as a sentence-transformers model; None for a model without a Pooling module."""
     modules = read_json(name_or_path, "modules.json")
     modules = modules if isinstance(modules, list) else []
     pooling = next((m for m in modules if str(m.get("type", "")).endswith("Pooling")), None)
     if pooling is None:
         return None
-    file = os.path.join(pooling.get("path", ""), "config.json")
     settings = read_json(name_or_path, "config.json", pooling.get("path", "")) or {}
     modes = settings.get("pooling_mode")  # sentence-transformers 6; before it, one flag per mode
     if modes is None:
@@ -89,53 +107,57 @@ def base_pooler(name_or_path: str) -> tuple[str, str] | None:
             if key.startswith("pooling_mode_") and on is True
         ]
     modes = [modes] if isinstance(modes, str) else list(modes) or ["mean"]  # none named: its default, mean
-    if len(modes) != 1 or modes[0] not in POOLER_OF_POOLING:
-        raise ValueError(
-            f"{name_or_path}: its Pooling module ({file}) pools with {' + '.join(modes) or 'nothing'}, which this "
-            f"project has no pooler for; choose pooler_type and eval_pooler_type ({', '.join(POOLER_TYPES)}), "
-            "knowing that the model will then embed otherwise than its base."
-        )
-    return POOLER_OF_POOLING[modes[0]], file
+    prompts = read_json(name_or_path, "config_sentence_transformers.json") or {}
+    default_prompt = (prompts.get("prompts") or {}).get(prompts.get("default_prompt_name")) or None
+    file = os.path.join(pooling.get("path", ""), "config.json")
+    return BasePooling(tuple(modes), file, settings.get("include_prompt", True) is not False, default_prompt)
 
 
 def choose_poolers(name_or_path: str, given: dict[str, str]) -> tuple[dict[str, str], list[tuple[int, str]]]:
     """``pooler_type`` and ``eval_pooler_type`` for a model to train from ``name_or_path``: those ``given``, the
     others the model's own (a saved IFCL model's config, else a sentence-transformers base's Pooling module, else
     ``avg``), and what to log about them: where each came from, and a warning for a given one that pools otherwise
-    than the base does."""
+    than the base does. ``ValueError`` naming the base's Pooling file for a base that pools in a way this project
+    has no pooler for (max, weightedmean, several modes), unless both poolers are given."""
     config = read_json(name_or_path, "config.json")
     saved = ifcl_config_dict(config) if isinstance(config, dict) else None
+    base = None
     if saved is not None:
         own = {name: saved.get(name, "avg") for name in POOLER_SETTINGS}
-        source, base = f"the pooler {name_or_path} was trained with (its config.json)", None
+        source = f"the pooler {name_or_path} was trained with (its config.json)"
     else:
-        try:
-            base = base_pooler(name_or_path)
-        except ValueError:  # a mode without a pooler here: refused unless both poolers are given
-            if set(given) != set(POOLER_SETTINGS):
-                raise
-            base = None
-        own = dict.fromkeys(POOLER_SETTINGS, base[0] if base else "avg")
-        source = f"as its base pools (its Pooling module, {base[1]})" if base else "the default"
+        base = base_pooling(name_or_path)
+        if base is not None and base.pooler is None and set(given) != set(POOLER_SETTINGS):
+            raise ValueError(
+                f"{name_or_path}: its Pooling module ({base.file}) pools with {base.name}, which this project has no "
+                f"pooler for; choose pooler_type and eval_pooler_type ({', '.join(POOLER_TYPES)}), knowing that the "
+                "model will then embed otherwise than its base."
+            )
+        own = dict.fromkeys(POOLER_SETTINGS, base.pooler if base and base.pooler else "avg")
+        source = f"as its base pools (its Pooling module, {base.file})" if base and base.pooler else "the default"
     chosen = {name: given.get(name, own[name]) for name in POOLER_SETTINGS}
     notes = []
     taken = [name for name in POOLER_SETTINGS if name not in given]
     if taken:
         notes.append((logging.INFO, f"{', '.join(f'{name} {chosen[name]}' for name in taken)}: {source}."))
     for name in POOLER_SETTINGS:
-        if (
-            base
-            and name in given
-            and SENTENCE_TRANSFORMERS_POOLING.get(given[name]) != SENTENCE_TRANSFORMERS_POOLING[base[0]]
-        ):
+        if base and name in given and not pools_alike(given[name], base):
             notes.append(
                 (
                     logging.WARNING,
-                    f"{name} {given[name]} is set, but {name_or_path} pools with {base[0]} (its Pooling module, "
-                    f"{base[1]}): the model will embed otherwise than its base.",
+                    f"{name} {given[name]} is set, but {name_or_path} pools with {base.name} (its Pooling module, "
+                    f"{base.file}): the model will embed otherwise than its base.",
                 )
             )
     return chosen, notes
+
+
+def pools_alike(pooler: str, base: BasePooling) -> bool:
+    """Whether ``pooler`` pools as ``base`` does."""
+    return (
+        base.pooler is not None
+        and SENTENCE_TRANSFORMERS_POOLING.get(pooler) == SENTENCE_TRANSFORMERS_POOLING[base.pooler]
+    )
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -178,6 +200,13 @@ def pool_hidden_states(
     if pooler_type == "last":
         return last_token(last, attention_mask)
     raise ValueError(f"Unknown pooler_type {pooler_type!r}; expected one of {', '.join(POOLER_TYPES)}.")
+
+
+def prompt_tokens(tokenizer: PreTrainedTokenizerBase, prompt: str) -> int:
+    """How many tokens ``prompt`` takes at the start of a sentence, as sentence-transformers counts them: the prompt
+    tokenized alone, less a special token the tokenizer ends it with."""
+    ids = tokenizer(prompt)["input_ids"]
+    return len(ids) - (1 if ids and ids[-1] in tokenizer.all_special_ids else 0)
 
 
 def simcse_mlp(width: int) -> nn.Module:
@@ -877,6 +906,9 @@ class IFCLModel(PreTrainedModel):
         given = {name: settings[name] for name in POOLER_SETTINGS if name in settings}
         poolers, notes = choose_poolers(encoder_name_or_path, given)
         settings.update(poolers)
+        base = base_pooling(encoder_name_or_path)
+        if base is not None:  # its prompt pooled or not, and its default prompt, as the base defines them
+            settings = {"include_prompt": base.include_prompt, "default_prompt": base.default_prompt, **settings}
         for level, note in notes:
             logger.log(level, note)
         tokenizer = tokenizer or load_tokenizer(encoder_name_or_path, trust_remote_code=trust_remote_code)
@@ -967,17 +999,27 @@ class IFCLModel(PreTrainedModel):
         return embeddings if self.fraternal_projection is None else self.fraternal_projection(embeddings)
 
     def encode_tokens(
-        self, pooler_type: str, all_hidden_states: bool = False, output_attentions: bool = False, **inputs
+        self,
+        pooler_type: str,
+        all_hidden_states: bool = False,
+        output_attentions: bool = False,
+        prompt_length: int = 0,
+        **inputs,
     ) -> IFCLEncoderOutput:
-        """One encoder call pooled with ``pooler_type``; inputs given as None are left out."""
+        """One encoder call pooled with ``pooler_type``, the first ``prompt_length`` tokens of each (right-padded)
+        row left out of the pooling; inputs given as None are left out."""
         inputs = {key: value for key, value in inputs.items() if value is not None}
         all_hidden_states = all_hidden_states or pooler_type in ALL_LAYER_POOLERS
         outputs = self.encoder(
             **inputs, output_hidden_states=all_hidden_states, output_attentions=output_attentions, return_dict=True
         )
         hidden_states = outputs.hidden_states if all_hidden_states else (outputs.last_hidden_state,)
+        pooled = inputs["attention_mask"]
+        if prompt_length:  # as sentence-transformers' Pooling with include_prompt False
+            pooled = pooled.clone()
+            pooled[:, :prompt_length] = 0
         return IFCLEncoderOutput(
-            sentence_embedding=pool_hidden_states(pooler_type, inputs["attention_mask"], hidden_states, self.mlp),
+            sentence_embedding=pool_hidden_states(pooler_type, pooled, hidden_states, self.mlp),
             last_hidden_state=hidden_states[-1],
             hidden_states=hidden_states if all_hidden_states else None,
             attentions=outputs.attentions if output_attentions else None,
@@ -995,9 +1037,11 @@ class IFCLModel(PreTrainedModel):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         return_dict: bool | None = None,
+        prompt_length: int = 0,
     ) -> IFCLEncoderOutput | IFCLTwinsOutput:
-        """Evaluation embeddings (``training_pooler``: with the training pooler), or with ``return_twins`` the training
-        views (:func:`twin_views`). ``return_dict`` is accepted and ignored: the output is a ``ModelOutput``."""
+        """Evaluation embeddings (``training_pooler``: with the training pooler; ``prompt_length``: the tokens of a
+        prompt before each sentence, left out of the pooling), or with ``return_twins`` the training views
+        (:func:`twin_views`). ``return_dict`` is accepted and ignored: the output is a ``ModelOutput``."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         attention_mask, input_ids, token_type_ids = right_padded(attention_mask, input_ids, token_type_ids)
@@ -1007,6 +1051,7 @@ class IFCLModel(PreTrainedModel):
                 pooler,
                 output_hidden_states,
                 output_attentions,
+                prompt_length,
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 token_type_ids=token_type_ids,
@@ -1054,7 +1099,9 @@ class IFCLModel(PreTrainedModel):
 
         Args:
             sentences: a sentence or a list of them (a single string gives a 1-row matrix).
-            prompt: text put before every sentence.
+            prompt: text put before every sentence; default the model's ``default_prompt`` (a sentence-transformers
+                base's default prompt), "" for none. Its tokens are pooled unless ``include_prompt`` is False, as the
+                base pools.
             batch_size: sentences per encoder call, batched by length so that padding stays short.
             show_progress_bar: a progress bar named ``description``.
             convert_to_numpy, convert_to_tensor: a numpy array, a tensor (the default, it wins over numpy), or, both
@@ -1078,9 +1125,13 @@ class IFCLModel(PreTrainedModel):
         truncate_dim = checked_truncate_dim(
             self.truncate_dim if truncate_dim is None else truncate_dim, self.hidden_size
         )
+        tokenizer = self.tokenizer
+        prompt = self.config.default_prompt if prompt is None else prompt
+        prompt_length = 0
         if prompt:
             sentences = [prompt + sentence for sentence in sentences]
-        tokenizer = self.tokenizer
+            if not self.config.include_prompt:
+                prompt_length = prompt_tokens(tokenizer, prompt)
         device = torch.device(device) if device is not None else self.device
         if device != self.device:
             self.to(device)
@@ -1093,7 +1144,7 @@ class IFCLModel(PreTrainedModel):
                     embeddings = embed_sorted_by_length(
                         sentences,
                         tokenizer,
-                        lambda batch: self(**batch.to(device)).sentence_embedding,
+                        lambda batch: self(**batch.to(device), prompt_length=prompt_length).sentence_embedding,
                         batch_size,
                         max_length or max_input_length(tokenizer, self.encoder.config),
                         show_progress_bar,

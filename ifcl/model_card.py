@@ -283,19 +283,16 @@ POOLER_WORDS = {
 def pooling_description(config: IFCLConfig, base: str | None) -> str:
     """How the model pools (``eval_pooler_type``) and whether its base pools alike (its sentence-transformers
     Pooling module, when the base has one)."""
-    from modeling_ifcl import SENTENCE_TRANSFORMERS_POOLING, base_pooler
+    from modeling_ifcl import base_pooling, pools_alike
 
     pooler = config.eval_pooler_type
     text = f"{POOLER_WORDS.get(pooler, pooler)} (`{pooler}`)"
-    try:
-        own = base_pooler(base) if base else None
-    except ValueError:  # the base pools in a way this project has none for
-        own = None
+    own = base_pooling(base) if base else None
     if own is None:
         return text
-    if SENTENCE_TRANSFORMERS_POOLING.get(pooler) == SENTENCE_TRANSFORMERS_POOLING[own[0]]:
+    if pools_alike(pooler, own):
         return f"{text}, as its base pools (the base's Pooling module)"
-    return f"{text}; its base pools otherwise (`{own[0]}`, its Pooling module), and this run chose `{pooler}`"
+    return f"{text}; its base pools otherwise (`{own.name}`, its Pooling module), and this run chose `{pooler}`"
 
 
 def lora_description(lora: dict[str, Any] | None, trained_parameters: tuple[int, int] | None) -> str | None:

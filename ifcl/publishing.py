@@ -215,7 +215,11 @@ def save_view(model, folder: str) -> bool:
     add_module(
         "Pooling",
         ST_POOLING,
-        {"embedding_dimension": width, "pooling_mode": SENTENCE_TRANSFORMERS_POOLING[pooler], "include_prompt": True},
+        {
+            "embedding_dimension": width,
+            "pooling_mode": SENTENCE_TRANSFORMERS_POOLING[pooler],
+            "include_prompt": model.config.include_prompt,
+        },
     )
     embedding = {"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding"}
     if pooler == "cls":  # SimCSE's MLP after [CLS]

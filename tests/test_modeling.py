@@ -68,8 +68,9 @@ def test_from_encoder_builds_the_model_around_the_loaded_encoder_with_one_frater
 ):
     """No random encoder is built beside the loaded one, and BEL_F is built once, with its own values: the
     encoder's weights are the base's, BEL_F the fraternal model's table (or BEL_S's)."""
-    import modeling_ifcl
     from transformers import AutoModel
+
+    import modeling_ifcl
 
     built = []
     table_of = modeling_ifcl.fraternal_word_table

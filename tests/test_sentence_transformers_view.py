@@ -380,14 +380,65 @@ def test_the_base_pooling_is_the_default_and_a_pooler_set_otherwise_is_warned_ab
     assert choose_poolers(str(tiny_encoder_dir), {})[0] == {"pooler_type": "avg", "eval_pooler_type": "avg"}
 
 
-def test_a_base_pooling_mode_without_a_pooler_here_is_refused_unless_both_are_set(tiny_encoder_dir, tmp_path):
+def test_a_base_that_leaves_its_default_prompt_out_of_the_pooling_embeds_as_it_does_in_every_view(
+    tiny_encoder_dir, tmp_path
+):
+    """An instruction-tuned embedder's shape: mean pooling with ``include_prompt=False`` and a default prompt.
+    ``from_encoder(...).encode`` puts the default prompt before each sentence and pools without its tokens, as the
+    base does, with a prompt given too; the published folder keeps both, and its sentence-transformers view,
+    ``IFCLModel.from_pretrained`` and ``encode`` embed alike (1e-5)."""
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    transformer = Transformer(str(tiny_encoder_dir), max_seq_length=32)
+    base_model = sentence_transformers.SentenceTransformer(
+        modules=[transformer, Pooling(32, "mean", include_prompt=False)],
+        prompts={"query": "query: ", "document": "passage: "},
+        default_prompt_name="query",
+        device="cpu",
+    )
+    base_model.save(str(tmp_path / "base"))
+    model = IFCLModel.from_encoder(str(tmp_path / "base"), queue_size=0)
+    assert (model.config.include_prompt, model.config.default_prompt) == (False, "query: ")
+    expected = base_model.encode(ENGLISH, convert_to_tensor=True)
+    torch.testing.assert_close(model.encode(ENGLISH), expected, atol=1e-5, rtol=0)
+    with_prompt = base_model.encode(ENGLISH, prompt="passage: ", convert_to_tensor=True)
+    torch.testing.assert_close(model.encode(ENGLISH, prompt="passage: "), with_prompt, atol=1e-5, rtol=0)
+    assert not torch.allclose(model.encode(ENGLISH, prompt=""), expected, atol=1e-3)  # the prompt is read
+    model.config.include_prompt = True
+    assert not torch.allclose(model.encode(ENGLISH), expected, atol=1e-3)  # and left out of the pooling
+    model.config.include_prompt = False
+
+    save_published(model, tmp_path / "published")
+    pooling = json.loads((tmp_path / "published" / "1_Pooling" / "config.json").read_text())
+    assert pooling["include_prompt"] is False
+    view = sentence_transformers.SentenceTransformer(str(tmp_path / "published"), device="cpu")
+    torch.testing.assert_close(view.encode(ENGLISH, convert_to_tensor=True), expected, atol=1e-5, rtol=0)
+    loaded = IFCLModel.from_pretrained(tmp_path / "published")
+    torch.testing.assert_close(loaded.encode(ENGLISH), expected, atol=1e-5, rtol=0)
+
+
+def test_a_base_pooling_mode_without_a_pooler_here_is_refused_unless_both_are_set_then_warned_and_carded(
+    tiny_encoder_dir, tmp_path
+):
+    from ifcl.model_card import pooling_description
     from modeling_ifcl import choose_poolers
 
     base = sentence_transformer_base(tiny_encoder_dir, "max", tmp_path / "max")
     with pytest.raises(ValueError, match=r"its Pooling module \(1_Pooling/config.json\) pools with max, which"):
         IFCLModel.from_encoder(str(base), queue_size=0, pooler_type="avg")
     both = {"pooler_type": "avg", "eval_pooler_type": "avg"}
-    assert choose_poolers(str(base), both)[0] == both
+    poolers, notes = choose_poolers(str(base), both)
+    assert poolers == both  # accepted, and said for each: the model pools otherwise than its base
+    warned = [note for level, note in notes if level == logging.WARNING]
+    assert warned == [
+        f"{name} avg is set, but {base} pools with max (its Pooling module, 1_Pooling/config.json): the model will "
+        "embed otherwise than its base."
+        for name in ("pooler_type", "eval_pooler_type")
+    ]
+    model = IFCLModel.from_encoder(str(base), queue_size=0, **both)
+    card_pooling = pooling_description(model.config, str(base))
+    assert "its base pools otherwise (`max`, its Pooling module), and this run chose `avg`" in card_pooling
     # sentence-transformers before 6 wrote one flag per mode
     (base / "1_Pooling" / "config.json").write_text(
         json.dumps({"word_embedding_dimension": 32, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False})
