@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from transformers import AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers import initialization as init
 from transformers.utils import ModelOutput, cached_file, logging
 
@@ -432,6 +439,18 @@ def fit_dropout(encoder: nn.Module, rate: float) -> str | None:
     for module, name in floats:
         setattr(module, name, rate)
     return f"{encoder_name} has no dropout: its dropout is {rate} while training"
+
+
+def check_encoder_class(encoder_config: PretrainedConfig, name_or_path: str) -> None:
+    """``ValueError`` in one line for an encoder transformers does not implement itself (its config.json's
+    ``auto_map``, run with ``trust_remote_code``): a published IFCL folder rebuilds its encoder from transformers' own
+    classes and carries no encoder code, so the model could not be loaded as it trained."""
+    if type(encoder_config).__module__.split(".")[0] != "transformers":
+        raise ValueError(
+            f"{name_or_path}: its encoder is custom code (model type {encoder_config.model_type}, its config.json's "
+            "auto_map), which IFCL cannot train: a published IFCL folder rebuilds its encoder with transformers' own "
+            "classes and carries no encoder code. Choose an encoder transformers implements."
+        )
 
 
 def word_table_of(model: nn.Module, name: str) -> nn.Embedding:
@@ -914,9 +933,13 @@ class IFCLModel(PreTrainedModel):
         tokenizer = tokenizer or load_tokenizer(encoder_name_or_path, trust_remote_code=trust_remote_code)
         for change in fit_tokenizer(tokenizer, "last" in poolers.values()):
             logger.info(f"{encoder_name_or_path}: {change}.")
-        options = {"config": encoder_config} if encoder_config else {}
-        options["trust_remote_code"] = trust_remote_code
-        encoder = AutoModel.from_pretrained(encoder_name_or_path, **options)
+        encoder_config = encoder_config or AutoConfig.from_pretrained(
+            encoder_name_or_path, trust_remote_code=trust_remote_code
+        )
+        check_encoder_class(encoder_config, encoder_name_or_path)
+        encoder = AutoModel.from_pretrained(
+            encoder_name_or_path, config=encoder_config, trust_remote_code=trust_remote_code
+        )
         word_table_of(encoder, encoder_name_or_path)  # refused before the model is built when it has none
         fraternal_table = fraternal_tokenizer = None
         if fraternal_model_name_or_path is not None:

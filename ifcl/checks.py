@@ -17,7 +17,7 @@ from ifcl.arguments import strategy_name
 from ifcl.checkpoints import weights_problem
 from ifcl.failures import listed
 from ifcl.files import read_json
-from modeling_ifcl import check_model_path, dropout_settings, load_tokenizer, max_input_length
+from modeling_ifcl import check_encoder_class, check_model_path, dropout_settings, load_tokenizer, max_input_length
 
 
 def check_training_settings(training_args: TrainingArguments) -> None:
@@ -175,6 +175,7 @@ class StartingModel:
             if "trust_remote_code" not in str(error):
                 raise
             raise ValueError(f"{path} loads with custom code (auto_map): {TRUST_ADVICE}") from None
+        check_encoder_class(encoder_config, path)
         return cls(path, encoder_config, tokenizer, saved)
 
 

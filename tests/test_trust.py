@@ -8,6 +8,8 @@ import torch
 from conftest import run_script, write_sts_file
 from safetensors.torch import load_file, save_file
 
+from modeling_ifcl import IFCLModel
+
 SENTINEL_CODE = "import pathlib; pathlib.Path({path!r}).write_text('ran')\n"
 
 
@@ -159,7 +161,15 @@ def test_custom_code_runs_only_when_trusted_and_nothing_asks(custom_code_dir, sa
     assert not (tmp_path / "marker").exists()
     assert StartingModel.read(str(saved_model)).saved is not None  # an IFCL folder: the package's own class
 
-    StartingModel.read(path, trust_remote_code=True)
+    # Trusted, its code runs; then it is refused in one line, as an encoder IFCL cannot publish (run_ifcl.py and
+    # the Python API alike), before any weights load.
+    for load in (
+        lambda: StartingModel.read(path, trust_remote_code=True),
+        lambda: IFCLModel.from_encoder(path, trust_remote_code=True),
+    ):
+        with pytest.raises(ValueError, match="its encoder is custom code \\(model type custom-bert") as error:
+            load()
+        assert str(error.value).startswith(f"{path}: ") and "\n" not in str(error.value)
     assert (tmp_path / "marker").exists(), "--trust_remote_code did not reach transformers"
 
 
