@@ -441,6 +441,18 @@ def fit_dropout(encoder: nn.Module, rate: float) -> str | None:
     return f"{encoder_name} has no dropout: its dropout is {rate} while training"
 
 
+def check_vocabulary(tokenizer: PreTrainedTokenizerBase, rows: int | None, name_or_path: str) -> None:
+    """``ValueError`` in one line for a tokenizer with more ids than the word table's ``rows`` (its config's
+    ``vocab_size``; None: unknown, unchecked): a token past the last row could not be embedded."""
+    if rows is not None and len(tokenizer) > rows:
+        raise ValueError(
+            f"{name_or_path}: its tokenizer has {len(tokenizer)} ids, more than the {rows} rows of its word table "
+            f"(vocab_size), so a token with id {rows} or above could not be embedded: resize the table to the "
+            "tokenizer (model.resize_token_embeddings(len(tokenizer))) and save both, or give the tokenizer the "
+            "model was trained with."
+        )
+
+
 def check_encoder_class(encoder_config: PretrainedConfig, name_or_path: str) -> None:
     """``ValueError`` in one line for an encoder transformers does not implement itself (its config.json's
     ``auto_map``, run with ``trust_remote_code``): a published IFCL folder rebuilds its encoder from transformers' own
@@ -625,7 +637,9 @@ def load_fraternal(name_or_path: str, trust_remote_code: bool = False) -> tuple[
     """BEL_F's starting table, the fraternal model's word table (checked as the encoder's is), and its tokenizer
     (read first: a folder without one is refused before any weights load)."""
     tokenizer = load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
-    model = AutoModel.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    check_vocabulary(tokenizer, getattr(config, "vocab_size", None), name_or_path)
+    model = AutoModel.from_pretrained(name_or_path, config=config, trust_remote_code=trust_remote_code)
     return word_table_of(model, name_or_path).weight, tokenizer
 
 
@@ -728,7 +742,26 @@ def lora_weights(name_or_path: str | os.PathLike, options: dict[str, Any]) -> di
                     "does not merge: load the base encoder and the adapters with peft, and merge them there."
                 )
             adapters.update({name: weights.get_tensor(name) for name in names})
+    check_lora_complete(adapters, str(name_or_path))
     return adapters
+
+
+def check_lora_complete(adapters: dict[str, torch.Tensor], name_or_path: str) -> None:
+    """``ValueError`` in one line, naming the folder and a tensor it lacks, for LoRA weights with an adapter's
+    ``lora_A`` but not its ``lora_B`` (or the other way round), or an adapted layer without its ``base_layer``."""
+    for name in adapters:
+        match = re.match(r"(.*)\.lora_(embedding_)?(A|B)\.(.*)", name)
+        if match is None:
+            continue
+        layer, embedding, half, adapter = match.groups()
+        other = f"{layer}.lora_{embedding or ''}{'B' if half == 'A' else 'A'}.{adapter}"
+        base = f"{layer}.base_layer.weight"
+        missing = next((needed for needed in (other, base) if needed not in adapters), None)
+        if missing is not None:
+            raise ValueError(
+                f"{name_or_path}: its weights hold {name} but not {missing}: the LoRA checkpoint is incomplete (a file "
+                "cut short or edited); load an intact checkpoint, or the run's published folder."
+            )
 
 
 class IFCLModel(PreTrainedModel):
@@ -937,13 +970,14 @@ class IFCLModel(PreTrainedModel):
             encoder_name_or_path, trust_remote_code=trust_remote_code
         )
         check_encoder_class(encoder_config, encoder_name_or_path)
+        check_vocabulary(tokenizer, getattr(encoder_config, "vocab_size", None), encoder_name_or_path)
+        fraternal_table = fraternal_tokenizer = None
+        if fraternal_model_name_or_path is not None:  # checked, then loaded, before the encoder's weights load
+            fraternal_table, fraternal_tokenizer = load_fraternal(fraternal_model_name_or_path, trust_remote_code)
         encoder = AutoModel.from_pretrained(
             encoder_name_or_path, config=encoder_config, trust_remote_code=trust_remote_code
         )
         word_table_of(encoder, encoder_name_or_path)  # refused before the model is built when it has none
-        fraternal_table = fraternal_tokenizer = None
-        if fraternal_model_name_or_path is not None:
-            fraternal_table, fraternal_tokenizer = load_fraternal(fraternal_model_name_or_path, trust_remote_code)
         prefix = getattr(encoder, "base_model_prefix", "")  # its own, so that the weights keep their names
         config = cls.config_class(
             encoder_config=encoder.config.to_dict(),

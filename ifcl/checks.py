@@ -17,7 +17,15 @@ from ifcl.arguments import strategy_name
 from ifcl.checkpoints import weights_problem
 from ifcl.failures import listed
 from ifcl.files import read_json
-from modeling_ifcl import check_encoder_class, check_model_path, dropout_settings, load_tokenizer, max_input_length
+from modeling_ifcl import (
+    check_encoder_class,
+    check_model_path,
+    check_vocabulary,
+    dropout_settings,
+    load_tokenizer,
+    lora_weights,
+    max_input_length,
+)
 
 
 def check_training_settings(training_args: TrainingArguments) -> None:
@@ -176,6 +184,9 @@ class StartingModel:
                 raise
             raise ValueError(f"{path} loads with custom code (auto_map): {TRUST_ADVICE}") from None
         check_encoder_class(encoder_config, path)
+        check_vocabulary(tokenizer, getattr(encoder_config, "vocab_size", None), path)
+        if saved is not None and saved.lora:
+            lora_weights(path, {})  # a checkpoint's adapters, complete (check_lora_complete)
         return cls(path, encoder_config, tokenizer, saved)
 
 

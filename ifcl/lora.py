@@ -76,6 +76,22 @@ def unknown_target_modules(encoder: nn.Module, targets: list[str] | str) -> list
     return [t for t in targets if not any(name == t or name.endswith(f".{t}") for name in names)]
 
 
+def unadaptable_target_modules(encoder: nn.Module, targets: list[str] | str) -> list[str]:
+    """The names of ``targets`` that match a module LoRA cannot adapt (a block of layers, a norm), with its class:
+    peft adapts linear, embedding and convolution layers, and attention as ``nn.MultiheadAttention``."""
+    from transformers.pytorch_utils import Conv1D
+
+    if isinstance(targets, str):
+        return []
+    layers = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention, Conv1D)
+    return [
+        f"{target} ({type(module).__name__})"
+        for target in targets
+        for name, module in encoder.named_modules()
+        if (name == target or name.endswith(f".{target}")) and not isinstance(module, layers)
+    ]
+
+
 def add_lora(
     model: nn.Module,
     r: int = 16,
@@ -109,6 +125,12 @@ def add_lora(
             f"--lora_target_modules {' '.join(unknown)}: no layer of {type(encoder).__name__} is named so (peft "
             "matches a layer's name or its end after a dot, e.g. q_proj); leave the flag out for the family's "
             "default."
+        )
+    unadaptable = unadaptable_target_modules(encoder, targets)
+    if unadaptable:
+        raise ValueError(
+            f"--lora_target_modules {unadaptable[0]}: LoRA adapts linear, embedding and convolution layers, not this; "
+            "name layers inside it (e.g. word_embeddings, query), or leave the flag out for the family's default."
         )
     config = LoraConfig(
         r=r,

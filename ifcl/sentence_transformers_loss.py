@@ -42,6 +42,7 @@ from modeling_ifcl import (
     QueueBuffers,
     check_matryoshka_width,
     check_model_path,
+    check_vocabulary,
     fit_dropout,
     fit_tokenizer,
     fraternal_word_table,
@@ -137,6 +138,7 @@ class IFCLLoss(nn.Module):
         for change in fit_tokenizer(self.sentence_transformer.tokenizer, end_with_eos=last_token):
             logger.warning(f"{type(self).__name__}: {change} (the model saves it so).")
         words = word_table_of(self.encoder, type(self).__name__)
+        check_vocabulary(self.sentence_transformer.tokenizer, words.num_embeddings, self.encoder.name_or_path)
         words.weight.requires_grad_(not self.settings.freeze_word_embeddings)
         self.fraternal_model_name_or_path = fraternal_model_name_or_path
         self.fraternal_tokenizer = self.fraternal_embeddings = self.fraternal_projection = None

@@ -324,6 +324,34 @@ def test_bad_lora_flags_are_one_line_before_any_model_loads(flags, message):
         run_ifcl.parse_arguments(["--output_dir", "unused", *flags])
 
 
+def test_a_lora_target_that_is_no_layer_is_one_line_naming_the_flag(tiny_encoder_dir):
+    from ifcl.lora import add_lora
+
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
+    with pytest.raises(
+        ValueError, match=re.escape("--lora_target_modules embeddings (BertEmbeddings): LoRA adapts")
+    ) as error:
+        add_lora(model, r=4, target_modules=["embeddings"])
+    assert "\n" not in str(error.value) and model.config.lora is None
+
+
+def test_a_lora_checkpoint_without_its_lora_b_tensors_is_named_in_one_line(tmp_path):
+    """A checkpoint file cut short or edited so that it lacks the adapters' lora_B tensors: from_pretrained names
+    the folder and the tensor it lacks, before any weights load."""
+    from safetensors.torch import load_file, save_file
+
+    decoder = build_tiny_decoder("qwen3", tmp_path / "qwen3")
+    lora_trainer(decoder, str(tmp_path / "run"), save_strategy="steps", save_steps=2, max_steps=2).train()
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    weights = load_file(checkpoint / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if ".lora_B." not in k}, checkpoint / "model.safetensors")
+    with pytest.raises(
+        ValueError, match=f"^{re.escape(str(checkpoint))}: its weights hold .*lora_A.* but not "
+    ) as error:
+        IFCLModel.from_pretrained(str(checkpoint))
+    assert "lora_B" in str(error.value) and "incomplete" in str(error.value) and "\n" not in str(error.value)
+
+
 def test_lora_without_peft_says_how_to_install_it(monkeypatch):
     import run_ifcl
 

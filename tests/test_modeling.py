@@ -3,6 +3,8 @@ interpreter: test_sentence_transformers_view.py)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from conftest import ENGLISH, GERMAN, build_tiny_encoder
@@ -87,6 +89,35 @@ def test_from_encoder_builds_the_model_around_the_loaded_encoder_with_one_frater
     source = AutoModel.from_pretrained(tiny_fraternal_dir) if fraternal else base
     assert torch.equal(model.fraternal_embeddings.weight, source.get_input_embeddings().weight)
     assert model.fraternal_embeddings.weight.requires_grad
+
+
+def test_a_tokenizer_with_more_ids_than_the_word_table_is_one_line_before_any_weights_load(
+    tiny_encoder_dir, tmp_path, monkeypatch
+):
+    """Tokens added without resizing the table, in the encoder's folder or the fraternal model's: run_ifcl.py's
+    reader, from_encoder and the sentence-transformers loss name the folder and both sizes, before the first step
+    would fail in the embedding lookup."""
+    import shutil
+
+    from transformers import AutoModel, AutoTokenizer
+
+    from ifcl.checks import StartingModel
+
+    folder = tmp_path / "grown"
+    shutil.copytree(tiny_encoder_dir, folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_tokens(["<domain-term-1>", "<domain-term-2>"])
+    tokenizer.save_pretrained(folder)
+    message = f"{folder}: its tokenizer has {len(tokenizer)} ids, more than the {len(tokenizer) - 2} rows"
+    monkeypatch.setattr(AutoModel, "from_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    for load in (
+        lambda: StartingModel.read(str(folder)),
+        lambda: IFCLModel.from_encoder(str(folder)),
+        lambda: IFCLModel.from_encoder(str(tiny_encoder_dir), str(folder)),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)) as error:
+            load()
+        assert "resize_token_embeddings" in str(error.value) and "\n" not in str(error.value)
 
 
 def test_the_queue_is_saved_and_a_folder_without_it_loads_with_an_empty_queue(tiny_encoder_dir, tmp_path):

@@ -175,6 +175,13 @@ def test_settings_are_checked_and_a_single_column_is_refused(tiny_encoder_dir):
     assert simcse.fraternal_embeddings is None and simcse.text_columns == ("sentence",)  # no BEL_F, as IFCLModel
 
 
+def test_a_tokenizer_with_more_ids_than_the_word_table_is_one_line(tiny_encoder_dir):
+    st_model = sentence_transformer_of(tiny_encoder_dir)
+    st_model.tokenizer.add_tokens(["<domain-term>"])
+    with pytest.raises(ValueError, match=re.escape("its tokenizer has 201 ids, more than the 200 rows")):
+        IFCLLoss(st_model)
+
+
 def test_without_fraternal_twins_the_fraternal_model_is_not_loaded(tiny_encoder_dir, tiny_fraternal_dir, monkeypatch):
     import ifcl.sentence_transformers_loss
 
