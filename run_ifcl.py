@@ -39,7 +39,7 @@ from ifcl.arguments import (
     refuse_other_objectives_settings,
     strategy_name,
 )
-from ifcl.checkpoints import check_resume_lora, check_resume_settings, interrupted_message
+from ifcl.checkpoints import check_resume_lora, check_resume_settings, interrupted_message, planned_fraternal_model
 from ifcl.data import (
     EMBEDDED_MODEL_ID,
     embedded_model_path,
@@ -317,7 +317,11 @@ def main(argv: list[str] | None = None):
             )
             if plan.resume is not None:
                 training_args.resume_from_checkpoint = plan.resume.checkpoint
-                check_resume_settings(plan.resume.checkpoint, plan.resume.config, json.loads(planned.to_json_string()))
+                wanted = json.loads(planned.to_json_string())
+                wanted["fraternal_model_name_or_path"] = planned_fraternal_model(
+                    model_path, model_args.fraternal_model_name_or_path, planned.uses_fraternal_twins
+                )
+                check_resume_settings(plan.resume.checkpoint, plan.resume.config, wanted)
                 check_resume_lora(plan.resume.checkpoint, plan.resume.config.get("lora"), model_args.lora())
             push_at_end = take_over_push(training_args)
 

@@ -41,6 +41,7 @@ RESUME_SETTINGS = {
     "training_dropout": "--training_dropout",
     "max_seq_length": "--max_seq_length",
     "objective_settings": "the objective's own settings",
+    "fraternal_model_name_or_path": "--fraternal_model_name_or_path",
 }
 
 
@@ -185,6 +186,22 @@ def check_resume_settings(checkpoint: str, saved: dict[str, Any], wanted: dict[s
             + "; ".join(differences)
             + ". Resume with the checkpoint's settings, or train anew in another --output_dir."
         )
+
+
+def planned_fraternal_model(model_path: str, given: str | None, uses_fraternal_twins: bool) -> str | None:
+    """The fraternal model a run trains with, by the name its config keeps (``public_name``), to compare with a
+    checkpoint's: the one given, else a continued IFCL model's own; None without fraternal twins."""
+    from ifcl.publishing import public_name
+    from modeling_ifcl import ifcl_config_dict, read_json
+
+    if not uses_fraternal_twins:
+        return None
+    if given is None:
+        config = read_json(model_path, "config.json")
+        given = (
+            (ifcl_config_dict(config) or {}).get("fraternal_model_name_or_path") if isinstance(config, dict) else None
+        )
+    return public_name(given)
 
 
 def check_resume_lora(checkpoint: str, saved: dict[str, Any] | None, lora: dict[str, Any] | None) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -231,6 +232,35 @@ def test_resume_with_other_settings_names_each_of_them_before_any_model_loads(ru
     assert "--fusion_rate" not in message  # only what differs is named
     with pytest.raises(CheckpointError, match="--objective: 'simcse' in the checkpoint, 'ifcl' now"):
         run_ifcl.main([*[a for a in args if a not in ("simcse", "--objective")], "--resume_from_checkpoint", "last"])
+
+
+def test_resume_with_another_fraternal_model_names_the_flag(
+    tiny_encoder_dir, tiny_fraternal_dir, pairs_data, tmp_path, monkeypatch
+):
+    """A checkpoint trained with one fraternal model, resumed with another or with none: the flag is named with
+    both, before any model loads (it would otherwise fail on the optimizer's parameter groups)."""
+    from trainer_ifcl import ObjectiveStepCallback
+
+    args = objective_run_args(tiny_encoder_dir, pairs_data, tmp_path / "run", "ifcl", fraternal=tiny_fraternal_dir)
+    on_step_end = ObjectiveStepCallback.on_step_end
+
+    def stop_in_step_two(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            raise KeyboardInterrupt
+        return on_step_end(self, args, state, control, **kwargs)
+
+    monkeypatch.setattr(ObjectiveStepCallback, "on_step_end", stop_in_step_two)
+    with pytest.raises(Interrupted):
+        run_ifcl.main([*args, "--max_steps", "2", "--save_steps", "1", "--eval_steps", "1"])
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    other = tmp_path / "other_fraternal"
+    shutil.copytree(tiny_fraternal_dir, other)
+    monkeypatch.setattr(run_ifcl, "load_training_text", lambda *a: pytest.fail("data read before the check"))
+    for fraternal, now in ((other, "'other_fraternal'"), (None, "None")):
+        resumed = objective_run_args(tiny_encoder_dir, pairs_data, tmp_path / "run", "ifcl", fraternal=fraternal)
+        expected = f"--fraternal_model_name_or_path: '{tiny_fraternal_dir.name}' in the checkpoint, {now} now"
+        with pytest.raises(CheckpointError, match=re.escape(expected)):
+            run_ifcl.main([*resumed, "--max_steps", "2", "--resume_from_checkpoint", str(checkpoint)])
 
 
 @pytest.mark.parametrize(
