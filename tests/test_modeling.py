@@ -120,6 +120,24 @@ def test_a_tokenizer_with_more_ids_than_the_word_table_is_one_line_before_any_we
         assert "resize_token_embeddings" in str(error.value) and "\n" not in str(error.value)
 
 
+def test_the_last_pooler_on_a_bert_tokenizer_reads_its_closing_sep_in_every_view(tiny_encoder_dir, tmp_path):
+    """BERT's tokenizer ends every sentence with [SEP] and has no end-of-sequence token: the last pooler takes that
+    [SEP], as sentence-transformers' lasttoken pooling does, the tokenizer left as it is."""
+    import sentence_transformers
+
+    model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0, pooler_type="last", eval_pooler_type="last")
+    ids = model.tokenizer(ENGLISH[:1])["input_ids"][0]
+    assert model.tokenizer.convert_ids_to_tokens(ids)[-1] == "[SEP]" and ids.count(model.tokenizer.sep_token_id) == 1
+    encoded = model.tokenizer(ENGLISH[:2], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        states = model.encoder(**encoded).last_hidden_state
+    last = encoded["attention_mask"].sum(dim=1) - 1
+    torch.testing.assert_close(model.encode(ENGLISH[:2]), states[torch.arange(2), last], atol=1e-5, rtol=0)
+    save_published(model, tmp_path / "published")
+    view = sentence_transformers.SentenceTransformer(str(tmp_path / "published"), device="cpu")
+    torch.testing.assert_close(view.encode(ENGLISH, convert_to_tensor=True), model.encode(ENGLISH), atol=1e-5, rtol=0)
+
+
 def test_the_queue_is_saved_and_a_folder_without_it_loads_with_an_empty_queue(tiny_encoder_dir, tmp_path):
     from safetensors.torch import load_file, save_file
 
