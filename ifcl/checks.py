@@ -17,6 +17,7 @@ from ifcl.arguments import strategy_name
 from ifcl.checkpoints import weights_problem
 from ifcl.failures import listed
 from ifcl.files import read_json
+from ifcl.hub import check_model_reachable
 from modeling_ifcl import (
     check_encoder_class,
     check_model_path,
@@ -122,6 +123,8 @@ def check_model_paths(model_args) -> None:
     custom code only with ``--trust_remote_code`` (the encoder's: :meth:`StartingModel.read`)."""
     for name in ("model_name_or_path", "fraternal_model_name_or_path"):
         check_model_path(f"--{name}", getattr(model_args, name))
+        if getattr(model_args, name) is not None:
+            check_model_reachable(f"--{name}", getattr(model_args, name))
     if model_args.fraternal_model_name_or_path is not None:
         check_custom_code(model_args.fraternal_model_name_or_path, model_args.trust_remote_code)
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import socket
+from urllib.parse import urlparse
 
+from huggingface_hub import constants, try_to_load_from_cache
 from transformers import TrainingArguments
 
 from .output_folder import LOCK_FILE, RUN_IN_PROGRESS_FILE, RUN_RECORD_FILE
@@ -67,3 +70,38 @@ def push_output_folder(training_args: TrainingArguments) -> None:
             f"{folder}; push it later with: {shlex.join(command)}"
         ) from error
     logger.info(f"Pushed {folder} to https://huggingface.co/{repo_id}")
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hub can be reached: HF_HUB_OFFLINE unset and a connection to its host opens."""
+    if constants.HF_HUB_OFFLINE:
+        return False
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True  # behind a proxy a direct connection says nothing; the download itself will tell
+    endpoint = urlparse(constants.ENDPOINT)
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        with socket.create_connection((endpoint.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def check_model_reachable(option: str, path: str) -> None:
+    """``FileNotFoundError`` in one line for a model ``path`` of the form ``owner/name`` that is no folder here, is not
+    in the Hub's cache, and cannot be fetched because the Hub cannot be reached: most often a folder a run has not
+    written yet (``outputs/my-run``), which transformers would otherwise report as a failed Hub connection."""
+    if os.path.exists(os.path.expanduser(path)) or path.count("/") != 1 or path.startswith((".", "/", "~")):
+        return
+    try:
+        if any(isinstance(try_to_load_from_cache(path, name), str) for name in ("config.json", "modules.json")):
+            return
+    except ValueError:  # not a valid repo id: the loader names it
+        return
+    if hub_reachable():
+        return
+    why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "no connection to it opens"
+    raise FileNotFoundError(
+        f"{option} {path}: no such folder here, and no Hub repo of that name in the cache, while the Hub cannot be "
+        f"reached ({why}): give the folder a model was saved to (train it first), or a Hub id you can download."
+    )

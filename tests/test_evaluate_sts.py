@@ -208,6 +208,26 @@ def test_missing_tasks_are_all_named_with_their_paths_and_where_to_get_them(tmp_
     assert [reason.split(":")[0] for reason in skipped] == ["sts13", "simclue", "sts15"] and len(offline) == 1
 
 
+def test_a_model_folder_not_yet_written_is_named_not_taken_for_an_unreachable_hub_repo(tmp_path, monkeypatch):
+    """docs/evaluation.md's own example before its run: ``outputs/NAME`` looks like a Hub id; with no such folder,
+    no such repo in the cache and no Hub to reach, both scripts say so in one line, before anything loads."""
+    from types import SimpleNamespace
+
+    from ifcl.checks import check_model_paths
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("ifcl.hub.constants.HF_HUB_OFFLINE", True)
+    expected = "--model_name_or_path outputs/not-trained-yet: no such folder here, and no Hub repo of that name in"
+    with pytest.raises(FileNotFoundError, match=re.escape(expected)) as error:
+        evaluate_sts.main(["--model_name_or_path", "outputs/not-trained-yet"])
+    assert "HF_HUB_OFFLINE is set" in str(error.value) and "\n" not in str(error.value)
+    arguments = SimpleNamespace(
+        model_name_or_path="outputs/not-trained-yet", fraternal_model_name_or_path=None, trust_remote_code=False
+    )
+    with pytest.raises(FileNotFoundError, match=re.escape(expected)):
+        check_model_paths(arguments)
+
+
 def test_senteval_year_with_unequal_input_and_gold_files_is_rejected(tmp_path):
     write_senteval_year(tmp_path, "sts15", make_pairs(10))
     gold = tmp_path / "STS" / "STS15-en-test" / "STS.gs.belief.txt"

@@ -27,6 +27,7 @@ from ifcl.arguments import command_line
 from ifcl.data import load_train_dataset
 from ifcl.failures import failures_of_the_run, run_command
 from ifcl.files import write_json_atomically
+from ifcl.hub import check_model_reachable
 from ifcl.processes import log_to_stdout
 from ifcl.sts.encoders import (
     MODEL_TYPES,
@@ -97,6 +98,7 @@ class ModelArguments:
                 f"Evaluate one of its checkpoint-* folders, or resume the run with --resume_from_checkpoint last."
             )
         check_model_path("--model_name_or_path", self.model_name_or_path)
+        check_model_reachable("--model_name_or_path", self.model_name_or_path)
         if self.max_seq_length is not None and self.max_seq_length < 1:
             raise ValueError(f"--max_seq_length must be ≥ 1, got {self.max_seq_length}.")
         if self.truncate_dim is not None and self.truncate_dim < 1:

@@ -10,15 +10,13 @@ import functools
 import json
 import logging
 import os
-import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import urlparse
 
 import datasets
-from huggingface_hub import constants
 
 from ifcl.data import STSB_INSTALL_HINT, DataFormatError, load_sts_file, load_stsb, stsb_path
+from ifcl.hub import hub_reachable
 
 logger = logging.getLogger(__name__)
 
@@ -242,21 +240,6 @@ ORIGINAL_LAYOUTS: dict[str, tuple[str, Callable[[str], tuple]]] = {
 
 
 # ---------------------------------------------------------------------------------------------------- tasks
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hub can be reached: HF_HUB_OFFLINE unset and a connection to its host opens."""
-    if constants.HF_HUB_OFFLINE:
-        return False
-    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        return True  # behind a proxy a direct connection says nothing; the download itself will tell
-    endpoint = urlparse(constants.ENDPOINT)
-    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
-    try:
-        with socket.create_connection((endpoint.hostname, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def load_task(name: str, data_dir: str, hub_available: Callable[[], bool] | None = None) -> STSData:
