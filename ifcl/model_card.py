@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from ifcl.arguments import strategy_name
 from ifcl.publishing import looks_like_hub_id, public_name
 
 if TYPE_CHECKING:
@@ -380,6 +381,23 @@ def log_rows(log: list[dict], loss_terms: tuple[str, ...]) -> list[dict]:
     return [rows[step] for step in sorted(rows) if len(rows[step]) > 2]
 
 
+def log_gap(rows: list[dict[str, Any]], training_args) -> str | None:
+    """A note when the training log starts later than its first logging step: the steps before were not recorded
+    (a checkpoint whose ``trainer_state.json`` lost its log history, resumed from)."""
+    logged = [row["Step"] for row in rows if "Training Loss" in row]
+    every = getattr(training_args, "logging_steps", None)
+    if isinstance(every, float) and every >= 1 and every.is_integer():  # a whole number of steps, as a float
+        every = int(every)
+    if not logged or strategy_name(getattr(training_args, "logging_strategy", None)) != "steps":
+        return None
+    if not isinstance(every, int) or isinstance(every, bool) or logged[0] <= every:
+        return None
+    return (
+        f"The log starts at step {logged[0]}, though the run logged every {every} steps: the steps before were not "
+        "recorded (the checkpoint it resumed from kept no log history)."
+    )
+
+
 def log_table(rows: list[dict[str, Any]], loss_terms: tuple[str, ...], best: int | None) -> str:
     """The training log as a Markdown table in sentence-transformers' column order (epoch, step, training loss, then
     the loss terms and the dev figures); the saved checkpoint's row bold."""
@@ -631,6 +649,7 @@ def training_record(facts: CardFacts) -> dict[str, Any]:
     return {
         "training": training_description(steps, facts.training_args, best, rows),
         "log_table": log_table(rows, loss_terms, best) if rows else None,
+        "log_gap": log_gap(rows, facts.training_args),
         "hide_log": len(rows) > 100,
         "curves": os.path.isfile(os.path.join(facts.output_dir, "training_curves.png")),
         "training_time": training_time(log, facts.results),

@@ -222,6 +222,17 @@ def test_a_short_runs_card_names_the_evaluations_that_happened_not_the_interval_
     assert "evaluated on the dev set 40 times, every 50 steps from step 50 to step 2000" in flat(card)
 
 
+def test_a_log_that_starts_late_says_its_first_steps_were_not_recorded(tmp_path):
+    """A checkpoint whose trainer_state.json lost its log history, resumed from: the log of a run that logged every
+    step starts at step 5, and the card says why; a whole log gets no note."""
+    args = best_checkpoint_args(tmp_path, logging_steps=1)
+    late = [{"step": step, "epoch": step / 8, "loss": 1.0 / step} for step in range(5, 9)]
+    text = flat(write(tmp_path, results={}, training_args=args, log_history=late))
+    assert "The log starts at step 5, though the run logged every 1 steps: the steps before were not recorded" in text
+    whole = [{"step": step, "epoch": step / 8, "loss": 1.0 / step} for step in range(1, 9)]
+    assert "The log starts at" not in flat(write(tmp_path, results={}, training_args=args, log_history=whole))
+
+
 def test_the_best_step_is_the_trainers_and_a_last_step_model_says_so(tmp_path):
     best = tmp_path / "best"
     best.mkdir()
