@@ -764,6 +764,20 @@ def check_lora_complete(adapters: dict[str, torch.Tensor], name_or_path: str) ->
             )
 
 
+def without_processor_class(path: str) -> None:
+    """A saved tokenizer config without the multimodal processor its base named (Gemma 3's ships
+    ``processor_class: Gemma3Processor``), which would make sentence-transformers and ``AutoProcessor`` look for an
+    image processor this text-only model has not: its tokenizer is all it reads."""
+    if not os.path.isfile(path):
+        return
+    with open(path, encoding="utf-8") as handle:
+        settings = json.load(handle)
+    if settings.pop("processor_class", None) is not None:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(settings, handle, indent=2, ensure_ascii=False)
+            handle.write("\n")
+
+
 class IFCLModel(PreTrainedModel):
     """Sentence encoder trained with IFCL: the encoder, the fraternal word table BEL_F (with a linear map to BEL_S's
     width when they differ; BEL_S itself when a copy would never differ), SimCSE's MLP for the ``cls`` pooler and the
@@ -1041,6 +1055,7 @@ class IFCLModel(PreTrainedModel):
                 tokenizer.backend_tokenizer.no_truncation()
                 tokenizer.backend_tokenizer.no_padding()
             tokenizer.save_pretrained(os.path.join(save_directory, subfolder))
+            without_processor_class(os.path.join(save_directory, subfolder, "tokenizer_config.json"))
         if push_to_hub:
             repo_id = hub.pop("repo_id", os.path.basename(os.path.normpath(save_directory)))
             options = {name: kwargs[name] for name in ("token", "max_shard_size") if name in kwargs}

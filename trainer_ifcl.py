@@ -23,6 +23,7 @@ from ifcl.objectives import Objective, build_objective, unwrap_model
 from ifcl.objectives.base import TOKEN_FIELDS, Embeddings
 from ifcl.publishing import without_training_state
 from ifcl.sts.evaluator import STSEvaluator
+from modeling_ifcl import without_processor_class
 
 logger = logging.getLogger(__name__)
 
@@ -595,19 +596,22 @@ class IFCLTrainer(Trainer):
         """Checkpoints keep the objective's modules and LoRA adapters (exact resume; the adapters also in peft's
         files); the published model leaves them out, with adapters merged, so that every published model loads alike
         whatever it was trained with, and gets its sentence-transformers view."""
+        folder = output_dir or self.args.output_dir
         if _internal_call:
             super().save_model(output_dir, _internal_call)
             if self.args.should_save:
                 from ifcl.lora import save_adapters
 
-                save_adapters(unwrap_model(self.model), output_dir or self.args.output_dir)
-            return
-        with self.published_model() as model:
-            super().save_model(output_dir, _internal_call)
-            if self.args.should_save:  # the weights' save_pretrained wrote the tokenizers
-                from ifcl.publishing import save_view
+                save_adapters(unwrap_model(self.model), folder)
+        else:
+            with self.published_model() as model:
+                super().save_model(output_dir, _internal_call)
+                if self.args.should_save:  # the weights' save_pretrained wrote the tokenizers
+                    from ifcl.publishing import save_view
 
-                save_view(model, output_dir or self.args.output_dir)
+                    save_view(model, folder)
+        if self.args.should_save:  # the Trainer saved the tokenizer again, with the processor its base named
+            without_processor_class(os.path.join(folder, "tokenizer_config.json"))
 
     def save_state(self) -> None:
         """The Trainer's ``trainer_state.json`` in the output folder, published with the model: its best checkpoint

@@ -533,6 +533,8 @@ def build_decoder_tokenizer(family: str, folder: Path, padding_side: str = "left
     settings.update({f"{name}_token": token for name, token in tokens.items()})
     if family in ("mistral", "gemma3"):
         settings.update(add_bos_token=True, add_eos_token=False)
+    if family == "gemma3":
+        settings["processor_class"] = "Gemma3Processor"  # as Gemma 3's text models ship it
     with open(folder / "tokenizer_config.json", "w", encoding="utf-8") as handle:
         json.dump(settings, handle)
     return folder
