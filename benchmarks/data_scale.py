@@ -38,13 +38,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from runs import machine, write_record  # noqa: E402
+from runs import AnonymousMemoryPeak, machine, memory_mb, reset_peak_rss, write_record  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -92,48 +91,6 @@ def old_read_train_txt(path: str) -> dict[str, list[str]]:
             sentences.append(fields[0].strip())
             fraternals.append(fields[1].strip())
     return {"sentence": sentences, "fraternal": fraternals}
-
-
-def reset_peak_rss() -> None:
-    """Start ``VmHWM`` afresh from the current RSS (Linux's ``clear_refs`` 5), so the peak is the measured part's."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as clear_refs:
-            clear_refs.write("5")
-    except OSError:
-        pass  # the peak then includes the model's loading
-
-
-def memory_mb() -> dict[str, float]:
-    """This process's resident (VmRSS), peak resident (VmHWM) and anonymous (RssAnon) memory, in MB."""
-    figures = {}
-    with open("/proc/self/status", encoding="ascii") as status:
-        for line in status:
-            name, _, value = line.partition(":")
-            if name in ("VmRSS", "VmHWM", "RssAnon"):
-                figures[name] = int(value.split()[0]) / 1024
-    return figures
-
-
-class AnonymousMemoryPeak:
-    """The highest ``RssAnon`` seen, sampled every ``interval`` seconds on a thread while the block runs."""
-
-    def __init__(self, interval: float = 0.01) -> None:
-        self.interval, self.peak, self._stop = interval, 0.0, threading.Event()
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, memory_mb()["RssAnon"])
-            time.sleep(self.interval)
-
-    def __enter__(self) -> AnonymousMemoryPeak:
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, memory_mb()["RssAnon"])
 
 
 def tokenize_file(path_kind: str, train_file: str) -> None:

@@ -5,7 +5,8 @@ settings on STS-B dev). A run whose folder already holds ``all_results.json`` is
 interrupted benchmark continues where it stopped (``--redo`` trains again).
 
 Shared by every benchmark: how a record is written (``write_record``), the machine and package versions it names
-(``machine``, ``package_versions``) and the default model (``default_model``, ``DEFAULT_MODEL_NAME``).
+(``machine``, ``package_versions``), the default model (``default_model``, ``DEFAULT_MODEL_NAME``), and a process's
+memory (``memory_mb``, ``reset_peak_rss``, ``AnonymousMemoryPeak``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -296,3 +298,45 @@ def split_at_markers(readme: str, start: str, end: str) -> tuple[str, str, str]:
 def pm(value: Sequence[float], digits: int = 2) -> str:
     """``mean ± std`` for a table, of a ``mean_std`` pair (or the list a JSON record reads it back as)."""
     return f"{value[0]:.{digits}f} ± {value[1]:.{digits}f}"
+
+
+def reset_peak_rss() -> None:
+    """Start ``VmHWM`` afresh from the current RSS (Linux's ``clear_refs`` 5), so the peak is the measured part's."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        pass  # the peak then includes the model's loading
+
+
+def memory_mb() -> dict[str, float]:
+    """This process's resident (VmRSS), peak resident (VmHWM) and anonymous (RssAnon) memory, in MB."""
+    figures = {}
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM", "RssAnon"):
+                figures[name] = int(value.split()[0]) / 1024
+    return figures
+
+
+class AnonymousMemoryPeak:
+    """The highest ``RssAnon`` seen, sampled every ``interval`` seconds on a thread while the block runs."""
+
+    def __init__(self, interval: float = 0.01) -> None:
+        self.interval, self.peak, self._stop = interval, 0.0, threading.Event()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, memory_mb()["RssAnon"])
+            time.sleep(self.interval)
+
+    def __enter__(self) -> AnonymousMemoryPeak:
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, memory_mb()["RssAnon"])
