@@ -16,8 +16,9 @@ import torch
 from torch.utils.checkpoint import get_device_states, set_device_states
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import get_last_checkpoint, speed_metrics
+from transformers.trainer_utils import get_last_checkpoint, has_length, speed_metrics
 
+from ifcl.data import ShuffledRows
 from ifcl.files import read_json, write_json_atomically
 from ifcl.objectives import Objective, build_objective, unwrap_model
 from ifcl.objectives.base import TOKEN_FIELDS, Embeddings
@@ -420,6 +421,16 @@ class IFCLTrainer(Trainer):
         self.add_callback(RunTotalsCallback())
 
     # ---------------------------------------------------------------- training
+
+    def _get_train_sampler(self, train_dataset=None) -> torch.utils.data.Sampler | None:
+        """The Trainer's random order of a map-style training set without its Python list of every row
+        (``ifcl.data.ShuffledRows``): the same order, seeded as accelerate seeds it, up to 2^25 rows, and memory that
+        does not grow with the rows beyond; the Trainer's other sampling strategies as they are."""
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        if dataset is None or not has_length(dataset) or self.args.train_sampling_strategy != "random":
+            return super()._get_train_sampler(train_dataset)
+        seed = self.args.data_seed if self.args.data_seed is not None else torch.random.initial_seed()
+        return ShuffledRows(len(dataset), seed)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.cache_mini_batch_size and model.training and torch.is_grad_enabled():

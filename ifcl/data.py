@@ -22,7 +22,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import datasets
+import numpy as np
 import pyarrow
+import torch
 
 logger = logging.getLogger(__name__)
 
@@ -400,6 +402,76 @@ def load_train_dataset(
     if dataset is None or not len(dataset):
         raise _format_error(path, "no training rows")
     return dataset
+
+
+# ---------------------------------------------------------------------------------------------------- training order
+
+# Up to this many rows the shuffle keeps the order the Trainer's random sampler gave (``torch.randperm``, held as a
+# tensor of 8 bytes per row, at most 256 MiB); beyond, each position's row is computed (:func:`keyed_permutation`).
+EXACT_ORDER_LIMIT = 2**25
+# Positions computed, and handed to the data loader, at a time.
+ORDER_CHUNK = 1 << 16
+
+
+def keyed_permutation(positions: np.ndarray, size: int, key: int) -> np.ndarray:
+    """The rows at ``positions`` of a pseudo-random permutation of ``range(size)`` keyed by ``key``, without holding
+    the permutation: a 4-round Feistel network over the smallest even power of two ≥ ``size`` (a bijection there),
+    cycle-walked back into range (applied again to a value ≥ ``size``), which keeps it a bijection of
+    ``range(size)``."""
+    half = max(1, (int(size - 1).bit_length() + 1) // 2)
+    mask = np.uint64((1 << half) - 1)
+
+    def mixed(values: np.ndarray, round_key: np.uint64) -> np.ndarray:  # splitmix64's finaliser, wrapping in 64 bits
+        z = values ^ round_key
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+    seeds = np.array([(key * 4 + round_) & 0xFFFFFFFFFFFFFFFF for round_ in range(4)], dtype=np.uint64)
+    keys = list(mixed(seeds, np.uint64(0x9E3779B97F4A7C15)))
+
+    def permuted(values: np.ndarray) -> np.ndarray:
+        left, right = values >> np.uint64(half), values & mask
+        for round_key in keys:
+            left, right = right, left ^ (mixed(right, round_key) & mask)
+        return (left << np.uint64(half)) | right
+
+    rows = permuted(positions.astype(np.uint64))
+    outside = rows >= size
+    while outside.any():
+        rows[outside] = permuted(rows[outside])
+        outside = rows >= size
+    return rows.astype(np.int64)
+
+
+class ShuffledRows(torch.utils.data.Sampler[int]):
+    """The order of a map-style training set's ``size`` rows in each epoch, the same at every resume, without a Python
+    list of them: the order of the Trainer's own random sampler (``torch.randperm`` seeded with ``seed + epoch``, as
+    accelerate seeds it), held as one tensor, up to :data:`EXACT_ORDER_LIMIT` rows; beyond, computed position by
+    position (:func:`keyed_permutation`), in memory that does not grow with the rows."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size, self.seed, self.epoch = size, seed, 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        seed = self.seed + self.epoch
+        if self.size <= EXACT_ORDER_LIMIT:
+            generator = torch.Generator()
+            generator.manual_seed(seed)
+            chunks = (chunk.tolist() for chunk in torch.randperm(self.size, generator=generator).split(ORDER_CHUNK))
+        else:
+            starts = range(0, self.size, ORDER_CHUNK)
+            positions = (np.arange(start, min(start + ORDER_CHUNK, self.size)) for start in starts)
+            chunks = (keyed_permutation(chunk, self.size, seed).tolist() for chunk in positions)
+        for chunk in chunks:
+            yield from chunk
+        self.epoch += 1  # as accelerate's sampler: a second pass without set_epoch takes the next epoch's order
 
 
 # ---------------------------------------------------------------------------------------------------- checks
