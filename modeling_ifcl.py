@@ -540,8 +540,11 @@ def fit_tokenizer(tokenizer: PreTrainedTokenizerBase, end_with_eos: bool) -> lis
     probe = "A man plays."
     before = tokenizer(probe)["input_ids"]
     eos_id = tokenizer.eos_token_id
-    if not end_with_eos or before[-1:] == [eos_id] or before[-1:] in ([i] for i in tokenizer.all_special_ids):
-        return changes  # it ends every sentence with its end-of-sequence token, or another fixed one (BERT's [SEP])
+    closing = before[-1:] == [eos_id] or (eos_id is None and before[-1:] in ([i] for i in tokenizer.all_special_ids))
+    if not end_with_eos or closing:
+        return (
+            changes  # it ends every sentence with its end-of-sequence token, or, having none, another (BERT's [SEP])
+        )
     if eos_id is None or not getattr(tokenizer, "is_fast", False):
         raise ValueError(
             f"{tokenizer.name_or_path}: the last pooler embeds with each sentence's last token, and its tokenizer "

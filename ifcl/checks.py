@@ -3,6 +3,7 @@ raises ``ValueError`` or ``OSError`` naming the setting or the file."""
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -119,14 +120,18 @@ def check_report_to(report_to: list[str]) -> None:
 
 
 def check_model_paths(model_args) -> None:
-    """The encoder's and the fraternal model's paths: local folders that exist, or Hub ids; the fraternal model's
-    custom code only with ``--trust_remote_code`` (the encoder's: :meth:`StartingModel.read`)."""
+    """The encoder's and the fraternal model's paths: local folders that exist, or Hub ids that can be read (in the
+    cache or from the Hub); the fraternal model's custom code only with ``--trust_remote_code`` (the encoder's:
+    :meth:`StartingModel.read`). A continued IFCL model keeps its own fraternal table, which
+    :func:`check_continued_model` says of a fraternal model given with it."""
     for name in ("model_name_or_path", "fraternal_model_name_or_path"):
         check_model_path(f"--{name}", getattr(model_args, name))
-        if getattr(model_args, name) is not None:
-            check_model_reachable(f"--{name}", getattr(model_args, name))
-    if model_args.fraternal_model_name_or_path is not None:
-        check_custom_code(model_args.fraternal_model_name_or_path, model_args.trust_remote_code)
+    check_model_reachable("--model_name_or_path", model_args.model_name_or_path)
+    fraternal = model_args.fraternal_model_name_or_path
+    config = read_json(model_args.model_name_or_path, "config.json")
+    if fraternal is not None and not (isinstance(config, dict) and ifcl_config_dict(config)):
+        check_model_reachable("--fraternal_model_name_or_path", fraternal)
+        check_custom_code(fraternal, model_args.trust_remote_code)
 
 
 TRUST_ADVICE = "it runs only with --trust_remote_code; give it if you trust that code."
@@ -241,12 +246,43 @@ def check_data_arguments(data_args) -> None:
         raise ValueError(f"--sts_score_range takes two finite numbers LOW HIGH with LOW < HIGH, got {low_high}.")
     for name in ("train_file", "validation_file", "test_file"):
         path = getattr(data_args, name)
-        if path is not None and not os.path.isfile(path):
-            raise FileNotFoundError(f"--{name} {path}: no such file.")
+        if path is None or (name == "train_file" and data_args.streaming):  # shards: ifcl.streaming.shard_paths
+            continue
+        if not os.path.isfile(path):
+            several = " (--streaming reads several shards through a pattern)" if glob.has_magic(path) else ""
+            raise FileNotFoundError(f"--{name} {path}: no such file{several}.")
     if data_args.max_seq_length < 1:
         raise ValueError(f"--max_seq_length must be ≥ 1, got {data_args.max_seq_length}.")
     if data_args.max_train_samples is not None and data_args.max_train_samples < 1:
         raise ValueError(f"--max_train_samples must be ≥ 1, got {data_args.max_train_samples}.")
+    if data_args.shuffle_buffer_size < 0:
+        raise ValueError(f"--shuffle_buffer_size must be ≥ 0, got {data_args.shuffle_buffer_size}.")
+    if data_args.streaming:
+        for flag in ("tokenize_on_the_fly", "preprocessing_num_workers"):
+            if getattr(data_args, flag):
+                raise ValueError(
+                    f"--{flag} with --streaming: a stream is tokenized row by row as it is read, in the training "
+                    f"process; --{flag} is for the memory-mapped route. Leave it out."
+                )
+
+
+def check_streaming(data_args, training_args, global_batch: int) -> None:
+    """What ``--streaming`` needs of the run, before anything is read: its length as ``--max_steps`` (a stream is read
+    once and has no size to count epochs by), and at least the rows those steps take within ``--max_train_samples``."""
+    if not data_args.streaming:
+        return
+    if training_args.max_steps <= 0:
+        raise ValueError(
+            "--streaming reads the data once, as training goes, and knows no size to count epochs by: give the run's "
+            "length as --max_steps (--num_train_epochs needs the whole dataset)."
+        )
+    needed = training_args.max_steps * global_batch
+    if data_args.max_train_samples is not None and data_args.max_train_samples < needed:
+        raise ValueError(
+            f"--max_train_samples {data_args.max_train_samples} with --streaming: --max_steps {training_args.max_steps} "
+            f"of a global batch of {global_batch} read {needed} rows, and a stream is read once; raise "
+            "--max_train_samples or lower --max_steps."
+        )
 
 
 def check_lora_arguments(model_args) -> None:
