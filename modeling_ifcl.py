@@ -525,7 +525,8 @@ def fit_tokenizer(tokenizer: PreTrainedTokenizerBase, end_with_eos: bool) -> lis
     """Make ``tokenizer`` ready to embed with, in place, and say what changed (for the log): a pad token where it has
     none (Llama's and Mistral's): its end-of-sequence token; and, with ``end_with_eos`` (the ``last`` pooler, whose
     embedding is the last token's state), that token once at the end of every sentence where the tokenizer adds none
-    (most decoders'), in its post-processor, so that training, ``encode`` and a saved folder's tokenizer
+    (most decoders'; one without such a token that closes each sentence with another special token, BERT's [SEP],
+    is left as it is: the last pooler reads that), in its post-processor, so that training, ``encode`` and a saved folder's tokenizer
     (sentence-transformers' view included) all read ``[BOS] tokens EOS``. ``ValueError`` naming the tokenizer when
     neither can be done."""
     changes = []
