@@ -52,6 +52,7 @@ from ifcl.hub import push_output_folder, take_over_push
 from ifcl.objectives import OBJECTIVES, objective_class, settings_classes
 from ifcl.output_folder import RunFolder, plan_output_folder, protected_paths
 from ifcl.processes import setup_logging, use_all_cpu_cores
+from ifcl.streaming import check_stream_resume, load_training_stream
 from modeling_ifcl import POOLER_SETTINGS, choose_poolers
 
 logger = logging.getLogger(__name__)
@@ -151,6 +152,17 @@ class DataArguments:
     tokenize_on_the_fly: bool = field(
         default=False,
         metadata={"help": "Tokenize each batch as it is read instead of once into a token cache on disk (huge data)."},
+    )
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Read the training data as a stream, once, as training goes (--train_file a glob of shards, or "
+            "--dataset_name): no cache on disk, for corpora larger than it; needs --max_steps (docs/scale.md)."
+        },
+    )
+    shuffle_buffer_size: int = field(
+        default=10_000,
+        metadata={"help": "With --streaming: the rows held in memory to shuffle the stream (0: in its own order)."},
     )
 
     def __post_init__(self) -> None:
@@ -298,6 +310,7 @@ def main(argv: list[str] | None = None):
     }
     planned = IFCLConfig(**settings)
     objective.check_config(planned, objective_settings)
+    checks.check_streaming(data_args, training_args, global_batch_size(training_args))
     if run_args.cache_mini_batch_size is not None:
         check_cache_mini_batch_size(run_args.cache_mini_batch_size, training_args, objective)
 
@@ -323,6 +336,12 @@ def main(argv: list[str] | None = None):
                 )
                 check_resume_settings(plan.resume.checkpoint, plan.resume.config, wanted)
                 check_resume_lora(plan.resume.checkpoint, plan.resume.config.get("lora"), model_args.lora())
+                check_stream_resume(
+                    plan.resume.checkpoint,
+                    data_args.streaming,
+                    training_args.world_size,
+                    data_args.shuffle_buffer_size,
+                )
             push_at_end = take_over_push(training_args)
 
             # 4. Training text and STS sets: dev for --do_eval and the evaluations during training, test for
@@ -330,10 +349,12 @@ def main(argv: list[str] | None = None):
             evaluates = do_eval or (do_train and strategy_name(training_args.eval_strategy) != "no")
             train_text = None
             with training_args.main_process_first(desc="reading training and STS data"):
-                if do_train:
+                if do_train and data_args.streaming:  # read as training goes: nothing to count or cache here
+                    train_text = load_training_stream(data_args, planned.uses_fraternal_twins, training_args.seed)
+                elif do_train:
                     train_text = load_training_text(data_args, planned.uses_fraternal_twins)
                 dev_sts, test_sts = load_sts_sets(data_args, dev=evaluates, test=do_predict)
-            if train_text is not None:
+            if train_text is not None and not data_args.streaming:
                 if data_args.max_train_samples is not None:
                     train_text = train_text.select(range(min(data_args.max_train_samples, len(train_text))))
                 logger.info(f"{len(train_text)} training sentences")
@@ -416,7 +437,8 @@ def main(argv: list[str] | None = None):
                 if do_train and trainer.is_world_process_zero():
                     from ifcl.model_card import write_card_and_curves
 
-                    write_card_and_curves(trainer, data_args, all_metrics, training_log, model_path, train_text)
+                    sample = None if data_args.streaming else train_text  # a stream has no rows left to quote
+                    write_card_and_curves(trainer, data_args, all_metrics, training_log, model_path, sample)
                 run_folder.finish()
     except KeyboardInterrupt:
         raise Interrupted(interrupted_message(output_dir, sys.argv)) from None
@@ -486,10 +508,10 @@ def train_or_finish(trainer, resume, output_dir: str) -> dict[str, float]:
     session's: a finished training's own train_results.json when it had written them, else the totals its last
     checkpoint keeps)."""
     if resume is not None and resume.finished:
-        whole_run = {**trainer.finish_from_checkpoint(resume.checkpoint), "train_samples": len(trainer.train_dataset)}
+        whole_run = {**trainer.finish_from_checkpoint(resume.checkpoint), "train_samples": trainer.train_samples}
         return read_json(output_dir, "train_results.json") or whole_run
     metrics = trainer.train_measured(resume.checkpoint if resume is not None else None)
-    metrics["train_samples"] = len(trainer.train_dataset)
+    metrics["train_samples"] = trainer.train_samples
     if torch.cuda.is_available():
         metrics["train_peak_gpu_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return metrics

@@ -14,15 +14,17 @@ from typing import Any
 
 import torch
 from torch.utils.checkpoint import get_device_states, set_device_states
+from torch.utils.data import DataLoader
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import get_last_checkpoint, has_length, speed_metrics
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, has_length, speed_metrics
 
 from ifcl.data import ShuffledRows
 from ifcl.files import read_json, write_json_atomically
 from ifcl.objectives import Objective, build_objective, unwrap_model
 from ifcl.objectives.base import TOKEN_FIELDS, Embeddings
 from ifcl.publishing import without_training_state
+from ifcl.streaming import StreamBatches, TrainingStream
 from ifcl.sts.evaluator import STSEvaluator
 from modeling_ifcl import without_processor_class
 
@@ -225,6 +227,18 @@ class ObjectiveStepCallback(TrainerCallback):
         self.trainer.objective.on_step_end(unwrap_model(self.trainer.model), self.trainer.gather_rows)
 
 
+class StreamStateCallback(TrainerCallback):
+    """Saves where this process's training stream is with each checkpoint (``TrainingStream.save``)."""
+
+    def __init__(self, trainer: IFCLTrainer) -> None:
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        checkpoint = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        if os.path.isdir(checkpoint):
+            self.trainer.train_dataset.save(checkpoint, args.process_index)
+
+
 @dataclass
 class RunTotals:
     """What a training run has done up to a step, over all its sessions (a resumed run's earlier ones up to the
@@ -411,6 +425,12 @@ class IFCLTrainer(Trainer):
             num_proc=preprocessing_num_workers,
             on_the_fly=tokenize_on_the_fly,
         )
+        if isinstance(self.train_dataset, TrainingStream):
+            # Each process reads its own part; the stream keeps its place in the checkpoints, so a resume reads on
+            # from there (the Trainer's own skipping of the batches trained would read them again).
+            self.train_dataset = self.train_dataset.for_process(self.args.process_index, self.args.world_size)
+            self.args.ignore_data_skip = True
+            self.add_callback(StreamStateCallback(self))
         logger.info(trainable_parameters(unwrap_model(self.model)))
         # compute_loss returns a per-micro-batch mean: the Trainer divides it by the accumulation steps.
         self.loss_is_scaled_for_ga = False
@@ -421,6 +441,35 @@ class IFCLTrainer(Trainer):
         self.add_callback(RunTotalsCallback())
 
     # ---------------------------------------------------------------- training
+
+    def get_train_dataloader(self):
+        """The Trainer's data loader; for a stream (``ifcl.streaming.TrainingStream``), this process's part read in
+        this process (no worker, nothing read ahead, so that the stream's place at a checkpoint is the training's),
+        every batch taken by all processes or none (``StreamBatches``)."""
+        stream = self.train_dataset
+        if not isinstance(stream, TrainingStream):
+            return super().get_train_dataloader()
+        if self.args.dataloader_num_workers:
+            logger.warning("A stream is read in the training process: --dataloader_num_workers is left unused.")
+        loader = DataLoader(
+            stream,
+            batch_size=self._train_batch_size,
+            collate_fn=self.data_collator,
+            pin_memory=self.args.dataloader_pin_memory,
+            generator=torch.Generator(),  # its own: a new iteration draws no number of the dropout's, resumed or not
+        )
+        rows_needed = self.args.max_steps * global_batch_size(self.args)
+        return StreamBatches(loader, stream, rows_needed, self.args.device)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
+        """``Trainer.train``; resuming a stream, it first reads on from where this process's part was at the
+        checkpoint (``TrainingStream.resume``)."""
+        if resume_from_checkpoint and isinstance(self.train_dataset, TrainingStream):
+            checkpoint = resume_from_checkpoint
+            if checkpoint is True:
+                checkpoint = get_last_checkpoint(self.args.output_dir)
+            self.train_dataset.resume(checkpoint, self.args.process_index)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _get_train_sampler(self, train_dataset=None) -> torch.utils.data.Sampler | None:
         """The Trainer's random order of a map-style training set without its Python list of every row
@@ -553,6 +602,13 @@ class IFCLTrainer(Trainer):
         objective's own modules (heads, peer network, momentum encoder) and IFCL's queue (a loaded model starts it
         empty), LoRA adapters merged into their layers. Checkpoints keep all three, for exact resume."""
         return without_training_state(unwrap_model(self.model))
+
+    @property
+    def train_samples(self) -> int:
+        """The training set's size, as the ``transformers`` examples report it; for a stream, which has none, the rows
+        the run's steps read."""
+        dataset = self.train_dataset
+        return len(dataset) if has_length(dataset) else self.state.global_step * global_batch_size(self.args)
 
     @property
     def run_totals(self) -> RunTotalsCallback:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from datasets import Dataset
+from datasets import Dataset, IterableDataset
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.base.losses import CachedLossMixin, RandContext
 from sentence_transformers.sentence_transformer import SentenceTransformerDataCollator
@@ -196,19 +196,33 @@ class IFCLLoss(nn.Module):
             words, table, pad_token_id=pad_token_id, frozen=self.settings.freeze_fraternal_embeddings
         )
 
-    def data_collator(self, train_dataset: Dataset, **kwargs: Any) -> IFCLDataCollator:
+    def data_collator(self, train_dataset: Dataset | IterableDataset, **kwargs: Any) -> IFCLDataCollator:
         """The collator for ``SentenceTransformerTrainer(data_collator=...)``, given the same ``train_dataset``,
         which it checks at once as ``IFCLTrainer`` checks its text (an empty set, a missing column, a row that is not
-        a sentence, named by its index in the set) and, at the first batch, against the queue's size. Each batch
-        keeps only the columns ``sentence`` and ``fraternal``, taken by name (other columns are left out), the
-        fraternal one tokenized by the fraternal model's tokenizer. ``kwargs``: ``SentenceTransformerDataCollator``'s.
+        a sentence, named by its index in the set) and, at the first batch, against the queue's size; a streamed
+        ``IterableDataset``, which cannot be read ahead, by its columns when it names them, then row by row as each
+        batch is collated. Each batch keeps only the columns ``sentence`` and ``fraternal``, taken by name (other
+        columns are left out), the fraternal one tokenized by the fraternal model's tokenizer. ``kwargs``:
+        ``SentenceTransformerDataCollator``'s.
 
         The set is required: sentence-transformers hands a collator rows without their indices, and builds its card
         statistics from the set (stopping at a None) before the first batch."""
-        check_text_dataset(train_dataset, self.text_columns, reader=type(self).__name__)
+        num_rows = None
+        if isinstance(train_dataset, IterableDataset):
+            missing = [
+                name for name in self.text_columns if name not in (train_dataset.column_names or self.text_columns)
+            ]
+            if missing:
+                raise ValueError(
+                    f"The training stream has columns {train_dataset.column_names}, but {type(self).__name__} reads "
+                    f"{', '.join(self.text_columns)}: it lacks {', '.join(missing)}."
+                )
+        else:
+            check_text_dataset(train_dataset, self.text_columns, reader=type(self).__name__)
+            num_rows = len(train_dataset)
         self.collator_made = True
         preprocess = self.sentence_transformer.preprocess
-        return IFCLDataCollator(preprocess_fn=preprocess, loss=self, num_rows=len(train_dataset), **kwargs)
+        return IFCLDataCollator(preprocess_fn=preprocess, loss=self, num_rows=num_rows, **kwargs)
 
     @property
     def text_columns(self) -> tuple[str, ...]:
@@ -524,13 +538,21 @@ class IFCLDataCollator(SentenceTransformerDataCollator):
     """The collator of :meth:`IFCLLoss.data_collator`."""
 
     loss: Any = None  # the IFCLLoss this collator feeds
-    num_rows: int = 0  # the training set's size
+    num_rows: int | None = None  # the training set's size (None: a stream)
     size_checked: bool = field(default=False, init=False, repr=False)
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
-        if not self.size_checked:  # the first batch: is the data larger than the queue?
+        if not self.size_checked and self.num_rows is not None:  # the first batch: is the data larger than the queue?
             check_training_data_size(self.num_rows, len(features), self.loss.settings.queue_size)
             self.size_checked = True
+        if self.num_rows is None:  # a stream, checked as it is read
+            for row in features:
+                for name in self.loss.text_columns:
+                    if not isinstance(row.get(name), str) or not row[name].strip():
+                        raise ValueError(
+                            f"The training stream has a row whose {name!r} is {row.get(name)!r}: every row must be a "
+                            "sentence (a non-empty string)."
+                        )
         # Only the loss's columns, in its order (sentence_features follow the batch's keys), and the dataset's name
         # that sentence-transformers adds for its prompts and routes.
         kept = (*self.loss.text_columns, "dataset_name")

@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
+import datasets
 import torch
 from torch import nn
 
@@ -23,6 +24,7 @@ from configuration_ifcl import IFCLSettings, SharedSettings
 from ifcl import queue as ring
 from ifcl.data import check_text_dataset, check_training_data_size, is_text_dataset
 from ifcl.publishing import adopt_base
+from ifcl.streaming import TrainingStream
 from modeling_ifcl import fit_dropout
 
 logger = logging.getLogger(__name__)
@@ -249,7 +251,9 @@ class Objective(nn.Module):
         """The run's one preparation (``IFCLTrainer`` calls it, so ``run_ifcl.py`` too): the unwrapped ``model`` embeds
         as its sentence-transformers base does (``adopt_base``) and takes :meth:`run_settings` with a queue slot of
         ``global_batch`` rows (``fit_model``); a text ``train_dataset`` is tokenized under ``main_process_first``
-        and its size checked (``check_training_data_size``). Returns the training features."""
+        and its size checked (``check_training_data_size``); a stream (``ifcl.streaming.TrainingStream``, or a
+        ``datasets.IterableDataset`` read in its own order) is checked and tokenized as each row is read. Returns the
+        training features."""
         adopt_base(model)
         dropout = fit_dropout(model.encoder, model.config.training_dropout)
         if dropout:
@@ -263,7 +267,17 @@ class Objective(nn.Module):
         fit_model(model, **self.run_settings(self.settings, bool(model.config.lora)), **queue_batch_size)
         if model.queue is not None and queue_batch_size:
             logger.info(f"Hippocampus queue: {model.config.queue_size} slots of the global batch N = {global_batch}.")
-        if is_text_dataset(train_dataset):
+        if isinstance(train_dataset, datasets.IterableDataset):  # a user's stream, read in its own order
+            train_dataset = TrainingStream(train_dataset, shuffle_buffer_size=0, name="the training stream")
+        if isinstance(train_dataset, TrainingStream):  # checked and tokenized as each row is read
+            tokenizer, max_length = tokenizer or model.tokenizer, model.config.max_seq_length
+
+            def tokenized(row: dict[str, str]) -> dict[str, list]:
+                features = self.tokenize({column: [text] for column, text in row.items()}, tokenizer, max_length)
+                return {name: values[0] for name, values in features.items()}
+
+            train_dataset.set_transform(self.text_columns, tokenized)
+        elif is_text_dataset(train_dataset):
             with main_process_first():
                 train_dataset = self.tokenize_dataset(
                     train_dataset, tokenizer or model.tokenizer, model.config.max_seq_length, num_proc, on_the_fly
