@@ -1,7 +1,7 @@
 """On a GPU (marker ``gpu``, skipped without CUDA; ``benchmarks/gpu_check.sh`` runs them): the stacked and two-call
 views, bf16 against float32 on a BERT-base-sized model, the five objectives in bf16, a saved model on CUDA and on the
-CPU, the gradient cache, LoRA decoders (one with a BOS template, resumed and published merged), and CTranslate2 on
-CUDA.
+CPU, the gradient cache, the sentence-transformers losses with Matryoshka sizes in bf16, LoRA decoders (one with a
+BOS template, resumed and published merged), and CTranslate2 on CUDA.
 
 ``IFCL_TEST_DEVICE=cpu python -m pytest -m gpu tests/test_gpu.py`` runs the same checks on the CPU, to check the tests
 themselves where there is no GPU; what they measure is then the CPU's.
@@ -143,6 +143,34 @@ def test_each_objective_trains_20_steps_in_bf16(tiny_encoder_dir, tmp_path, name
     assert len(losses) == 20 and all(math.isfinite(loss) for loss in losses.values()), losses
     after = dict(model.named_parameters())
     assert any(not torch.equal(after[n].detach().cpu(), value.cpu()) for n, value in before.items())
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["IFCLLoss", "CachedIFCLLoss"])
+def test_the_sentence_transformers_losses_train_with_matryoshka_sizes_in_bf16(tiny_encoder_dir, tmp_path, cached):
+    """IFCLLoss and CachedIFCLLoss with their own Matryoshka sizes under SentenceTransformerTrainer in bf16: 10 finite
+    steps, one queue push each."""
+    pytest.importorskip("sentence_transformers")
+    from conftest import st_training_args
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    from ifcl.sentence_transformers_loss import CachedIFCLLoss, IFCLLoss
+
+    transformer = Transformer(str(tiny_encoder_dir), max_seq_length=16)
+    model = SentenceTransformer(modules=[transformer, Pooling(32, "mean")], device=str(DEVICE))
+    options = {"mini_batch_size": 2} if cached else {}
+    loss = (CachedIFCLLoss if cached else IFCLLoss)(model, queue_size=4, matryoshka_dims=[32, 16, 8], **options)
+    pairs = Dataset.from_dict(PAIRS)
+    args = st_training_args(
+        tmp_path, per_device_train_batch_size=4, max_steps=10, bf16=True, logging_steps=1, use_cpu=DEVICE.type == "cpu"
+    )
+    trainer = SentenceTransformerTrainer(
+        model=model, args=args, train_dataset=pairs, loss=loss, data_collator=loss.data_collator(pairs)
+    )
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == 10 and all(math.isfinite(value) for value in losses), losses
+    assert ring.size(loss.queue) == 16 and loss.queue.head.item() == 9 % 4
 
 
 def test_a_saved_model_embeds_alike_on_cuda_and_on_the_cpu(published_dir, record_property):
