@@ -606,10 +606,11 @@ def card_title(config: IFCLConfig, objective) -> str:
     return objective.paper.title
 
 
-def training_data_licenses(datasets: list[str]) -> tuple[str, str]:
+def training_data_licenses(datasets: list[str], quoted: bool = True) -> tuple[str, str]:
     """(the training data, each named with its license; what each license covers, for the License section):
     trans-de-en with its GPL-2+, a Hub dataset by its id (its license on its own card), a user's own file or folder
-    by its base name alone."""
+    by its base name alone; ``quoted``: the card quotes sample rows of it (a streamed run's has none)."""
+    samples = " and the sample rows quoted above" if quoted else ""
     named, covered = [], []
     for dataset in datasets:
         if dataset == TRANS_DE_EN:
@@ -624,13 +625,13 @@ def training_data_licenses(datasets: list[str]) -> tuple[str, str]:
             named.append(f"the Hub dataset `{dataset}` (license: see its dataset card)")
             covered.append(
                 f"The training data, the Hub dataset `{dataset}`, is under the license its dataset card gives: it "
-                "covers that dataset and the sample rows quoted above, not this repository's other files."
+                f"covers that dataset{samples}, not this repository's other files."
             )
         else:
             named.append(f"`{public_name(dataset)}`, the user's own data (license: not stated)")
             covered.append(
                 f"The training data, `{public_name(dataset)}`, is the user's own, and the run stated no license for "
-                "it: its terms cover that data and the sample rows quoted above. Check that they allow publishing both."
+                f"it: its terms cover that data{samples}. Check that they allow publishing {'both' if quoted else 'it'}."
             )
     description = "; ".join(named) or "not named by the run"
     return description, "\n\n".join(covered) or "The run did not name its training data."
@@ -728,7 +729,7 @@ def run_variables(facts: CardFacts) -> dict[str, Any]:
     """The template variables of the run: its training data and their licenses, STS figures, hyperparameters, and
     the training line, log and time."""
     tasks, sts_sources, train_text = facts.tasks, facts.sts_sources, facts.train_text
-    training_data, data_licenses = training_data_licenses(facts.datasets)
+    training_data, data_licenses = training_data_licenses(facts.datasets, quoted=facts.train_text is not None)
     tokenizers = (facts.tokenizers or saved_tokenizers(facts.output_dir)) if train_text is not None else None
     return {
         "training_data": training_data,
