@@ -297,3 +297,21 @@ def test_the_trainer_and_ifcl_loss_take_a_datasets_stream(tiny_encoder_dir, tmp_
     collator = loss.data_collator(datasets.IterableDataset.from_generator(with_an_empty_translation, features=text))
     with pytest.raises(ValueError, match="a row whose 'fraternal' is ' '"):
         collator([{"sentence": "A sentence.", "fraternal": " "}])
+
+
+def test_a_dataset_folder_streams_through_datasets_its_columns_named(tmp_path):
+    """--dataset_name of a local dataset folder (as a Hub repo is laid out): its columns taken by name; a column it
+    lacks named with those it has, as its first row is read."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for index in range(2):
+        rows = PAIRS[index::2]
+        columns = {"text": [s for s, _ in rows], "de": [f for _, f in rows], "id": list(range(len(rows)))}
+        datasets.Dataset.from_dict(columns).to_parquet(str(folder / f"train-{index}.parquet"))
+    stream = TrainingStream.from_hub(str(folder), None, "train", {"sentence": "text", "fraternal": "de"}, seed=0)
+    assert sorted(rows_of(stream)) == sorted(PAIRS) and stream.source.n_shards == 2
+    missing = TrainingStream.from_hub(str(folder), None, "train", {"sentence": "text", "fraternal": "fr"}, seed=0)
+    with pytest.raises(
+        DataFormatError, match=re.escape("missing column(s) ['fr']; found columns ['de', 'id', 'text']")
+    ):
+        rows_of(missing)
