@@ -132,8 +132,9 @@ def check_model_paths(model_args) -> None:
     check_model_reachable("--model_name_or_path", model)
     fraternal = model_args.fraternal_model_name_or_path
     config = read_json(model, "config.json")
-    if fraternal is not None and not (isinstance(config, dict) and ifcl_config_dict(config)):
-        check_model_reachable("--fraternal_model_name_or_path", fraternal)
+    if fraternal is not None:
+        if not (isinstance(config, dict) and ifcl_config_dict(config)):
+            check_model_reachable("--fraternal_model_name_or_path", fraternal)
         check_custom_code(fraternal, model_args.trust_remote_code)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -370,6 +372,26 @@ def one_training_step(trainer, batch: dict, cache: int | None = None, autocast: 
     loss.backward()
     gradients = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     return loss.detach(), output.components, gradients, [rows.clone() for rows in objective.pending_rows]
+
+
+@contextmanager
+def stopped_in_step(step: int) -> Iterator[None]:
+    """Inside the block, training stops as Ctrl-C would at the end of optimizer step ``step`` (after its checkpoint,
+    when it saves one)."""
+    from trainer_ifcl import ObjectiveStepCallback
+
+    on_step_end = ObjectiveStepCallback.on_step_end
+
+    def stop(self, args, state, control, **kwargs):
+        if state.global_step == step:
+            raise KeyboardInterrupt
+        return on_step_end(self, args, state, control, **kwargs)
+
+    ObjectiveStepCallback.on_step_end = stop
+    try:
+        yield
+    finally:
+        ObjectiveStepCallback.on_step_end = on_step_end
 
 
 def train_and_resume(fresh_trainer, tmp_path: Path, checkpoint: str) -> tuple:

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import losses_by_step, objective_run_args, run_script
+from conftest import losses_by_step, objective_run_args, run_script, stopped_in_step
 from safetensors.torch import load_file, save_file
 
 import run_ifcl
@@ -178,26 +178,13 @@ def test_results_with_nan_stay_valid_json(tmp_path):
 @pytest.fixture(scope="module")
 def runs(tiny_encoder_dir, english_sts_data, tmp_path_factory):
     """An uninterrupted 4-step SimCSE run, and the same run stopped by Ctrl-C in step 3 (checkpoint-2 saved)."""
-    from trainer_ifcl import ObjectiveStepCallback
-
     base = tmp_path_factory.mktemp("resume")
     args = objective_run_args(tiny_encoder_dir, english_sts_data, base / "whole", "simcse")
     _, whole_metrics = run_ifcl.main(args)
     stopped = base / "stopped"
     stopped_args = objective_run_args(tiny_encoder_dir, english_sts_data, stopped, "simcse")
-    on_step_end = ObjectiveStepCallback.on_step_end
-
-    def stop_in_step_three(self, args, state, control, **kwargs):
-        if state.global_step == 3:
-            raise KeyboardInterrupt
-        return on_step_end(self, args, state, control, **kwargs)
-
-    ObjectiveStepCallback.on_step_end = stop_in_step_three
-    try:
-        with pytest.raises(Interrupted):
-            run_ifcl.main(stopped_args)
-    finally:
-        ObjectiveStepCallback.on_step_end = on_step_end
+    with stopped_in_step(3), pytest.raises(Interrupted):
+        run_ifcl.main(stopped_args)
     assert (stopped / "checkpoint-2").is_dir() and not record(stopped).finished
     return {"whole": (base / "whole", args, whole_metrics), "stopped": (stopped, stopped_args)}
 
@@ -239,18 +226,8 @@ def test_resume_with_another_fraternal_model_names_the_flag(
 ):
     """A checkpoint trained with one fraternal model, resumed with another or with none: the flag is named with
     both, before any model loads (it would otherwise fail on the optimizer's parameter groups)."""
-    from trainer_ifcl import ObjectiveStepCallback
-
     args = objective_run_args(tiny_encoder_dir, pairs_data, tmp_path / "run", "ifcl", fraternal=tiny_fraternal_dir)
-    on_step_end = ObjectiveStepCallback.on_step_end
-
-    def stop_in_step_two(self, args, state, control, **kwargs):
-        if state.global_step == 2:
-            raise KeyboardInterrupt
-        return on_step_end(self, args, state, control, **kwargs)
-
-    monkeypatch.setattr(ObjectiveStepCallback, "on_step_end", stop_in_step_two)
-    with pytest.raises(Interrupted):
+    with stopped_in_step(2), pytest.raises(Interrupted):
         run_ifcl.main([*args, "--max_steps", "2", "--save_steps", "1", "--eval_steps", "1"])
     checkpoint = tmp_path / "run" / "checkpoint-1"
     other = tmp_path / "other_fraternal"

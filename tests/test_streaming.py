@@ -12,13 +12,12 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
-from conftest import ENGLISH, GERMAN, cpu_training_args, launch, losses_by_step, write_sts_file
+from conftest import ENGLISH, GERMAN, cpu_training_args, launch, losses_by_step, stopped_in_step, write_sts_file
 
 import run_ifcl
 from ifcl.data import DataFormatError
 from ifcl.failures import Interrupted, RunFailure
 from ifcl.streaming import STATE_FILE, TrainingStream, shard_paths
-from trainer_ifcl import ObjectiveStepCallback
 
 COLUMNS = {"sentence": "sentence", "fraternal": "fraternal"}
 PAIRS = [(f"{english} {i}", f"{german} {i}") for i in range(10) for english, german in zip(ENGLISH, GERMAN)]
@@ -107,7 +106,7 @@ def test_each_process_reads_its_own_shards_or_its_own_rows_each_row_once(tmp_pat
 
 
 def test_a_streamed_run_stopped_after_a_checkpoint_and_resumed_trains_as_the_uninterrupted_one(
-    tiny_encoder_dir, shards, tmp_path, monkeypatch
+    tiny_encoder_dir, shards, tmp_path
 ):
     """run_ifcl.py --streaming over three shards, 6 steps, a checkpoint every 3: stopped in step 4 and resumed from
     checkpoint-3, it logs the losses of steps 4-6 of the uninterrupted run and publishes its weights (1e-6). No
@@ -132,18 +131,8 @@ def test_a_streamed_run_stopped_after_a_checkpoint_and_resumed_trains_as_the_uni
     assert sorted(expected) == [1, 2, 3, 4, 5, 6]
     assert os.path.isfile(tmp_path / "whole" / "checkpoint-3" / STATE_FILE.format(rank=0))
 
-    on_step_end = ObjectiveStepCallback.on_step_end
-
-    def stop_in_step_four(self, args, state, control, **kwargs):
-        if state.global_step == 4:
-            raise KeyboardInterrupt
-        return on_step_end(self, args, state, control, **kwargs)
-
-    monkeypatch.setattr(ObjectiveStepCallback, "on_step_end", stop_in_step_four)
-    with pytest.raises(Interrupted):
-        run_ifcl.main(cli(tiny_encoder_dir, shards, tmp_path / "stopped"))
-    monkeypatch.undo()
-    resumed, _ = run_ifcl.main(cli(tiny_encoder_dir, shards, tmp_path / "stopped", "--resume_from_checkpoint", "last"))
+    stopped = interrupted_run(tiny_encoder_dir, shards, tmp_path / "stopped")
+    resumed, _ = run_ifcl.main([*stopped, "--resume_from_checkpoint", "last"])
     losses = losses_by_step(resumed)  # steps 1-3 from the checkpoint's log, 4-6 trained anew
     assert losses == pytest.approx(expected, abs=1e-6)
     published = [load_file(tmp_path / run / "model.safetensors") for run in ("whole", "stopped")]
@@ -170,19 +159,8 @@ def test_two_processes_read_each_row_once_and_train_to_the_end(tiny_encoder_dir,
 
 def interrupted_run(encoder: Path, shards: Path, output: Path, *extra: str) -> list[str]:
     """A streamed run stopped in step 4, after checkpoint-3; its arguments."""
-    on_step_end = ObjectiveStepCallback.on_step_end
-
-    def stop_in_step_four(self, args, state, control, **kwargs):
-        if state.global_step == 4:
-            raise KeyboardInterrupt
-        return on_step_end(self, args, state, control, **kwargs)
-
-    ObjectiveStepCallback.on_step_end = stop_in_step_four
-    try:
-        with pytest.raises(Interrupted):
-            run_ifcl.main(cli(encoder, shards, output, *extra))
-    finally:
-        ObjectiveStepCallback.on_step_end = on_step_end
+    with stopped_in_step(4), pytest.raises(Interrupted):
+        run_ifcl.main(cli(encoder, shards, output, *extra))
     return cli(encoder, shards, output, *extra)
 
 
