@@ -6,6 +6,8 @@ text cache's content hashes cost.
     python benchmarks/data_scale.py                            # 10^4, 10^5, 10^6 pairs; every part
     python benchmarks/data_scale.py --sizes 10000 100000 --parts tokenize
     python benchmarks/data_scale.py --parts text_cache         # the hashes alone
+    python benchmarks/data_scale.py --parts run stream --run_sizes 100000 1000000 10000000
+    python benchmarks/data_scale.py --parts sampler            # 10^6, 10^7, 10^8 rows
 
 Each measurement runs in a fresh process (this script with ``--worker``), on a ``sentence<TAB>translation`` .txt
 file of generated English–German pairs, with the real tokenizer of all-MiniLM-L6-v2 (the embedded default):
@@ -16,7 +18,12 @@ file of generated English–German pairs, with the real tokenizer of all-MiniLM-
 - ``new``: ``load_train_dataset`` (parsed into a memory-mapped Arrow file) and ``tokenize_training_text`` (tokens
   cached on disk), from an empty cache;
 - ``new, cached``: the same again, the caches now present (what the other ranks and later runs do);
-- ``run``: ``run_ifcl.main`` with ``--do_train --max_steps 1`` (no evaluation), from an empty cache;
+- ``run``: ``run_ifcl.main`` with ``--do_train --max_steps 1`` (no evaluation), from an empty cache: the time to the
+  first step (and the model's save after it) on the memory-mapped route;
+- ``stream``: the same with ``--streaming``, which writes no cache;
+- ``sampler``: the first row of an epoch's order of 10^6–10^8 map-style rows (``--sampler_sizes``), ``before`` by
+  accelerate's seeded random sampler (the Trainer's, a Python list of every row) and ``after`` by
+  ``ifcl.data.ShuffledRows``;
 - ``text_cache``: ``load_train_dataset`` from an empty cache (the parse) and from the cache (best of 3), and the two
   SHA-256 hashes a cached read makes (best of 3, the files in the page cache): the training file's, which names its
   cache, and the Arrow cache's, which shows it unchanged since written.
@@ -50,7 +57,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "data_scale.json")
 PATHS = ("old", "new", "new_cached")
-PARTS = ("tokenize", "run", "text_cache")
+PARTS = ("tokenize", "run", "stream", "text_cache", "sampler")
+SAMPLERS = ("before", "after")
 ENGLISH_WORDS = (
     "the a man woman child dog cat house city river tree book letter friend teacher doctor train car road "
     "morning evening night day week year water bread music garden window door table street market school "
@@ -117,12 +125,13 @@ def tokenize_file(path_kind: str, train_file: str) -> None:
     report(baseline, anonymous.peak, time.perf_counter() - start, rows=rows)
 
 
-def one_step_run(train_file: str, output_dir: str) -> None:
-    """``run_ifcl.main`` training one step on ``train_file`` (no evaluation), measured from its start."""
+def one_step_run(train_file: str, output_dir: str, streaming: bool = False) -> None:
+    """``run_ifcl.main`` training one step on ``train_file`` (no evaluation), the memory-mapped route or, with
+    ``streaming``, ``--streaming``, measured from its start."""
     import run_ifcl
 
     settings = "--do_train --max_steps 1 --eval_strategy no --save_strategy no --load_best_model_at_end false"
-    settings += " --use_cpu --report_to none --logging_steps 1"
+    settings += " --use_cpu --report_to none --logging_steps 1" + (" --streaming" if streaming else "")
     argv = ["--train_file", train_file, "--output_dir", output_dir, *settings.split()]
     reset_peak_rss()
     baseline = memory_mb()
@@ -130,6 +139,23 @@ def one_step_run(train_file: str, output_dir: str) -> None:
     with AnonymousMemoryPeak() as anonymous:
         _, metrics = run_ifcl.main(argv)
     report(baseline, anonymous.peak, time.perf_counter() - start, rows=int(metrics["train_samples"]))
+
+
+def first_row_of_an_epoch(kind: str, rows: int) -> None:
+    """The first row of an epoch's order of ``rows`` map-style rows: ``before``, accelerate's seeded random sampler
+    (the order the Trainer's sampler gave, as a Python list of every row); ``after``, ``ifcl.data.ShuffledRows``."""
+    from accelerate.data_loader import SeedableRandomSampler
+
+    from ifcl.data import ShuffledRows
+
+    reset_peak_rss()
+    baseline = memory_mb()
+    start = time.perf_counter()
+    with AnonymousMemoryPeak() as anonymous:
+        sampler = SeedableRandomSampler(data_source=range(rows), data_seed=42) if kind == "before" else None
+        first = next(iter(sampler if sampler is not None else ShuffledRows(rows, 42)))
+    assert isinstance(first, int)
+    report(baseline, anonymous.peak, time.perf_counter() - start, rows=rows)
 
 
 def best_seconds(work, repeats: int = 3) -> tuple[float, object]:
@@ -184,7 +210,7 @@ def run_worker(kind: str, size: int, work_dir: str) -> dict:
     cache = os.path.join(work_dir, f"cache_{kind.replace('_cached', '')}_{size}")
     if kind != "new_cached":  # from an empty cache (and a new output folder for the run)
         shutil.rmtree(cache, ignore_errors=True)
-        shutil.rmtree(os.path.join(work_dir, f"run_{size}"), ignore_errors=True)
+        shutil.rmtree(os.path.join(work_dir, f"{kind}_{size}"), ignore_errors=True)
     env = {**os.environ, "IFCL_DATA_CACHE": cache, "HF_DATASETS_CACHE": cache, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, __file__, "--worker", kind, "--size", str(size), "--work_dir", work_dir]
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
@@ -193,7 +219,8 @@ def run_worker(kind: str, size: int, work_dir: str) -> dict:
         raise RuntimeError(f"{kind} on {size} pairs failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
     figures = json.loads(lines[-1].removeprefix("DATA_SCALE "))
     figures["cache_disk_mb"] = round(folder_size(cache) / 2**20, 1) if os.path.isdir(cache) else 0.0
-    figures["file_mb"] = round(os.path.getsize(train_file) / 2**20, 1)
+    if os.path.isfile(train_file):
+        figures["file_mb"] = round(os.path.getsize(train_file) / 2**20, 1)
     return figures
 
 
@@ -223,6 +250,23 @@ def print_table(results: dict) -> None:
             )
         if "run_heap_difference_mb" in results:
             print(f"\nHeap of the 1-step run, 10^6 pairs minus 10^5 pairs: {results['run_heap_difference_mb']} MB")
+    if results.get("stream"):
+        print(
+            "\n| run_ifcl.py --streaming, 1 step | s | peak RSS (MB) | peak anonymous (MB) | anonymous above start (MB) |"
+        )
+        print("|---|---|---|---|---|")
+        for size, figures in results["stream"].items():
+            print(
+                f"| {int(size):,} pairs | {figures['seconds']} | {figures['peak_rss_mb']} | "
+                f"{figures['peak_anonymous_mb']} | {figures['anonymous_above_baseline_mb']} |"
+            )
+    if results.get("sampler"):
+        print(f"\nFirst row of an epoch's order ({results['sampler']['machine']}):")
+        print("\n| rows | sampler | s | anonymous above start (MB) |")
+        print("|---|---|---|---|")
+        for size, by_kind in results["sampler"]["rows"].items():
+            for kind, figures in by_kind.items():
+                print(f"| {int(size):,} | {kind} | {figures['seconds']} | {figures['anonymous_above_baseline_mb']} |")
     if results.get("text_cache"):
         print(f"\nText cache ({results['text_cache']['machine']}):")
         print(
@@ -241,17 +285,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--run_sizes", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--sampler_sizes", type=int, nargs="+", default=[10**6, 10**7, 10**8])
     parser.add_argument(
         "--parts", nargs="+", choices=PARTS, default=list(PARTS), help="What to measure (default: all)."
     )
     parser.add_argument("--work_dir", default=None, help="Where the generated files and caches go (default: temp).")
-    parser.add_argument("--worker", choices=[*PATHS, "run", "text_cache"], help=argparse.SUPPRESS)
+    workers = [*PATHS, "run", "stream", "text_cache", *(f"sampler_{kind}" for kind in SAMPLERS)]
+    parser.add_argument("--worker", choices=workers, help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         train_file = os.path.join(args.work_dir, f"pairs_{args.size}.txt")
-        if args.worker == "run":
-            return one_step_run(train_file, os.path.join(args.work_dir, f"run_{args.size}"))
+        if args.worker in ("run", "stream"):
+            output = os.path.join(args.work_dir, f"{args.worker}_{args.size}")
+            return one_step_run(train_file, output, streaming=args.worker == "stream")
+        if args.worker.startswith("sampler_"):
+            return first_row_of_an_epoch(args.worker.removeprefix("sampler_"), args.size)
         if args.worker == "text_cache":
             return text_cache(train_file)
         return tokenize_file(args.worker, train_file)
@@ -265,15 +314,26 @@ def main() -> None:
         results.update(machine=machine(), tokenizer="all-MiniLM-L6-v2 (embedded)", max_seq_length=32)
     results.setdefault("tokenize", {})
     results.setdefault("run", {})
-    run_sizes = args.run_sizes if "run" in args.parts else []
-    for size in sorted(set(args.sizes) | set(run_sizes)):
-        write_pairs(os.path.join(work_dir, f"pairs_{size}.txt"), size)
+    results.setdefault("stream", {})
+    run_sizes = args.run_sizes if {"run", "stream"} & set(args.parts) else []
+    for size in sorted(set(args.sizes if {"tokenize", "text_cache"} & set(args.parts) else []) | set(run_sizes)):
+        if not os.path.isfile(os.path.join(work_dir, f"pairs_{size}.txt")):
+            write_pairs(os.path.join(work_dir, f"pairs_{size}.txt"), size)
     for size in args.sizes if "tokenize" in args.parts else []:
         results["tokenize"][str(size)] = {kind: run_worker(kind, size, work_dir) for kind in PATHS}
         print(f"{size:,} pairs: " + json.dumps(results["tokenize"][str(size)]), flush=True)
     for size in run_sizes:
-        results["run"][str(size)] = run_worker("run", size, work_dir)
-        print(f"run_ifcl.py on {size:,} pairs: " + json.dumps(results["run"][str(size)]), flush=True)
+        for part in ("run", "stream"):
+            if part in args.parts:
+                results[part][str(size)] = run_worker(part, size, work_dir)
+                print(f"{part}: run_ifcl.py on {size:,} pairs: " + json.dumps(results[part][str(size)]), flush=True)
+    if "sampler" in args.parts:
+        results["sampler"] = {"machine": machine(), "rows": results.get("sampler", {}).get("rows", {})}
+        for size in args.sampler_sizes:
+            results["sampler"]["rows"][str(size)] = {
+                kind: run_worker(f"sampler_{kind}", size, work_dir) for kind in SAMPLERS
+            }
+            print(f"sampler, {size:,} rows: " + json.dumps(results["sampler"]["rows"][str(size)]), flush=True)
     if {"100000", "1000000"} <= set(results["run"]):
         heap = {size: results["run"][size]["peak_anonymous_mb"] for size in ("100000", "1000000")}
         results["run_heap_difference_mb"] = round(heap["1000000"] - heap["100000"], 1)
