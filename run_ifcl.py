@@ -327,6 +327,7 @@ def main(argv: list[str] | None = None):
                 protected=protected_paths(model_args, data_args),
                 world_size=training_args.world_size,
                 max_steps=training_args.max_steps,
+                streaming=data_args.streaming,
             )
             if plan.resume is not None:
                 training_args.resume_from_checkpoint = plan.resume.checkpoint
@@ -336,12 +337,7 @@ def main(argv: list[str] | None = None):
                 )
                 check_resume_settings(plan.resume.checkpoint, plan.resume.config, wanted)
                 check_resume_lora(plan.resume.checkpoint, plan.resume.config.get("lora"), model_args.lora())
-                check_stream_resume(
-                    plan.resume.checkpoint,
-                    data_args.streaming,
-                    training_args.world_size,
-                    data_args.shuffle_buffer_size,
-                )
+                check_stream_resume(plan.resume.checkpoint, data_args.streaming, data_args.shuffle_buffer_size)
             push_at_end = take_over_push(training_args)
 
             # 4. Training text and STS sets: dev for --do_eval and the evaluations during training, test for

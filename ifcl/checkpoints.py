@@ -45,6 +45,11 @@ RESUME_SETTINGS = {
 }
 
 
+# What a streamed run's checkpoint keeps beside the Trainer's files: where each process's stream was
+# (``ifcl.streaming.TrainingStream.save``).
+STREAM_STATE_FILE = "ifcl_stream_state-{rank}.json"
+
+
 class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed from: a file missing or damaged, or other settings than this run's."""
 
@@ -107,14 +112,17 @@ def trainer_state_damage(state: Any) -> str | None:
     return None
 
 
-def checkpoint_problem(checkpoint: str, world_size: int, max_steps: int) -> tuple[str | None, bool]:
+def checkpoint_problem(
+    checkpoint: str, world_size: int, max_steps: int, streaming: bool = False
+) -> tuple[str | None, bool]:
     """(what keeps ``checkpoint`` from being resumed, naming the file, or None; whether its training is done) for a
     run of ``max_steps`` steps (-1: the checkpoint's own plan).
 
     Checked: ``trainer_state.json`` and ``config.json`` (valid JSON; the former the Trainer's state, as
     :func:`trainer_state_damage` checks it), the weights (every value finite) and, unless training is done, the
-    optimizer, scheduler and each process's RNG state, without which the resumed steps would differ from an
-    uninterrupted run's; every ``torch.save`` file must be a whole zip archive.
+    optimizer, scheduler and each process's RNG state and, for a ``streaming`` run, stream state
+    (:data:`STREAM_STATE_FILE`), without which the resumed steps would differ from an uninterrupted run's; every
+    ``torch.save`` file must be a whole zip archive.
     """
     contents = {}
     for name in (TRAINER_STATE_FILE, "config.json"):
@@ -134,7 +142,8 @@ def checkpoint_problem(checkpoint: str, world_size: int, max_steps: int) -> tupl
     if problem is not None:
         return f"{weights} {problem}", finished
     rng_states = ["rng_state.pth"] if world_size <= 1 else [f"rng_state_{rank}.pth" for rank in range(world_size)]
-    for name in [] if finished else ["optimizer.pt", "scheduler.pt", *rng_states]:
+    stream_states = [STREAM_STATE_FILE.format(rank=rank) for rank in range(world_size)] if streaming else []
+    for name in [] if finished else ["optimizer.pt", "scheduler.pt", *rng_states, *stream_states]:
         if not os.path.isfile(os.path.join(checkpoint, name)):
             return os.path.join(checkpoint, f"{name} is missing (without it the resumed steps would differ)"), finished
     # torch.save writes zip archives, whose directory is at the end: a cut file is not a zip any more.
@@ -144,7 +153,7 @@ def checkpoint_problem(checkpoint: str, world_size: int, max_steps: int) -> tupl
     return None, finished
 
 
-def resume_point(resume: str, folder: str, world_size: int, max_steps: int) -> ResumePoint:
+def resume_point(resume: str, folder: str, world_size: int, max_steps: int, streaming: bool = False) -> ResumePoint:
     """The checkpoint ``--resume_from_checkpoint`` names, checked for resuming a run of ``max_steps`` steps: a
     folder, or ``last``, the newest checkpoint of ``folder`` that can be resumed from (newer broken ones, a save cut
     short by a kill or a full disk, are named and skipped). Raises :class:`CheckpointError` naming the broken file."""
@@ -153,7 +162,7 @@ def resume_point(resume: str, folder: str, world_size: int, max_steps: int) -> R
     last = resume == "last"
     skipped = []
     for checkpoint in checkpoint_folders(folder) if last else [resume]:
-        problem, finished = checkpoint_problem(checkpoint, world_size, max_steps)
+        problem, finished = checkpoint_problem(checkpoint, world_size, max_steps, streaming)
         if problem is None:
             config = read_json(checkpoint, "config.json")
             saved = ifcl_config_dict(config) if isinstance(config, dict) else None

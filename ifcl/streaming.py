@@ -24,6 +24,7 @@ from typing import Any
 import datasets
 import torch
 
+from ifcl.checkpoints import STREAM_STATE_FILE
 from ifcl.data import DataFormatError, _as_text, _format_error, _iter_lines, _parse_train_txt_line
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,6 @@ logger = logging.getLogger(__name__)
 # Rows a stream holds to shuffle (run_ifcl.py --shuffle_buffer_size): about 1 MB of text per 10,000 pairs.
 SHUFFLE_BUFFER_SIZE = 10_000
 STREAM_EXTENSIONS = (".txt", ".csv", ".json", ".jsonl", ".parquet")
-STATE_FILE = "ifcl_stream_state-{rank}.json"  # in each checkpoint: where each process's stream was
 
 
 class StreamEnded(ValueError):
@@ -294,15 +294,15 @@ class TrainingStream(torch.utils.data.IterableDataset):
         self.rows_read = state["rows_read"]
 
     def save(self, checkpoint: str, rank: int) -> None:
-        """Write :meth:`state_dict` into ``checkpoint`` as this process's :data:`STATE_FILE`."""
+        """Write :meth:`state_dict` into ``checkpoint`` as this process's ``ifcl.checkpoints.STREAM_STATE_FILE``."""
         from ifcl.files import write_json_atomically
 
-        write_json_atomically(os.path.join(checkpoint, STATE_FILE.format(rank=rank)), self.state_dict())
+        write_json_atomically(os.path.join(checkpoint, STREAM_STATE_FILE.format(rank=rank)), self.state_dict())
 
     def resume(self, checkpoint: str, rank: int) -> None:
-        """Read on from where this process's stream was at ``checkpoint``; ``StreamEnded``-free ``ValueError`` naming
-        the file when the checkpoint was not saved by a streamed run."""
-        path = os.path.join(checkpoint, STATE_FILE.format(rank=rank))
+        """Read on from where this process's stream was at ``checkpoint``; ``ValueError`` naming the file when the
+        checkpoint was not saved by a streamed run."""
+        path = os.path.join(checkpoint, STREAM_STATE_FILE.format(rank=rank))
         if not os.path.isfile(path):
             raise ValueError(
                 f"--resume_from_checkpoint {checkpoint}: it holds no {os.path.basename(path)}, so it was not saved by a "
@@ -339,25 +339,19 @@ def load_training_stream(data_args, needs_fraternal: bool, seed: int) -> Trainin
     return stream
 
 
-def check_stream_resume(checkpoint: str, streaming: bool, world_size: int, shuffle_buffer_size: int) -> None:
-    """A checkpoint resumed with ``--streaming`` holds each process's stream state, saved with the same buffer size;
-    one that holds them is resumed with ``--streaming``: each as a one-line ``ValueError`` naming the file or flag."""
-    states = [os.path.join(checkpoint, STATE_FILE.format(rank=rank)) for rank in range(world_size)]
-    saved = [path for path in states if os.path.isfile(path)]
+def check_stream_resume(checkpoint: str, streaming: bool, shuffle_buffer_size: int) -> None:
+    """A checkpoint saved by a streamed run is resumed with ``--streaming`` and the same ``--shuffle_buffer_size``
+    (that each process's state is there, ``ifcl.checkpoints.checkpoint_problem`` checks): each as a one-line
+    ``ValueError`` naming the file or flag."""
+    saved = os.path.join(checkpoint, STREAM_STATE_FILE.format(rank=0))
+    if not os.path.isfile(saved):
+        return  # not a streamed run's, or, resumed with --streaming, named as incomplete before this
     if not streaming:
-        if saved:
-            raise ValueError(
-                f"--resume_from_checkpoint {checkpoint} was trained with --streaming ({os.path.basename(saved[0])}): "
-                "resume it with --streaming and the same data, or train anew."
-            )
-        return
-    missing = [path for path in states if path not in saved]
-    if missing:
         raise ValueError(
-            f"--resume_from_checkpoint {checkpoint}: it holds no {os.path.basename(missing[0])}, so it was not saved by "
-            f"a streamed run of {world_size} process(es): resume it as it was trained, or train anew."
+            f"--resume_from_checkpoint {checkpoint} was trained with --streaming ({os.path.basename(saved)}): "
+            "resume it with --streaming and the same data, or train anew."
         )
-    with open(saved[0], encoding="utf-8") as handle:
+    with open(saved, encoding="utf-8") as handle:
         buffer_size = json.load(handle).get("shuffle_buffer_size")
     if buffer_size != shuffle_buffer_size:
         raise ValueError(

@@ -15,9 +15,10 @@ import torch
 from conftest import ENGLISH, GERMAN, cpu_training_args, launch, losses_by_step, stopped_in_step, write_sts_file
 
 import run_ifcl
+from ifcl.checkpoints import STREAM_STATE_FILE
 from ifcl.data import DataFormatError
 from ifcl.failures import Interrupted, RunFailure
-from ifcl.streaming import STATE_FILE, TrainingStream, shard_paths
+from ifcl.streaming import TrainingStream, shard_paths
 
 COLUMNS = {"sentence": "sentence", "fraternal": "fraternal"}
 PAIRS = [(f"{english} {i}", f"{german} {i}") for i in range(10) for english, german in zip(ENGLISH, GERMAN)]
@@ -129,7 +130,7 @@ def test_a_streamed_run_stopped_after_a_checkpoint_and_resumed_trains_as_the_uni
     whole, _ = run_ifcl.main(cli(tiny_encoder_dir, shards, tmp_path / "whole"))
     expected = losses_by_step(whole)
     assert sorted(expected) == [1, 2, 3, 4, 5, 6]
-    assert os.path.isfile(tmp_path / "whole" / "checkpoint-3" / STATE_FILE.format(rank=0))
+    assert os.path.isfile(tmp_path / "whole" / "checkpoint-3" / STREAM_STATE_FILE.format(rank=0))
 
     stopped = interrupted_run(tiny_encoder_dir, shards, tmp_path / "stopped")
     resumed, _ = run_ifcl.main([*stopped, "--resume_from_checkpoint", "last"])
@@ -233,6 +234,11 @@ def test_a_streamed_checkpoint_resumes_only_as_it_was_streamed(tiny_encoder_dir,
         )
     with pytest.raises(ValueError, match=re.escape("resume with --shuffle_buffer_size 16")):
         run_ifcl.main([*args, "--shuffle_buffer_size", "8", *resume])
+    checkpoint = tmp_path / "run" / "checkpoint-3"
+    (checkpoint / STREAM_STATE_FILE.format(rank=0)).unlink()  # a save cut short before the stream's state
+    missing = f"{checkpoint}/ifcl_stream_state-0.json is missing (without it the resumed steps would differ)"
+    with pytest.raises(ValueError, match=re.escape(missing)):
+        run_ifcl.main([*args, "--resume_from_checkpoint", str(checkpoint)])
 
 
 def test_the_trainer_and_ifcl_loss_take_a_datasets_stream(tiny_encoder_dir, tmp_path):
