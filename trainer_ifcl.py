@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 from torch.utils.checkpoint import get_device_states, set_device_states
-from torch.utils.data import DataLoader
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, has_length, speed_metrics
@@ -443,23 +442,15 @@ class IFCLTrainer(Trainer):
     # ---------------------------------------------------------------- training
 
     def get_train_dataloader(self):
-        """The Trainer's data loader; for a stream (``ifcl.streaming.TrainingStream``), this process's part read in
-        this process (no worker, nothing read ahead, so that the stream's place at a checkpoint is the training's),
-        every batch taken by all processes or none (``StreamBatches``)."""
+        """The Trainer's data loader; for a stream (``ifcl.streaming.TrainingStream``), this process's part in batches
+        read in the training process, every batch taken by all processes or none (``StreamBatches``)."""
         stream = self.train_dataset
         if not isinstance(stream, TrainingStream):
             return super().get_train_dataloader()
         if self.args.dataloader_num_workers:
             logger.warning("A stream is read in the training process: --dataloader_num_workers is left unused.")
-        loader = DataLoader(
-            stream,
-            batch_size=self._train_batch_size,
-            collate_fn=self.data_collator,
-            pin_memory=self.args.dataloader_pin_memory,
-            generator=torch.Generator(),  # its own: a new iteration draws no number of the dropout's, resumed or not
-        )
         rows_needed = self.args.max_steps * global_batch_size(self.args)
-        return StreamBatches(loader, stream, rows_needed, self.args.device)
+        return StreamBatches(stream, self._train_batch_size, self.data_collator, rows_needed, self.args.device)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
         """``Trainer.train``; resuming a stream, it first reads on from where this process's part was at the

@@ -153,17 +153,22 @@ def checkpoint_problem(
     return None, finished
 
 
-def resume_point(resume: str, folder: str, world_size: int, max_steps: int, streaming: bool = False) -> ResumePoint:
+def resume_point(
+    resume: str, folder: str, world_size: int, max_steps: int, stream_buffer: int | None = None
+) -> ResumePoint:
     """The checkpoint ``--resume_from_checkpoint`` names, checked for resuming a run of ``max_steps`` steps: a
     folder, or ``last``, the newest checkpoint of ``folder`` that can be resumed from (newer broken ones, a save cut
-    short by a kill or a full disk, are named and skipped). Raises :class:`CheckpointError` naming the broken file."""
+    short by a kill or a full disk, are named and skipped), then against the run's stream (:func:`check_stream`;
+    ``stream_buffer``: its ``--shuffle_buffer_size``, None without ``--streaming``). Raises :class:`CheckpointError`
+    naming the broken file or the setting."""
     from configuration_ifcl import ifcl_config_dict
 
     last = resume == "last"
     skipped = []
     for checkpoint in checkpoint_folders(folder) if last else [resume]:
-        problem, finished = checkpoint_problem(checkpoint, world_size, max_steps, streaming)
+        problem, finished = checkpoint_problem(checkpoint, world_size, max_steps, stream_buffer is not None)
         if problem is None:
+            check_stream(checkpoint, stream_buffer)
             config = read_json(checkpoint, "config.json")
             saved = ifcl_config_dict(config) if isinstance(config, dict) else None
             return ResumePoint(checkpoint, saved or {}, finished)
@@ -182,6 +187,25 @@ def resume_point(resume: str, folder: str, world_size: int, max_steps: int, stre
     raise CheckpointError(f"--resume_from_checkpoint last: {folder} holds no checkpoint-* folder.")
 
 
+def check_stream(checkpoint: str, buffer_size: int | None) -> None:
+    """A checkpoint a streamed run saved is resumed with ``--streaming`` and the same ``--shuffle_buffer_size``
+    (``buffer_size``; None: without ``--streaming``); :class:`CheckpointError` naming the file or the flag."""
+    saved = os.path.join(checkpoint, STREAM_STATE_FILE.format(rank=0))
+    if not os.path.isfile(saved):
+        return  # not a streamed run's (resumed with --streaming, checkpoint_problem named the file)
+    if buffer_size is None:
+        raise CheckpointError(
+            f"--resume_from_checkpoint {checkpoint} was trained with --streaming ({os.path.basename(saved)}): "
+            "resume it with --streaming and the same data, or train anew."
+        )
+    saved_size = read_json(checkpoint, os.path.basename(saved)).get("shuffle_buffer_size")
+    if saved_size != buffer_size:
+        raise CheckpointError(
+            f"--shuffle_buffer_size {buffer_size}: --resume_from_checkpoint {checkpoint} shuffled its stream in a buffer "
+            f"of {saved_size} rows; resume with --shuffle_buffer_size {saved_size}."
+        )
+
+
 def check_resume_settings(checkpoint: str, saved: dict[str, Any], wanted: dict[str, Any]) -> None:
     """Name every setting of :data:`RESUME_SETTINGS` whose value in this command differs from the checkpoint's."""
     differences = [
@@ -197,13 +221,14 @@ def check_resume_settings(checkpoint: str, saved: dict[str, Any], wanted: dict[s
         )
 
 
-def planned_fraternal_model(model_path: str, given: str | None, uses_fraternal_twins: bool) -> str | None:
+def planned_fraternal_model(model_path: str, given: str | None, planned) -> str | None:
     """The fraternal model a run trains with, by the name its config keeps (``public_name``), to compare with a
-    checkpoint's: the one given, else a continued IFCL model's own; None without fraternal twins."""
+    checkpoint's: the one given, else a continued IFCL model's own; None when the ``planned`` config has no fraternal
+    twins."""
     from ifcl.publishing import public_name
     from modeling_ifcl import ifcl_config_dict, read_json
 
-    if not uses_fraternal_twins:
+    if not planned.uses_fraternal_twins:
         return None
     if given is None:
         config = read_json(model_path, "config.json")

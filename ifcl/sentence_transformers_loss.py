@@ -35,7 +35,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from configuration_ifcl import IFCLSettings, SharedSettings, check_setting_types
 from ifcl import queue as ring
-from ifcl.data import check_text_dataset, check_training_data_size
+from ifcl.data import check_text_dataset, check_text_row, check_training_data_size
 from ifcl.losses import IFCL_CITATION, IFCLTerms, Matryoshka
 from modeling_ifcl import (
     IFCLTwinsOutput,
@@ -547,12 +547,7 @@ class IFCLDataCollator(SentenceTransformerDataCollator):
             self.size_checked = True
         if self.num_rows is None:  # a stream, checked as it is read
             for row in features:
-                for name in self.loss.text_columns:
-                    if not isinstance(row.get(name), str) or not row[name].strip():
-                        raise ValueError(
-                            f"The training stream has a row whose {name!r} is {row.get(name)!r}: every row must be a "
-                            "sentence (a non-empty string)."
-                        )
+                check_text_row(row, self.loss.text_columns, "A row of the training stream")
         # Only the loss's columns, in its order (sentence_features follow the batch's keys), and the dataset's name
         # that sentence-transformers adds for its prompts and routes.
         kept = (*self.loss.text_columns, "dataset_name")

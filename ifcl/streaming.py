@@ -25,7 +25,22 @@ import datasets
 import torch
 
 from ifcl.checkpoints import STREAM_STATE_FILE
-from ifcl.data import DataFormatError, _as_text, _format_error, _iter_lines, _parse_train_txt_line
+from ifcl.data import (
+    FRATERNAL,
+    _as_text,
+    _canonical_rows,
+    _check_columns,
+    _format_error,
+    _header_rows,
+    _iter_lines,
+    _json_lines,
+    _numbered_csv_rows,
+    _parse_train_txt_line,
+    _wanted_columns,
+    check_text_row,
+    load_train_dataset,
+    load_trans_de_en_dataset,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -87,30 +102,7 @@ def read_shards(shards: list[str], columns: dict[str, str]) -> Iterator[dict[str
 def csv_rows(shard: str, wanted: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, row) of a CSV file with a header naming ``wanted``."""
     with open(shard, encoding="utf-8-sig", newline="") as handle:
-        reader = csv.DictReader(handle)
-        missing = [column for column in wanted if column not in (reader.fieldnames or [])]
-        if missing:
-            raise _format_error(shard, f"missing column(s) {missing}; found columns {reader.fieldnames}", 1)
-        for row in reader:
-            yield reader.line_num, row
-
-
-def json_lines_rows(shard: str, wanted: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, row) of a JSON Lines file, each line an object holding ``wanted``."""
-    for number, line in _iter_lines(shard):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            hint = (
-                " (a stream reads JSON Lines: one object per line)" if number == 1 and line.lstrip()[:1] == "[" else ""
-            )
-            raise _format_error(shard, f"not a JSON object ({error.msg}){hint}", number) from None
-        if not isinstance(row, dict) or any(column not in row for column in wanted):
-            found = sorted(row) if isinstance(row, dict) else type(row).__name__
-            raise _format_error(shard, f"expected an object with {wanted}; found {found}", number)
-        yield number, row
+        yield from _header_rows(shard, _numbered_csv_rows(csv.reader(handle)), wanted)
 
 
 def parquet_rows(shard: str, wanted: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -135,8 +127,8 @@ def parquet_rows(shard: str, wanted: list[str]) -> Iterator[tuple[int, dict[str,
 
 TABLE_READERS: dict[str, Callable[[str, list[str]], Iterator[tuple[int, dict[str, Any]]]]] = {
     ".csv": csv_rows,
-    ".json": json_lines_rows,
-    ".jsonl": json_lines_rows,
+    ".json": _json_lines,
+    ".jsonl": _json_lines,
     ".parquet": parquet_rows,
 }
 
@@ -160,10 +152,10 @@ def hub_source(name: str, config: str | None, split: str, columns: dict[str, str
     stream = datasets.load_dataset(name, config, split=split, streaming=True)
     source = f"--dataset_name {name} ({split})"
 
-    def canonical(row: dict[str, Any]) -> dict[str, str]:
-        missing = [column for column in columns.values() if column not in row]
-        if missing:
-            raise DataFormatError(f"{source}: missing column(s) {missing}; found columns {sorted(row)}")
+    def canonical(row: dict[str, Any]) -> dict[str, str]:  # as the memory-mapped route reads a table's rows
+        _check_columns(
+            source, columns.values(), sorted(row), hint=" (--sentence_column and --fraternal_column name them)"
+        )
         return {canonical_name: _as_text(row[column]) for canonical_name, column in columns.items()}
 
     return stream.map(canonical, remove_columns=list(stream.column_names or []) or None).filter(
@@ -197,7 +189,7 @@ class TrainingStream(torch.utils.data.IterableDataset):
             raise ValueError(f"shuffle_buffer_size must be a whole number ≥ 0, got {shuffle_buffer_size!r}.")
         self.source, self.shuffle_buffer_size, self.seed, self.name = source, shuffle_buffer_size, seed, name
         self.columns: tuple[str, ...] | None = None  # checked and kept; None: each row as it comes
-        self.transform: Callable[[dict[str, str]], dict[str, Any]] | None = None
+        self.transform: Callable[[dict[str, list[str]]], dict[str, list]] | None = None
         self.buffer: list[dict[str, str]] = []
         self.random = random.Random(seed)
         self.rows_read = 0  # rows taken from the source by this process
@@ -233,27 +225,23 @@ class TrainingStream(torch.utils.data.IterableDataset):
         part.columns, part.transform = self.columns, self.transform
         return part
 
-    def set_transform(self, columns: Sequence[str], transform: Callable[[dict[str, str]], dict[str, Any]]) -> None:
-        """Check each row for ``columns`` (non-empty text) and make it ``transform(row)`` (its tokens) as it leaves."""
+    def set_transform(
+        self, columns: Sequence[str], transform: Callable[[dict[str, list[str]]], dict[str, list]]
+    ) -> None:
+        """Check each row for ``columns`` (non-empty text), and tokenize each batch by ``transform`` (columns of text
+        → columns of features) as it leaves (:meth:`batches`)."""
         self.columns, self.transform = tuple(columns), transform
 
     def checked(self, row: dict[str, Any]) -> dict[str, str]:
         """The row's text columns, each a non-empty string, or ``ValueError`` naming the row and column."""
         if self.columns is None:
             return row
-        for column in self.columns:
-            value = row.get(column)
-            if not isinstance(value, str) or not value.strip():
-                raise ValueError(
-                    f"{self.name}: row {self.rows_read} of this process's part has {value!r} in column {column!r}: "
-                    "every row must be a sentence (a non-empty string)."
-                )
+        check_text_row(row, self.columns, f"{self.name}: row {self.rows_read} of this process's part")
         return {column: row[column] for column in self.columns}
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        """The rows, from where the stream is (a loaded state included): each row read takes a random place in the
-        full buffer and sends out the row that held it; at the source's end, the buffer's rows in random order."""
-        transform = self.transform or (lambda row: row)
+    def __iter__(self) -> Iterator[dict[str, str]]:
+        """The text rows, from where the stream is (a loaded state included): each row read takes a random place in
+        the full buffer and sends out the row that held it; at the source's end, the buffer's rows in random order."""
         for row in self.source:
             self.rows_read += 1
             row = self.checked(row)
@@ -262,12 +250,24 @@ class TrainingStream(torch.utils.data.IterableDataset):
                 continue
             place = self.random.randrange(len(self.buffer))
             row, self.buffer[place] = self.buffer[place], row
-            yield transform(row)
+            yield row
         while self.buffer:
             place = self.random.randrange(len(self.buffer))
             row, self.buffer[place] = self.buffer[place], self.buffer[-1]
             self.buffer.pop()
-            yield transform(row)
+            yield row
+
+    def batches(self, size: int) -> Iterator[list[dict[str, Any]]]:
+        """Full batches of ``size`` rows, each tokenized at once as it leaves (:meth:`set_transform`: one tokenizer
+        call a column, not one a row); a last, shorter one is left out, as no process may train on fewer rows."""
+        transform = self.transform or (lambda batch: batch)
+        rows: list[dict[str, str]] = []
+        for row in self:
+            rows.append(row)
+            if len(rows) == size:
+                features = transform({column: [row[column] for row in rows] for column in rows[0]})
+                rows = []
+                yield [dict(zip(features, values)) for values in zip(*features.values())]
 
     def state_dict(self) -> dict[str, Any]:
         """Where the stream is: the source's position, the buffer's rows, the generator's state and the rows read."""
@@ -320,68 +320,71 @@ class TrainingStream(torch.utils.data.IterableDataset):
         )
 
 
-def load_training_stream(data_args, needs_fraternal: bool, seed: int) -> TrainingStream:
-    """``run_ifcl.py --streaming``'s training stream (its ``DataArguments``: --train_file shards or --dataset_name,
-    their columns, --max_train_samples, --shuffle_buffer_size), its buffer seeded with ``seed``."""
-    from ifcl.data import _wanted_columns
-
-    columns = _wanted_columns(data_args.sentence_column, data_args.fraternal_column if needs_fraternal else None)
-    options = {"shuffle_buffer_size": data_args.shuffle_buffer_size, "seed": seed}
+def load_training_text(data_args, needs_fraternal: bool, seed: int) -> datasets.Dataset | TrainingStream:
+    """``run_ifcl.py``'s training text, from its ``DataArguments``: with ``--streaming`` a :class:`TrainingStream` of
+    --train_file's shards or --dataset_name, its buffer seeded with ``seed``; else a Dataset of --train_file,
+    --dataset_name or trans-de-en, memory-mapped. Columns sentence[, fraternal]; ``--max_train_samples`` the first
+    rows of either."""
+    fraternal_column = data_args.fraternal_column if needs_fraternal else None
+    columns = _wanted_columns(data_args.sentence_column, fraternal_column)
+    samples = data_args.max_train_samples
+    if data_args.streaming:
+        options = {"shuffle_buffer_size": data_args.shuffle_buffer_size, "seed": seed}
+        if data_args.train_file is not None:
+            stream = TrainingStream.from_files(data_args.train_file, columns, **options)
+        elif data_args.dataset_name is not None:
+            name, config, split = data_args.dataset_name, data_args.dataset_config_name, data_args.dataset_split
+            stream = TrainingStream.from_hub(name, config, split, columns, **options)
+        else:
+            raise ValueError("--streaming reads --train_file (shards) or --dataset_name; give one of them.")
+        if samples is not None:
+            stream.source = stream.source.take(samples)
+        logger.info(f"{stream.name}: read as a stream, shuffled in a buffer of {stream.shuffle_buffer_size} rows")
+        return stream
     if data_args.train_file is not None:
-        stream = TrainingStream.from_files(data_args.train_file, columns, **options)
+        dataset = load_train_dataset(data_args.train_file, data_args.sentence_column, fraternal_column)
     elif data_args.dataset_name is not None:
-        name, config, split = data_args.dataset_name, data_args.dataset_config_name, data_args.dataset_split
-        stream = TrainingStream.from_hub(name, config, split, columns, **options)
+        table = datasets.load_dataset(
+            data_args.dataset_name, data_args.dataset_config_name, split=data_args.dataset_split
+        )
+        dataset = _canonical_rows(
+            table, f"--dataset_name {data_args.dataset_name} ({data_args.dataset_split})", columns
+        )
     else:
-        raise ValueError("--streaming reads --train_file (shards) or --dataset_name; give one of them.")
-    if data_args.max_train_samples is not None:
-        stream.source = stream.source.take(data_args.max_train_samples)
-    return stream
-
-
-def check_stream_resume(checkpoint: str, streaming: bool, shuffle_buffer_size: int) -> None:
-    """A checkpoint saved by a streamed run is resumed with ``--streaming`` and the same ``--shuffle_buffer_size``
-    (that each process's state is there, ``ifcl.checkpoints.checkpoint_problem`` checks): each as a one-line
-    ``ValueError`` naming the file or flag."""
-    saved = os.path.join(checkpoint, STREAM_STATE_FILE.format(rank=0))
-    if not os.path.isfile(saved):
-        return  # not a streamed run's, or, resumed with --streaming, named as incomplete before this
-    if not streaming:
-        raise ValueError(
-            f"--resume_from_checkpoint {checkpoint} was trained with --streaming ({os.path.basename(saved)}): "
-            "resume it with --streaming and the same data, or train anew."
-        )
-    with open(saved, encoding="utf-8") as handle:
-        buffer_size = json.load(handle).get("shuffle_buffer_size")
-    if buffer_size != shuffle_buffer_size:
-        raise ValueError(
-            f"--shuffle_buffer_size {shuffle_buffer_size}: --resume_from_checkpoint {checkpoint} shuffled its stream in a "
-            f"buffer of {buffer_size} rows; resume with --shuffle_buffer_size {buffer_size}."
-        )
+        dataset = load_trans_de_en_dataset()
+        dataset = dataset if needs_fraternal else dataset.remove_columns(FRATERNAL)
+    if samples is not None:
+        dataset = dataset.select(range(min(samples, len(dataset))))
+    logger.info(f"{len(dataset)} training sentences")
+    return dataset
 
 
 class StreamBatches:
-    """The batches of ``loader`` (a data loader over ``stream``), which every process takes or none: in several
-    processes each batch is agreed on (one flag and a count, all-reduced), so that a stream that ends in one process
-    ends the run in all, with :meth:`TrainingStream.ended` naming the rows they held, instead of leaving the others
-    waiting. ``rows_needed``: the run's steps × its global batch."""
+    """What ``IFCLTrainer`` trains on from a stream: its :meth:`TrainingStream.batches` of ``batch_size``, made tensors
+    by ``collate``, read in the training process (nothing read ahead, so that the stream's place at a checkpoint is
+    the training's), and taken by every process or none: in several processes each batch is agreed on (one
+    all-reduce of a flag and a count), so that a stream that ends in one process ends the run in all, with
+    :meth:`TrainingStream.ended` naming the rows they held, instead of leaving the others waiting.
+    ``rows_needed``: the run's steps × its global batch."""
 
-    def __init__(self, loader, stream: TrainingStream, rows_needed: int, device: torch.device) -> None:
-        self.loader, self.stream, self.rows_needed, self.device = loader, stream, rows_needed, device
+    def __init__(
+        self, stream: TrainingStream, batch_size: int, collate: Callable, rows_needed: int, device: torch.device
+    ) -> None:
+        self.stream, self.batch_size, self.collate = stream, batch_size, collate
+        self.rows_needed, self.device = rows_needed, device
 
     def __iter__(self) -> Iterator[Any]:
         import torch.distributed as dist
 
-        several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-        batches = iter(self.loader)
+        world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        batches = self.stream.batches(self.batch_size)
         while True:
-            batch = next(batches, None)
-            rows_read, all_have_one = self.stream.rows_read, batch is not None
-            if several:
-                agreed = torch.tensor([all_have_one, rows_read], dtype=torch.int64, device=self.device)
-                dist.all_reduce(agreed[:1], op=dist.ReduceOp.MIN)
-                dist.all_reduce(agreed[1:], op=dist.ReduceOp.SUM)
-                all_have_one, rows_read = bool(agreed[0]), int(agreed[1])
-            if not all_have_one:
+            rows = next(batches, None)
+            have_one, rows_read = int(rows is not None), self.stream.rows_read
+            if world_size > 1:
+                agreed = torch.tensor([have_one, rows_read], dtype=torch.int64, device=self.device)
+                dist.all_reduce(agreed)
+                have_one, rows_read = int(agreed[0]) // world_size, int(agreed[1])
+            if not have_one:
                 raise self.stream.ended(self.rows_needed, rows_read)
-            yield batch
+            yield self.collate(rows)

@@ -656,16 +656,21 @@ def test_a_hub_dataset_is_read_as_a_training_file_is(monkeypatch, caplog):
     dropped with a warning, a missing column named with the flags that choose it."""
     from types import SimpleNamespace
 
+    from ifcl.streaming import load_training_text
+
     hub = Dataset.from_dict({"text": [" a ", "", "c", "b"], "de": ["x", "y", "z", None], "id": [1, 2, 3, 4]})
     monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: hub)
     arguments = {"train_file": None, "dataset_name": "someone/pairs", "dataset_config_name": None}
-    data_args = SimpleNamespace(**arguments, dataset_split="train", sentence_column="text", fraternal_column="de")
+    data_args = SimpleNamespace(
+        **arguments, dataset_split="train", sentence_column="text", fraternal_column="de", max_train_samples=None
+    )
+    data_args.streaming = False
     with caplog.at_level(logging.WARNING, logger="ifcl.data"):
-        rows = data_ifcl.load_training_text(data_args, needs_fraternal=True)
+        rows = load_training_text(data_args, needs_fraternal=True, seed=0)
     assert rows.to_dict() == {"sentence": ["a", "c"], "fraternal": ["x", "z"]}
     assert "--dataset_name someone/pairs (train): dropped 2 row(s)" in caplog.text
     data_args.sentence_column = "id"
-    assert data_ifcl.load_training_text(data_args, needs_fraternal=False)["sentence"] == ["1", "2", "3", "4"]
+    assert load_training_text(data_args, needs_fraternal=False, seed=0)["sentence"] == ["1", "2", "3", "4"]
     data_args.sentence_column = "sentence"
     with pytest.raises(DataFormatError, match=r"missing column\(s\) \['sentence'\].*--sentence_column"):
-        data_ifcl.load_training_text(data_args, needs_fraternal=True)
+        load_training_text(data_args, needs_fraternal=True, seed=0)

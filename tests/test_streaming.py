@@ -173,7 +173,7 @@ def test_a_stream_that_ends_before_the_last_step_ends_the_run_saying_how_many_ro
 
 BAD_LINES = [
     (".txt", "A sentence without its translation\n", "line 1: expected 'sentence<TAB>translation' (exactly one tab)"),
-    (".jsonl", '{"sentence": "A sentence."\n', "line 1: not a JSON object"),
+    (".jsonl", '{"sentence": "A sentence."\n', "line 1: invalid JSON"),
     (".parquet", "not parquet at all", "cannot be read as Parquet"),
 ]
 
@@ -279,7 +279,7 @@ def test_the_trainer_and_ifcl_loss_take_a_datasets_stream(tiny_encoder_dir, tmp_
         yield {"sentence": "A sentence.", "fraternal": " "}
 
     collator = loss.data_collator(datasets.IterableDataset.from_generator(with_an_empty_translation, features=text))
-    with pytest.raises(ValueError, match="a row whose 'fraternal' is ' '"):
+    with pytest.raises(ValueError, match="A row of the training stream has ' ' in column 'fraternal'"):
         collator([{"sentence": "A sentence.", "fraternal": " "}])
 
 

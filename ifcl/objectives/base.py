@@ -271,12 +271,7 @@ class Objective(nn.Module):
             train_dataset = TrainingStream(train_dataset, shuffle_buffer_size=0, name="the training stream")
         if isinstance(train_dataset, TrainingStream):  # checked and tokenized as each row is read
             tokenizer, max_length = tokenizer or model.tokenizer, model.config.max_seq_length
-
-            def tokenized(row: dict[str, str]) -> dict[str, list]:
-                features = self.tokenize({column: [text] for column, text in row.items()}, tokenizer, max_length)
-                return {name: values[0] for name, values in features.items()}
-
-            train_dataset.set_transform(self.text_columns, tokenized)
+            train_dataset.set_transform(self.text_columns, lambda batch: self.tokenize(batch, tokenizer, max_length))
         elif is_text_dataset(train_dataset):
             with main_process_first():
                 train_dataset = self.tokenize_dataset(
