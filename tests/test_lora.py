@@ -335,10 +335,14 @@ def test_a_lora_target_that_is_no_layer_is_one_line_naming_the_flag(tiny_encoder
     assert "\n" not in str(error.value) and model.config.lora is None
 
 
-def test_a_lora_checkpoint_without_its_lora_b_tensors_is_named_in_one_line(tmp_path):
+def test_a_lora_checkpoint_without_its_lora_b_tensors_is_named_in_one_line(tmp_path, pairs_data):
     """A checkpoint file cut short or edited so that it lacks the adapters' lora_B tensors: from_pretrained names
-    the folder and the tensor it lacks, before any weights load."""
+    the folder and the tensor it lacks, before any weights load, and so does run_ifcl.py starting from it (bad
+    input: before the output folder is taken)."""
+    from conftest import objective_run_args
     from safetensors.torch import load_file, save_file
+
+    import run_ifcl
 
     decoder = build_tiny_decoder("qwen3", tmp_path / "qwen3")
     lora_trainer(decoder, str(tmp_path / "run"), save_strategy="steps", save_steps=2, max_steps=2).train()
@@ -350,6 +354,9 @@ def test_a_lora_checkpoint_without_its_lora_b_tensors_is_named_in_one_line(tmp_p
     ) as error:
         IFCLModel.from_pretrained(str(checkpoint))
     assert "lora_B" in str(error.value) and "incomplete" in str(error.value) and "\n" not in str(error.value)
+    with pytest.raises(ValueError, match=f"^{re.escape(str(checkpoint))}: its weights hold .*lora_A.* but not "):
+        run_ifcl.main(objective_run_args(checkpoint, pairs_data, tmp_path / "out", "ifcl"))
+    assert not (tmp_path / "out").exists()
 
 
 def test_lora_without_peft_says_how_to_install_it(monkeypatch):
