@@ -89,7 +89,7 @@ def read_shards(shards: list[str], columns: dict[str, str]) -> Iterator[dict[str
                     yield dict(zip(columns, row))
             continue
         dropped = 0
-        for number, cells in TABLE_READERS[extension](shard, list(columns.values())):
+        for _, cells in TABLE_READERS[extension](shard, list(columns.values())):
             texts = {name: _as_text(cells[source]) for name, source in columns.items()}
             if all(texts.values()):
                 yield texts
@@ -114,10 +114,7 @@ def parquet_rows(shard: str, wanted: list[str]) -> Iterator[tuple[int, dict[str,
         table = pyarrow.parquet.ParquetFile(shard)
     except (OSError, pyarrow.ArrowException) as error:
         raise _format_error(shard, f"cannot be read as Parquet ({error})") from None
-    found = table.schema_arrow.names
-    missing = [column for column in wanted if column not in found]
-    if missing:
-        raise _format_error(shard, f"missing column(s) {missing}; found columns {found}")
+    _check_columns(shard, wanted, table.schema_arrow.names)
     number = 0
     for batch in table.iter_batches(columns=wanted):
         for row in batch.to_pylist():
@@ -166,7 +163,7 @@ def hub_source(name: str, config: str | None, split: str, columns: dict[str, str
 class TrainingStream(torch.utils.data.IterableDataset):
     """Training rows read once from ``source`` (a ``datasets.IterableDataset``), shuffled in a buffer of
     ``shuffle_buffer_size`` rows by a generator seeded with ``seed`` (0 or 1: in the source's order), each checked
-    and tokenized as it leaves the buffer (``IFCLTrainer`` gives the stream its objective's columns and tokenizer:
+    for ``columns`` (None: as it comes) and tokenized as it leaves the buffer (``IFCLTrainer`` gives the stream its objective's columns and tokenizer:
     :meth:`set_transform`).
 
     It keeps its place: :meth:`state_dict` (the source's position, the buffer's rows, the generator's state) is what
@@ -180,6 +177,7 @@ class TrainingStream(torch.utils.data.IterableDataset):
         shuffle_buffer_size: int = SHUFFLE_BUFFER_SIZE,
         seed: int = 0,
         name: str = "the training stream",
+        columns: Sequence[str] | None = None,
     ) -> None:
         if (
             isinstance(shuffle_buffer_size, bool)
@@ -188,7 +186,7 @@ class TrainingStream(torch.utils.data.IterableDataset):
         ):
             raise ValueError(f"shuffle_buffer_size must be a whole number ≥ 0, got {shuffle_buffer_size!r}.")
         self.source, self.shuffle_buffer_size, self.seed, self.name = source, shuffle_buffer_size, seed, name
-        self.columns: tuple[str, ...] | None = None  # checked and kept; None: each row as it comes
+        self.columns = None if columns is None else tuple(columns)  # checked and kept; None: each row as it comes
         self.transform: Callable[[dict[str, list[str]]], dict[str, list]] | None = None
         self.buffer: list[dict[str, str]] = []
         self.random = random.Random(seed)
@@ -198,16 +196,13 @@ class TrainingStream(torch.utils.data.IterableDataset):
     def from_files(cls, patterns: str | Sequence[str], columns: dict[str, str], **options: Any) -> TrainingStream:
         """The stream of local shards (:func:`file_source`), named by ``patterns``."""
         shown = patterns if isinstance(patterns, str) else " ".join(patterns)
-        stream = cls(file_source(patterns, columns), name=f"--train_file {shown}", **options)
-        stream.columns = tuple(columns)
-        return stream
+        return cls(file_source(patterns, columns), name=f"--train_file {shown}", columns=list(columns), **options)
 
     @classmethod
     def from_hub(cls, name: str, config: str | None, split: str, columns: dict[str, str], **options) -> TrainingStream:
         """The stream of a Hub dataset (:func:`hub_source`)."""
-        stream = cls(hub_source(name, config, split, columns), name=f"--dataset_name {name} ({split})", **options)
-        stream.columns = tuple(columns)
-        return stream
+        source = hub_source(name, config, split, columns)
+        return cls(source, name=f"--dataset_name {name} ({split})", columns=list(columns), **options)
 
     def for_process(self, rank: int, world_size: int) -> TrainingStream:
         """This stream's part for process ``rank`` of ``world_size``: its own shards, or its own rows where the
@@ -216,13 +211,9 @@ class TrainingStream(torch.utils.data.IterableDataset):
             return self
         from datasets.distributed import split_dataset_by_node
 
-        part = TrainingStream(
-            split_dataset_by_node(self.source, rank=rank, world_size=world_size),
-            self.shuffle_buffer_size,
-            self.seed + rank,
-            self.name,
-        )
-        part.columns, part.transform = self.columns, self.transform
+        source = split_dataset_by_node(self.source, rank=rank, world_size=world_size)
+        part = TrainingStream(source, self.shuffle_buffer_size, self.seed + rank, self.name, self.columns)
+        part.transform = self.transform
         return part
 
     def set_transform(
