@@ -261,7 +261,7 @@ def check_data_arguments(data_args) -> None:
         for flag in ("tokenize_on_the_fly", "preprocessing_num_workers"):
             if getattr(data_args, flag):
                 raise ValueError(
-                    f"--{flag} with --streaming: a stream is tokenized row by row as it is read, in the training "
+                    f"--{flag} with --streaming: a stream is tokenized a batch at a time as it is read, in the training "
                     f"process; --{flag} is for the memory-mapped route. Leave it out."
                 )
 

@@ -4,7 +4,7 @@ Rows come from shards of local files (a glob or a list; ``.txt`` ``sentence<TAB>
 ``.jsonl`` as JSON Lines, ``.parquet``) or a dataset on the Hub, through a ``datasets.IterableDataset``: in several
 processes each reads its own shards, or its own rows where the shards do not divide among the processes
 (``datasets.distributed.split_dataset_by_node``). Each row is checked as it is read (a bad line names its shard and
-line), shuffled in a seeded buffer of ``shuffle_buffer_size`` rows and tokenized as it leaves it: no text or token
+line), shuffled in a seeded buffer of ``shuffle_buffer_size`` rows and tokenized a batch at a time as it leaves: no text or token
 cache is written. :class:`TrainingStream` keeps its place (the source's position, the buffer's rows and the
 generator's state), which each checkpoint saves, so that a resumed run reads on exactly as the uninterrupted one.
 A stream is read once: one that ends before the run's last step ends the run, saying how many rows it held.
