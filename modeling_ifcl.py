@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import numbers
 import os
-import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,30 +19,18 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoTokenizer,
-    PretrainedConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from tqdm.auto import tqdm
+from transformers import AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers import initialization as init
-from transformers.utils import ModelOutput, cached_file, logging
+from transformers.utils import ModelOutput
 
 try:  # loaded as remote code (a package made by transformers)
-    from .configuration_ifcl import POOLER_TYPES, IFCLConfig, ifcl_config_dict
+    from .configuration_ifcl import POOLER_TYPES, IFCLConfig
 except ImportError:  # imported from a checkout of the project
-    from configuration_ifcl import POOLER_TYPES, IFCLConfig, ifcl_config_dict
+    from configuration_ifcl import POOLER_TYPES, IFCLConfig
 
 ALL_LAYER_POOLERS = ("avg_first_last", "avg_top2")  # poolers that read more than the last layer
 FRATERNAL_TOKENIZER = "fraternal_tokenizer"  # the sub-folder of a saved model that holds the fraternal tokenizer
-# How sentence-transformers' Pooling module names each pooler (``cls``: SimCSE's MLP after [CLS], a Dense module);
-# avg_first_last and avg_top2 read more than the last layer and have none.
-SENTENCE_TRANSFORMERS_POOLING = {"avg": "mean", "cls_before_pooler": "cls", "cls": "cls", "last": "lasttoken"}
-# A sentence-transformers base's Pooling mode -> the pooler that pools alike.
-POOLER_OF_POOLING = {"mean": "avg", "cls": "cls_before_pooler", "lasttoken": "last"}
-POOLER_SETTINGS = ("pooler_type", "eval_pooler_type")
 # The files a tokenizer is read from, any one of them: a fast tokenizer's, a slow one's settings or vocabulary.
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -54,117 +41,6 @@ TOKENIZER_FILES = (
     "sentencepiece.bpe.model",
     "tokenizer.model",
 )
-
-logger = logging.get_logger(__name__)
-
-
-def read_json(name_or_path: str, filename: str, subfolder: str = "") -> Any:
-    """A JSON file of a folder or Hub repo (the Hub's cache offline), or None when there is none to read (a local
-    folder that does not exist included: ``check_model_path`` names it where it matters)."""
-    looks_local = str(name_or_path).startswith((".", "/", "~")) or str(name_or_path).count("/") > 1
-    if looks_local and not os.path.isdir(os.path.expanduser(str(name_or_path))):
-        return None
-    path = cached_file(
-        name_or_path,
-        filename,
-        subfolder=subfolder,
-        _raise_exceptions_for_missing_entries=False,
-        _raise_exceptions_for_connection_errors=False,
-    )
-    if path is None:
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
-@dataclass(frozen=True)
-class BasePooling:
-    """How a sentence-transformers model (a folder or Hub repo with a modules.json) pools, as its Pooling module's
-    config (``file``) says: its modes, whether the tokens of a prompt are pooled, and its default prompt."""
-
-    modes: tuple[str, ...]
-    file: str
-    include_prompt: bool = True
-    default_prompt: str | None = None
-
-    @property
-    def pooler(self) -> str | None:
-        """This project's pooler that pools alike; None for what it has none for (max, weightedmean, several)."""
-        return POOLER_OF_POOLING.get(self.modes[0]) if len(self.modes) == 1 else None
-
-    @property
-    def name(self) -> str:
-        """The pooler, or the modes this project has none for (``max + mean``)."""
-        return self.pooler or " + ".join(self.modes) or "nothing"
-
-
-def base_pooling(name_or_path: str) -> BasePooling | None:
-    """How ``name_or_path`` pools as a sentence-transformers model; None for a model without a Pooling module."""
-    modules = read_json(name_or_path, "modules.json")
-    modules = modules if isinstance(modules, list) else []
-    pooling = next((m for m in modules if str(m.get("type", "")).endswith("Pooling")), None)
-    if pooling is None:
-        return None
-    settings = read_json(name_or_path, "config.json", pooling.get("path", "")) or {}
-    modes = settings.get("pooling_mode")  # sentence-transformers 6; before it, one flag per mode
-    if modes is None:
-        modes = [
-            key[len("pooling_mode_") :].removesuffix("_tokens").removesuffix("_token")
-            for key, on in settings.items()
-            if key.startswith("pooling_mode_") and on is True
-        ]
-    modes = [modes] if isinstance(modes, str) else list(modes) or ["mean"]  # none named: its default, mean
-    prompts = read_json(name_or_path, "config_sentence_transformers.json") or {}
-    default_prompt = (prompts.get("prompts") or {}).get(prompts.get("default_prompt_name")) or None
-    file = os.path.join(pooling.get("path", ""), "config.json")
-    return BasePooling(tuple(modes), file, settings.get("include_prompt", True) is not False, default_prompt)
-
-
-def choose_poolers(name_or_path: str, given: dict[str, str]) -> tuple[dict[str, str], list[tuple[int, str]]]:
-    """``pooler_type`` and ``eval_pooler_type`` for a model to train from ``name_or_path``: those ``given``, the
-    others the model's own (a saved IFCL model's config, else a sentence-transformers base's Pooling module, else
-    ``avg``), and what to log about them: where each came from, and a warning for a given one that pools otherwise
-    than the base does. ``ValueError`` naming the base's Pooling file for a base that pools in a way this project
-    has no pooler for (max, weightedmean, several modes), unless both poolers are given."""
-    config = read_json(name_or_path, "config.json")
-    saved = ifcl_config_dict(config) if isinstance(config, dict) else None
-    base = None
-    if saved is not None:
-        own = {name: saved.get(name, "avg") for name in POOLER_SETTINGS}
-        source = f"the pooler {name_or_path} was trained with (its config.json)"
-    else:
-        base = base_pooling(name_or_path)
-        if base is not None and base.pooler is None and set(given) != set(POOLER_SETTINGS):
-            raise ValueError(
-                f"{name_or_path}: its Pooling module ({base.file}) pools with {base.name}, which this project has no "
-                f"pooler for; choose pooler_type and eval_pooler_type ({', '.join(POOLER_TYPES)}), knowing that the "
-                "model will then embed otherwise than its base."
-            )
-        own = dict.fromkeys(POOLER_SETTINGS, base.pooler if base and base.pooler else "avg")
-        source = f"as its base pools (its Pooling module, {base.file})" if base and base.pooler else "the default"
-    chosen = {name: given.get(name, own[name]) for name in POOLER_SETTINGS}
-    notes = []
-    taken = [name for name in POOLER_SETTINGS if name not in given]
-    if taken:
-        notes.append((logging.INFO, f"{', '.join(f'{name} {chosen[name]}' for name in taken)}: {source}."))
-    for name in POOLER_SETTINGS:
-        if base and name in given and not pools_alike(given[name], base):
-            notes.append(
-                (
-                    logging.WARNING,
-                    f"{name} {given[name]} is set, but {name_or_path} pools with {base.name} (its Pooling module, "
-                    f"{base.file}): the model will embed otherwise than its base.",
-                )
-            )
-    return chosen, notes
-
-
-def pools_alike(pooler: str, base: BasePooling) -> bool:
-    """Whether ``pooler`` pools as ``base`` does."""
-    return (
-        base.pooler is not None
-        and SENTENCE_TRANSFORMERS_POOLING.get(pooler) == SENTENCE_TRANSFORMERS_POOLING[base.pooler]
-    )
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -334,8 +210,6 @@ def embed_sorted_by_length(
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i]["input_ids"]))
     starts = range(0, len(order), batch_size)
     if show_progress_bar:
-        from tqdm.auto import tqdm
-
         starts = tqdm(starts, desc=description, unit="batch")
     batches = []
     for start in starts:
@@ -392,103 +266,12 @@ def checked_sentences(sentences: str | Sequence[str]) -> list[str]:
     return sentences
 
 
-def drop_pooler_head(encoder: PreTrainedModel) -> PreTrainedModel:
-    """Remove the encoder's pooler head (BERT's): no pooler uses it, and DDP rejects weights without gradient."""
-    if getattr(encoder, "pooler", None) is not None:
-        encoder.pooler = None
-    return encoder
-
-
-def dropout_settings(encoder_config: dict[str, Any]) -> dict[str, float]:
-    """An encoder config's dropout rates by name (its classifier's left out): where they are all 0, training gives
-    the encoder ``training_dropout`` (:func:`fit_dropout`); where one is not, the encoder trains with its own."""
-    return {
-        k: float(v)
-        for k, v in encoder_config.items()
-        if "dropout" in k and "classifier" not in k and isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
-
-
-def fit_dropout(encoder: nn.Module, rate: float) -> str | None:
-    """Identical twins are a sentence under two dropout masks, so an ``encoder`` (a transformers model) whose every
-    dropout is 0 (most decoders, ModernBERT, ALBERT) gets ``rate`` (the config's ``training_dropout``) in every
-    dropout of its config and modules, as LLM2Vec gives one; returns what was set (or, with ``rate`` 0, that the
-    twins are copies), for the log. ``ValueError`` naming the setting when the encoder has no dropout to set."""
-    encoder_config = encoder.config
-    rates = dropout_settings(encoder_config.to_dict())
-    if any(value > 0 for value in rates.values()):
-        return None
-    # LoRA's dropout on the adapters' input (ifcl.lora) is its own setting, --lora_dropout.
-    places = [m for n, m in encoder.named_modules() if isinstance(m, nn.Dropout) and "lora_dropout" not in n]
-    floats = [(m, k) for m in encoder.modules() for k, v in vars(m).items() if "dropout" in k and type(v) is float]
-    encoder_name = type(encoder).__name__
-    if rate == 0:
-        return (
-            f"{encoder_name} has no dropout and --training_dropout is 0: identical twins are exact copies of the "
-            "anchors"
-        )
-    if not (places or floats):
-        raise ValueError(
-            f"{encoder_name} has no dropout ({', '.join(rates) or 'no dropout setting'} 0), so identical twins "
-            "would be exact copies of the anchors; set --training_dropout (e.g. 0.1) to train it with dropout."
-        )
-    for name in rates:
-        setattr(encoder_config, name, rate)
-    for module in places:
-        module.p = rate
-    for module, name in floats:
-        setattr(module, name, rate)
-    return f"{encoder_name} has no dropout: its dropout is {rate} while training"
-
-
-def check_vocabulary(tokenizer: PreTrainedTokenizerBase, rows: int | None, name_or_path: str) -> None:
-    """``ValueError`` in one line for a tokenizer with more ids than the word table's ``rows`` (its config's
-    ``vocab_size``; None: unknown, unchecked): a token past the last row could not be embedded."""
-    if rows is not None and len(tokenizer) > rows:
-        raise ValueError(
-            f"{name_or_path}: its tokenizer has {len(tokenizer)} ids, more than the {rows} rows of its word table "
-            f"(vocab_size), so a token with id {rows} or above could not be embedded: resize the table to the "
-            "tokenizer (model.resize_token_embeddings(len(tokenizer))) and save both, or give the tokenizer the "
-            "model was trained with."
-        )
-
-
-def check_encoder_class(encoder_config: PretrainedConfig, name_or_path: str) -> None:
-    """``ValueError`` in one line for an encoder transformers does not implement itself (its config.json's
-    ``auto_map``, run with ``trust_remote_code``): a published IFCL folder rebuilds its encoder from transformers' own
-    classes and carries no encoder code, so the model could not be loaded as it trained."""
-    if type(encoder_config).__module__.split(".")[0] != "transformers":
-        raise ValueError(
-            f"{name_or_path}: its encoder is custom code (model type {encoder_config.model_type}, its config.json's "
-            "auto_map), which IFCL cannot train: a published IFCL folder rebuilds its encoder with transformers' own "
-            "classes and carries no encoder code. Choose an encoder transformers implements."
-        )
-
-
 def word_table_of(model: nn.Module, name: str) -> nn.Embedding:
     """The word-embedding table of ``model``, or ``ValueError`` naming ``name`` when it has none."""
     table = model.get_input_embeddings()
     if not isinstance(table, nn.Embedding):
         raise ValueError(f"{name}: the encoder has no word-embedding table (get_input_embeddings gave {table!r}).")
     return table
-
-
-def check_model_path(option: str, path: str | None) -> None:
-    """Name a model path that is neither a folder here nor a Hub id (``name`` or ``owner/name``), and a folder that
-    holds no model: neither a config.json nor a sentence-transformers modules.json (an empty folder, another kind of
-    files)."""
-    looks_local = path is not None and (path.startswith((".", "/", "~")) or path.count("/") > 1)
-    folder = os.path.expanduser(path) if path is not None else ""
-    if looks_local and not os.path.isdir(folder):
-        raise FileNotFoundError(f"{option} {path}: no such folder (and not a Hub id of the form owner/name).")
-    if os.path.isdir(folder) and not any(
-        os.path.isfile(os.path.join(folder, f)) for f in ("config.json", "modules.json")
-    ):
-        raise FileNotFoundError(
-            f"{option} {path}: the folder holds no model (no config.json; "
-            f"{'it is empty' if not os.listdir(folder) else 'it holds ' + ', '.join(sorted(os.listdir(folder))[:3])}"
-            "): give the folder a model was saved to (save_pretrained), or a Hub id."
-        )
 
 
 def load_tokenizer(
@@ -521,151 +304,6 @@ def load_tokenizer(
         raise
 
 
-def fit_tokenizer(tokenizer: PreTrainedTokenizerBase, end_with_eos: bool) -> list[str]:
-    """Make ``tokenizer`` ready to embed with, in place, and say what changed (for the log): a pad token where it has
-    none (Llama's and Mistral's): its end-of-sequence token; and, with ``end_with_eos`` (the ``last`` pooler, whose
-    embedding is the last token's state), that token once at the end of every sentence where the tokenizer adds none
-    (most decoders'; one without such a token that closes each sentence with another special token, BERT's [SEP],
-    is left as it is: the last pooler reads that), in its post-processor, so that training, ``encode`` and a saved folder's tokenizer
-    (sentence-transformers' view included) all read ``[BOS] tokens EOS``. ``ValueError`` naming the tokenizer when
-    neither can be done."""
-    changes = []
-    if tokenizer.pad_token is None:
-        if tokenizer.eos_token is None:
-            raise ValueError(
-                f"{tokenizer.name_or_path}: its tokenizer has no pad token and no end-of-sequence token to pad with; "
-                "set one (tokenizer.pad_token = ...) and save it with the model."
-            )
-        tokenizer.pad_token = tokenizer.eos_token
-        changes.append(f"its tokenizer has no pad token: it pads with its end-of-sequence token {tokenizer.eos_token}")
-    probe = "A man plays."
-    before = tokenizer(probe)["input_ids"]
-    eos_id = tokenizer.eos_token_id
-    closing = before[-1:] == [eos_id] or (eos_id is None and before[-1:] in ([i] for i in tokenizer.all_special_ids))
-    if not end_with_eos or closing:
-        return (
-            changes  # it ends every sentence with its end-of-sequence token, or, having none, another (BERT's [SEP])
-        )
-    if eos_id is None or not getattr(tokenizer, "is_fast", False):
-        raise ValueError(
-            f"{tokenizer.name_or_path}: the last pooler embeds with each sentence's last token, and its tokenizer "
-            "ends a sentence with no end-of-sequence token nor has a fast tokenizer's post-processor to add one; "
-            "give a fast tokenizer with an eos_token, or another pooler."
-        )
-    backend = tokenizer.backend_tokenizer
-    backend.post_processor = post_processor_ending_with(backend, tokenizer.eos_token, eos_id)
-    after = tokenizer(probe)["input_ids"]
-    if after != before + [eos_id]:  # checked token by token
-        raise ValueError(
-            f"{tokenizer.name_or_path}: appending {tokenizer.eos_token} to its post-processor read {probe!r} as "
-            f"{tokenizer.convert_ids_to_tokens(after)}, not as before plus one {tokenizer.eos_token}."
-        )
-    changes.append(f"its tokenizer ends each sentence with {tokenizer.eos_token}, which the last pooler reads")
-    return changes
-
-
-def post_processor_ending_with(backend, eos: str, eos_id: int):
-    """``backend``'s post-processor (a ``tokenizers.Tokenizer``'s) with ``eos`` once at the end of each sequence:
-    its template extended (one template: a second one after it would read each piece of the first as a sentence of
-    its own), BERT's and RoBERTa's written as the templates they are, a byte-level one or none followed by a template
-    that adds ``eos``; ``ValueError`` for any other."""
-    from tokenizers import Tokenizer
-
-    state = json.loads(backend.to_str())
-    steps = state["post_processor"]
-    steps = [] if steps is None else steps["processors"] if steps["type"] == "Sequence" else [steps]
-    templates = [
-        i
-        for i, step in enumerate(steps)
-        if step["type"] in ("TemplateProcessing", "BertProcessing", "RobertaProcessing")
-    ]
-    others = {step["type"] for i, step in enumerate(steps) if i not in templates} - {"ByteLevel"}
-    if others or len(templates) > 1:
-        raise ValueError(
-            f"a post-processor of {', '.join(step['type'] for step in steps)} cannot be made to end each sentence "
-            f"with {eos}: give a tokenizer that ends sentences with it, or another pooler."
-        )
-    template = as_template(steps[templates[0]]) if templates else as_template(None)
-    single, pair = template["single"], template["pair"]
-    eos_of = lambda type_id: {"SpecialToken": {"id": eos, "type_id": type_id}}  # noqa: E731
-    type_a = next(item["Sequence"]["type_id"] for item in pair if "Sequence" in item)
-    b_index = next(i for i, item in enumerate(pair) if item.get("Sequence", {}).get("id") == "B")
-    type_b = pair[b_index]["Sequence"]["type_id"]
-    end_of_a = b_index  # before the special tokens that open the second sequence
-    while end_of_a > 0 and type_b != type_a and pair[end_of_a - 1].get("SpecialToken", {}).get("type_id") == type_b:
-        end_of_a -= 1
-    template["single"] = [*single, eos_of(type_a)]
-    template["pair"] = [*pair[:end_of_a], eos_of(type_a), *pair[end_of_a:], eos_of(type_b)]
-    template["special_tokens"] = {**template["special_tokens"], eos: {"id": eos, "ids": [eos_id], "tokens": [eos]}}
-    if templates:
-        steps[templates[0]] = template
-    else:
-        steps.append(template)
-    state["post_processor"] = steps[0] if len(steps) == 1 else {"type": "Sequence", "processors": steps}
-    return Tokenizer.from_str(json.dumps(state)).post_processor
-
-
-def as_template(step: dict | None) -> dict:
-    """A post-processor's state (``tokenizers``' JSON) as the ``TemplateProcessing`` it amounts to: a template's
-    own, BERT's ``[CLS] $A [SEP]`` and RoBERTa's ``<s> $A </s>`` written out, none as ``$A``."""
-
-    def special(token: str, type_id: int = 0) -> dict:
-        return {"SpecialToken": {"id": token, "type_id": type_id}}
-
-    def sequence(name: str, type_id: int = 0) -> dict:
-        return {"Sequence": {"id": name, "type_id": type_id}}
-
-    if step is None:
-        return {
-            "type": "TemplateProcessing",
-            "single": [sequence("A")],
-            "pair": [sequence("A"), sequence("B", 1)],
-            "special_tokens": {},
-        }
-    if step["type"] == "TemplateProcessing":
-        return dict(step)
-    (cls, cls_id), (sep, sep_id) = step["cls"], step["sep"]
-    specials = {
-        token: {"id": token, "ids": [token_id], "tokens": [token]}
-        for token, token_id in ((cls, cls_id), (sep, sep_id))
-    }
-    single = [special(cls), sequence("A"), special(sep)]
-    if step["type"] == "BertProcessing":
-        pair = [*single, sequence("B", 1), special(sep, 1)]
-    else:  # RobertaProcessing: <s> A </s></s> B </s>
-        pair = [*single, special(sep), sequence("B"), special(sep)]
-    return {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials}
-
-
-def load_fraternal(name_or_path: str, trust_remote_code: bool = False) -> tuple[torch.Tensor, PreTrainedTokenizerBase]:
-    """BEL_F's starting table, the fraternal model's word table (checked as the encoder's is), and its tokenizer
-    (read first: a folder without one is refused before any weights load)."""
-    tokenizer = load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
-    config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
-    check_vocabulary(tokenizer, getattr(config, "vocab_size", None), name_or_path)
-    model = AutoModel.from_pretrained(name_or_path, config=config, trust_remote_code=trust_remote_code)
-    return word_table_of(model, name_or_path).weight, tokenizer
-
-
-@torch.no_grad()
-def scaled_orthogonal_projection(
-    projection: nn.Linear, source_table: torch.Tensor, fraternal_table: torch.Tensor
-) -> None:
-    """Start ``projection`` (BEL_F's width → BEL_S's) as an orthogonal map scaled to give the projected table BEL_S's
-    mean variance per dimension, with the bias that gives it BEL_S's mean (a random projection of a narrower table
-    would start the fraternal twins at a fraction of BEL_S's scale)."""
-    source, fraternal = source_table.detach().float(), fraternal_table.detach().float()
-    weight = torch.empty(projection.weight.shape, device=fraternal.device)
-    nn.init.orthogonal_(weight)
-    fraternal_mean = fraternal.mean(dim=0)
-    centred = fraternal - fraternal_mean
-    covariance = centred.T @ centred / max(fraternal.shape[0] - 1, 1)
-    projected_variance = ((weight @ covariance) * weight).sum(dim=1).mean()  # mean of diag(W Σ Wᵀ)
-    weight *= (source.var(dim=0).mean() / projected_variance.clamp_min(1e-12)).sqrt()
-    projection.weight.copy_(weight)
-    projection.bias.copy_(source.mean(dim=0) - weight @ fraternal_mean)
-
-
 def fraternal_word_table(
     words: nn.Embedding,
     table: torch.Tensor | None = None,
@@ -679,8 +317,8 @@ def fraternal_word_table(
 
     A table holding ``table`` (the fraternal model's word table, or BEL_S's own for a copy), or, without one, of
     ``shape`` (default BEL_S's), its values left for the weights to load; ``pad_token_id`` as padding, frozen as
-    ``frozen`` says; and, when its width differs from BEL_S's, a linear map to it, started by
-    :func:`scaled_orthogonal_projection` when the table's values are known.
+    ``frozen`` says; and, when its width differs from BEL_S's, a linear map to it (training starts it at BEL_S's
+    scale: ``ifcl.model.scaled_orthogonal_projection``).
     """
     vocab_size, width = table.shape if table is not None else shape or words.weight.shape
     embedding = nn.Embedding(vocab_size, width, padding_idx=pad_token_id, device=words.weight.device)
@@ -691,8 +329,6 @@ def fraternal_word_table(
     projection = None
     if width != words.embedding_dim:
         projection = nn.Linear(width, words.embedding_dim, device=words.weight.device)
-        if table is not None:
-            scaled_orthogonal_projection(projection, words.weight, embedding.weight)
     return embedding, projection
 
 
@@ -700,86 +336,6 @@ def check_matryoshka_width(dims: list[int] | None, width: int) -> None:
     """``ValueError`` for a Matryoshka size wider than the embeddings."""
     if max(dims or [0]) > width:
         raise ValueError(f"matryoshka_dims {list(dims)}: the embeddings have {width} dimensions.")
-
-
-def lora_weights(name_or_path: str | os.PathLike, options: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The LoRA adapters a folder's or repo's weights hold, and the base layers they sit beside (a LoRA run's
-    checkpoint, ``ifcl.lora``), by name; {} when they hold none (a published folder's are merged). ``options``: those of
-    ``from_pretrained`` (subfolder, revision, cache). ``ValueError`` naming the file for adapters that are not plain
-    LoRA (DoRA, a trained LoRA bias), which only peft merges."""
-    from safetensors import safe_open
-
-    download = {
-        k: options[k] for k in ("subfolder", "revision", "cache_dir", "token", "local_files_only") if k in options
-    }
-
-    def local_copy(filename: str) -> str | None:
-        return cached_file(
-            str(name_or_path),
-            filename,
-            **download,
-            _raise_exceptions_for_missing_entries=False,
-            _raise_exceptions_for_connection_errors=False,
-        )
-
-    index = local_copy("model.safetensors.index.json")  # sharded weights
-    if index is not None:
-        with open(index, encoding="utf-8") as handle:
-            files = sorted(set(json.load(handle)["weight_map"].values()))
-    else:
-        files = ["model.safetensors"]
-    adapters = {}
-    for file in files:
-        path = local_copy(file)
-        if path is None:
-            return {}  # no safetensors weights: from_pretrained says what is missing
-        with safe_open(path, framework="pt") as weights:
-            names = [name for name in weights.keys() if ".lora_" in name or ".base_layer." in name]
-            unsupported = [
-                name
-                for name in names
-                if ".lora_" in name and (not re.search(r"\.lora_(embedding_)?(A|B)\.", name) or name.endswith(".bias"))
-            ]
-            if unsupported:
-                raise ValueError(
-                    f"{path} holds adapters other than plain LoRA ({unsupported[0]}, ...), which this model's loader "
-                    "does not merge: load the base encoder and the adapters with peft, and merge them there."
-                )
-            adapters.update({name: weights.get_tensor(name) for name in names})
-    check_lora_complete(adapters, str(name_or_path))
-    return adapters
-
-
-def check_lora_complete(adapters: dict[str, torch.Tensor], name_or_path: str) -> None:
-    """``ValueError`` in one line, naming the folder and a tensor it lacks, for LoRA weights with an adapter's
-    ``lora_A`` but not its ``lora_B`` (or the other way round), or an adapted layer without its ``base_layer``."""
-    for name in adapters:
-        match = re.match(r"(.*)\.lora_(embedding_)?(A|B)\.(.*)", name)
-        if match is None:
-            continue
-        layer, embedding, half, adapter = match.groups()
-        other = f"{layer}.lora_{embedding or ''}{'B' if half == 'A' else 'A'}.{adapter}"
-        base = f"{layer}.base_layer.weight"
-        missing = next((needed for needed in (other, base) if needed not in adapters), None)
-        if missing is not None:
-            raise ValueError(
-                f"{name_or_path}: its weights hold {name} but not {missing}: the LoRA checkpoint is incomplete (a file "
-                "cut short or edited); load an intact checkpoint, or the run's published folder."
-            )
-
-
-def without_processor_class(path: str) -> None:
-    """A saved tokenizer config without the multimodal processor its base named (Gemma 3's ships
-    ``processor_class: Gemma3Processor``), which would make sentence-transformers and ``AutoProcessor`` look for an
-    image processor this text-only model has not: its tokenizer is all it reads."""
-    if not os.path.isfile(path):
-        return
-    with open(path, encoding="utf-8") as handle:
-        settings = json.load(handle)
-    if settings.pop("processor_class", None) is not None:
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(settings, handle, indent=2, ensure_ascii=False)
-            handle.write("\n")
 
 
 class IFCLModel(PreTrainedModel):
@@ -793,8 +349,6 @@ class IFCLModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     # Left out of published folders: the queue (a loaded model starts it empty) and a BEL_F that copies BEL_S.
     _keys_to_ignore_on_load_missing = [r"^queue\.", r"^fraternal_embeddings\."]
-    # A LoRA checkpoint's adapters, which from_pretrained merges into their layers itself.
-    _keys_to_ignore_on_load_unexpected = [r"\.lora_(A|B|embedding_A|embedding_B)\.", r"\.base_layer\."]
 
     def __init__(
         self,
@@ -805,14 +359,15 @@ class IFCLModel(PreTrainedModel):
         fraternal_table: torch.Tensor | None = None,
     ) -> None:
         """The model of ``config``: around ``encoder`` when given (a loaded encoder, kept as it is, with BEL_F
-        holding ``fraternal_table``: :meth:`from_encoder`), else around a new encoder of the config's, whose weights
+        holding ``fraternal_table``: ``ifcl.IFCLModel.from_encoder``), else around a new encoder of the config's, whose weights
         ``from_pretrained`` loads. ``add_pooling_layer``: sentence-transformers passes it; no pooler head is held."""
         super().__init__(config)
         # Registered directly: add_module would take the ``encoder`` property for a clash.
         self.encoder_prefix = config.encoder_prefix or "encoder"
-        self._modules[self.encoder_prefix] = drop_pooler_head(
-            encoder if encoder is not None else AutoModel.from_config(config.build_encoder_config())
-        )
+        wrapped = encoder if encoder is not None else AutoModel.from_config(config.build_encoder_config())
+        if getattr(wrapped, "pooler", None) is not None:  # BERT's head: no pooler uses it, DDP rejects it unused
+            wrapped.pooler = None
+        self._modules[self.encoder_prefix] = wrapped
         words = word_table_of(self.encoder, type(self.encoder).__name__)
         # The sentence embeddings' width: the word table may be narrower (ALBERT, ELECTRA), and BEL_F matches it.
         self.hidden_size = getattr(self.encoder.config, "hidden_size", None) or words.embedding_dim
@@ -861,62 +416,28 @@ class IFCLModel(PreTrainedModel):
         attn_implementation: str | None = None,
         **kwargs,
     ) -> IFCLModel:
-        """``PreTrainedModel.from_pretrained``, and three things of a sentence encoder's:
+        """``PreTrainedModel.from_pretrained``, and two things of a sentence encoder's:
 
         - ``truncate_dim``: ``encode`` keeps each embedding's first that many dimensions unless told otherwise (a
           Matryoshka size), as ``SentenceTransformer(..., truncate_dim=...)`` does.
         - ``attn_implementation`` (``"eager"``, ``"sdpa"``, ``"flash_attention_2"``, ...) is the encoder's, which
           checks it (the rest of the model has no attention); by default the encoder's own default.
-        - A checkpoint of a LoRA run (its weights hold the adapters beside their base layers, ``ifcl.lora``) loads
-          as the model of that step: the adapters merged into their layers (W + B·A·alpha/r, :meth:`merge_lora`),
-          as a published folder holds them; no peft is needed.
         """
         checked_truncate_dim(truncate_dim)  # its type, before anything loads
         config = kwargs.get("config")
         if isinstance(config, PretrainedConfig) and config._attn_implementation is not None:  # AutoModel put it there
             attn_implementation, config._attn_implementation = attn_implementation or config._attn_implementation, None
-        adapters = lora_weights(pretrained_model_name_or_path, kwargs)
-        # The adapted layers' own weights are not in the file under their names (peft's base_layer holds them): not
-        # missing, since merge_lora writes them; nothing else is left out of the load report.
-        merged = [re.escape(name.replace(".base_layer.", ".")) for name in adapters if ".base_layer." in name]
-        ignored = cls._keys_to_ignore_on_load_missing
-        cls._keys_to_ignore_on_load_missing = [*ignored, *merged]
-        try:
-            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        finally:
-            cls._keys_to_ignore_on_load_missing = ignored
-        model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, loading info) when asked for
+        with_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(
+            pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+        )
+        if any(".lora_" in key for key in info["unexpected_keys"]):  # the ifcl package's class merges them
+            message = "is a checkpoint of a LoRA run: load it with the ifcl package's IFCLModel.from_pretrained"
+            raise ValueError(f"{pretrained_model_name_or_path} {message}, which merges its adapters.")
         if attn_implementation is not None:
             model.encoder.set_attn_implementation(attn_implementation)
-        if adapters:
-            model.merge_lora(adapters)
         model.truncate_dim = checked_truncate_dim(truncate_dim, model.hidden_size)
-        return loaded
-
-    @torch.no_grad()
-    def merge_lora(self, adapters: dict[str, torch.Tensor]) -> None:
-        """Give each adapted layer its base layer's weights with the LoRA ``adapters`` merged in (a checkpoint's
-        ``base_layer``, ``lora_A`` and ``lora_B`` tensors by their names in the model), as peft's merge does:
-        W = W_base + B·A·s, transposed for an embedding table or a ``fan_in_fan_out`` layer, with s = alpha / r
-        (alpha / √r with rsLoRA) from the config's ``lora``; in float32, then the layer's dtype."""
-        lora = self.config.lora or {}
-        if "alpha" not in lora:
-            raise ValueError("The weights hold LoRA adapters, but config.json names no LoRA alpha (its ifcl.lora).")
-        for name, base in adapters.items():
-            if ".base_layer." in name:
-                self.get_parameter(name.replace(".base_layer.", ".")).copy_(base)
-        for name_a, down in adapters.items():
-            if ".lora_A." not in name_a and ".lora_embedding_A." not in name_a:
-                continue
-            layer_name, kind, adapter = re.match(r"(.*)\.lora_(A|embedding_A)\.(.*)", name_a).groups()
-            up = adapters[f"{layer_name}.lora_{kind.replace('A', 'B')}.{adapter}"]
-            rank = down.shape[0]
-            scale = lora["alpha"] / (rank**0.5 if lora.get("use_rslora") else rank)
-            delta = up.float() @ down.float() * scale
-            if kind == "embedding_A" or lora.get("fan_in_fan_out"):
-                delta = delta.T
-            weight = self.get_submodule(layer_name).weight
-            weight.copy_((weight.float() + delta.to(weight.device)).to(weight.dtype))
+        return (model, info) if with_info else model
 
     @property
     def encoder(self) -> PreTrainedModel:
@@ -940,81 +461,6 @@ class IFCLModel(PreTrainedModel):
         else:
             super()._init_weights(module)
 
-    @classmethod
-    def from_encoder(
-        cls,
-        encoder_name_or_path: str,
-        fraternal_model_name_or_path: str | None = None,
-        *,
-        tokenizer: PreTrainedTokenizerBase | None = None,
-        encoder_config: PretrainedConfig | None = None,
-        trust_remote_code: bool = False,
-        attn_implementation: str | None = None,
-        **settings,
-    ) -> IFCLModel:
-        """An IFCL model to train, built from a pretrained encoder.
-
-        Args:
-            encoder_name_or_path: a Hub id or a local folder of any encoder ``AutoModel`` loads.
-            fraternal_model_name_or_path: a model of the fraternal language whose word table initialises BEL_F and
-                whose tokenizer reads the fraternal text; without one BEL_F is the encoder's own table.
-            tokenizer, encoder_config: the encoder's, when already read (else read from ``encoder_name_or_path``).
-            trust_remote_code: run the code the encoder and fraternal model ship with (transformers' own classes
-                otherwise, and a model that needs its code is refused; no prompt is ever shown).
-            attn_implementation: the encoder's attention (``"sdpa"``, ``"flash_attention_2"``, ...), which it checks;
-                default its own default. Not saved: :meth:`from_pretrained` takes it again.
-            settings: :class:`IFCLConfig` fields (``fusion_rate``, ``queue_size``, ``pooler_type``, ...). The
-                poolers not given are the encoder's own: those of its sentence-transformers Pooling module (CLS,
-                last token or mean), else ``avg`` (:func:`choose_poolers`, which logs where each came from).
-
-        Returns:
-            The model, with the encoder's tokenizer (and the fraternal one) attached.
-        """
-        cls.config_class(**settings)  # unknown settings and wrong values refused before any weights load
-        check_model_path("encoder_name_or_path", encoder_name_or_path)
-        check_model_path("fraternal_model_name_or_path", fraternal_model_name_or_path)
-        given = {name: settings[name] for name in POOLER_SETTINGS if name in settings}
-        poolers, notes = choose_poolers(encoder_name_or_path, given)
-        settings.update(poolers)
-        base = base_pooling(encoder_name_or_path)
-        if base is not None:  # its prompt pooled or not, and its default prompt, as the base defines them
-            settings = {"include_prompt": base.include_prompt, "default_prompt": base.default_prompt, **settings}
-        for level, note in notes:
-            logger.log(level, note)
-        tokenizer = tokenizer or load_tokenizer(encoder_name_or_path, trust_remote_code=trust_remote_code)
-        for change in fit_tokenizer(tokenizer, "last" in poolers.values()):
-            logger.info(f"{encoder_name_or_path}: {change}.")
-        encoder_config = encoder_config or AutoConfig.from_pretrained(
-            encoder_name_or_path, trust_remote_code=trust_remote_code
-        )
-        check_encoder_class(encoder_config, encoder_name_or_path)
-        check_vocabulary(tokenizer, getattr(encoder_config, "vocab_size", None), encoder_name_or_path)
-        fraternal_table = fraternal_tokenizer = None
-        if fraternal_model_name_or_path is not None:  # checked, then loaded, before the encoder's weights load
-            fraternal_table, fraternal_tokenizer = load_fraternal(fraternal_model_name_or_path, trust_remote_code)
-        encoder = AutoModel.from_pretrained(
-            encoder_name_or_path, config=encoder_config, trust_remote_code=trust_remote_code
-        )
-        word_table_of(encoder, encoder_name_or_path)  # refused before the model is built when it has none
-        prefix = getattr(encoder, "base_model_prefix", "")  # its own, so that the weights keep their names
-        config = cls.config_class(
-            encoder_config=encoder.config.to_dict(),
-            encoder_name_or_path=encoder_name_or_path,
-            encoder_prefix=prefix if prefix.isidentifier() and prefix != "encoder" else "encoder",
-            # None: the encoder's own table's (see IFCLConfig.shares_word_table)
-            fraternal_vocab_size=fraternal_table.shape[0] if fraternal_tokenizer else None,
-            fraternal_embedding_size=fraternal_table.shape[1] if fraternal_tokenizer else None,
-            fraternal_pad_token_id=(fraternal_tokenizer or tokenizer).pad_token_id,
-            fraternal_model_name_or_path=fraternal_model_name_or_path,
-            **settings,
-        )
-        model = cls(config, encoder=encoder, fraternal_table=fraternal_table)
-        if attn_implementation is not None:
-            model.encoder.set_attn_implementation(attn_implementation)
-        model.name_or_path = encoder_name_or_path  # where its tokenizer and sentence-transformers settings come from
-        model._tokenizer, model._fraternal_tokenizer = tokenizer, fraternal_tokenizer
-        return model
-
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
         """The encoder's tokenizer (loaded from the model's folder when none was attached; ``OSError`` naming a
@@ -1032,38 +478,6 @@ class IFCLModel(PreTrainedModel):
         if self._fraternal_tokenizer is None:
             self._fraternal_tokenizer = load_tokenizer(self.name_or_path, subfolder=FRATERNAL_TOKENIZER)
         return self._fraternal_tokenizer
-
-    def save_pretrained(
-        self, save_directory: str | os.PathLike, is_main_process: bool = True, push_to_hub: bool = False, **kwargs
-    ) -> None:
-        """``PreTrainedModel.save_pretrained``, and, as sentence-transformers' ``save`` does, the tokenizer the model
-        holds (attached, or read from where the model was loaded) with, when the config names a fraternal model, the
-        fraternal one in ``fraternal_tokenizer/``: a folder that loads alone. A fast tokenizer's file holds no truncation
-        nor padding of the last call before it (the training length, say): its limit is ``model_max_length``. With ``push_to_hub`` (``repo_id``:
-        default the folder's name) the folder is pushed with them, by :meth:`push_to_hub`."""
-        hub_names = ("repo_id", "commit_message", "commit_description", "private", "create_pr", "revision", "tags")
-        hub = {name: kwargs.pop(name) for name in hub_names if name in kwargs}
-        super().save_pretrained(save_directory, is_main_process, **kwargs)
-        if not is_main_process:
-            return
-        tokenizers = {"": "tokenizer"}
-        if self.config.fraternal_model_name_or_path is not None:
-            tokenizers[FRATERNAL_TOKENIZER] = "fraternal_tokenizer"
-        for subfolder, attribute in tokenizers.items():
-            try:
-                tokenizer = getattr(self, attribute)
-            except (OSError, ValueError) as error:  # none attached nor loadable: the folder's loaders say so
-                logger.warning(f"{save_directory}: no {attribute} saved ({str(error).splitlines()[0]}).")
-                continue
-            if getattr(tokenizer, "is_fast", False):  # the last call's truncation and padding are not the model's
-                tokenizer.backend_tokenizer.no_truncation()
-                tokenizer.backend_tokenizer.no_padding()
-            tokenizer.save_pretrained(os.path.join(save_directory, subfolder))
-            without_processor_class(os.path.join(save_directory, subfolder, "tokenizer_config.json"))
-        if push_to_hub:
-            repo_id = hub.pop("repo_id", os.path.basename(os.path.normpath(save_directory)))
-            options = {name: kwargs[name] for name in ("token", "max_shard_size") if name in kwargs}
-            self.push_to_hub(repo_id, **options, **hub)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.encoder.get_input_embeddings()

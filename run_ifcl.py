@@ -44,11 +44,13 @@ from ifcl.data import EMBEDDED_MODEL_ID, load_sts_sets, local_model_path
 from ifcl.failures import Interrupted, failures_of_the_run, run_command, write_failures_named
 from ifcl.files import read_json, write_json_atomically
 from ifcl.hub import push_output_folder, take_over_push
+from ifcl.model import IFCLModel
 from ifcl.objectives import OBJECTIVES, objective_class, settings_classes
 from ifcl.output_folder import RunFolder, plan_output_folder, protected_paths
+from ifcl.pooling import POOLER_SETTINGS, choose_poolers
 from ifcl.processes import setup_logging, use_all_cpu_cores
+from ifcl.publishing import public_name
 from ifcl.streaming import load_training_text
-from modeling_ifcl import POOLER_SETTINGS, choose_poolers
 
 logger = logging.getLogger(__name__)
 
@@ -440,9 +442,6 @@ def load_model(
     own shape, which ``Objective.prepare`` keeps only when unchanged; a LoRA checkpoint's adapters merged; this
     project's class, no remote code), or built from a plain encoder (its code run only with ``--trust_remote_code``);
     its weights checked finite."""
-    from ifcl.publishing import public_name
-    from modeling_ifcl import IFCLModel
-
     if start.saved is not None:
         logger.info(f"{start.path} is an IFCL model: continuing from its encoder, fraternal table and queue.")
         config = copy.deepcopy(start.saved)  # its lora, if any, merges a checkpoint's adapters as it loads

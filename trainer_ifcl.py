@@ -13,19 +13,23 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
+from torch.distributed import group
+from torch.distributed._functional_collectives import all_gather_single_autograd
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import get_device_states, set_device_states
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback
-from transformers.trainer_callback import ExportableState
+from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, has_length, speed_metrics
 
 from ifcl.data import ShuffledRows
 from ifcl.files import read_json, write_json_atomically
+from ifcl.model_card import CardFacts, write_model_card
 from ifcl.objectives import Objective, build_objective, unwrap_model
 from ifcl.objectives.base import TOKEN_FIELDS, Embeddings
 from ifcl.publishing import without_training_state
 from ifcl.streaming import StreamBatches, TrainingStream
 from ifcl.sts.evaluator import STSEvaluator
-from modeling_ifcl import without_processor_class
+from ifcl.tokenization import without_processor_class
 
 logger = logging.getLogger(__name__)
 
@@ -185,8 +189,6 @@ def embed_with_gradient_cache(
 ) -> Embeddings:
     """The objective's :meth:`~ifcl.objectives.Objective.embed` rows of a batch through a :class:`GradientCache` of
     ``mini_batch_size`` rows: tensors whose backward runs the cache's re-forward."""
-    from torch.nn.parallel import DistributedDataParallel
-
     names: list[str] = []
     no_sync = model.no_sync if isinstance(model, DistributedDataParallel) else nullcontext
     rows = GradientCache.apply(
@@ -494,9 +496,6 @@ class IFCLTrainer(Trainer):
         """
         if local is None or self.accelerator.num_processes == 1:
             return local, 0
-        from torch.distributed import group
-        from torch.distributed._functional_collectives import all_gather_single_autograd
-
         gathered = all_gather_single_autograd(local.contiguous(), gather_dim=0, group=group.WORLD)
         return gathered, self.accelerator.process_index * local.shape[0]
 
@@ -612,8 +611,6 @@ class IFCLTrainer(Trainer):
         ``load_best_model_at_end`` kept one, else ``checkpoint``), without training a step. Returns the whole run's
         train metrics, as :meth:`train_measured` gives them, from the totals the checkpoint keeps (its steps alone,
         with a warning, when it keeps none: a checkpoint of an earlier version)."""
-        from transformers.trainer_callback import TrainerState
-
         self.state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
         best = self.state.best_model_checkpoint
         final = best if self.args.load_best_model_at_end and best and os.path.isdir(best) else checkpoint
@@ -695,7 +692,6 @@ class IFCLTrainer(Trainer):
         and language come from the base model's card, tags from the run."""
         if not self.is_world_process_zero():
             return
-        from ifcl.model_card import CardFacts, write_model_card
 
         for name in ("language", "license", "tags", "finetuned_from", "tasks", "dataset_tags", "dataset_args"):
             facts.pop(name, None)

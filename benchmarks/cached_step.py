@@ -111,7 +111,7 @@ def trainer_route(
     ``at_batch_length``: every mini-batch keeps the batch's padded length, as before 87847eb."""
     from transformers import TrainingArguments
 
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
     from trainer_ifcl import IFCLTrainer
 
     model = IFCLModel.from_encoder(default_model(), max_seq_length=max_length)

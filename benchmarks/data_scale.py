@@ -107,8 +107,8 @@ def tokenize_file(path_kind: str, train_file: str) -> None:
     import datasets
 
     from ifcl.data import embedded_model_path, load_train_dataset
+    from ifcl.model import IFCLModel
     from ifcl.objectives import build_objective
-    from modeling_ifcl import IFCLModel
 
     model = IFCLModel.from_encoder(embedded_model_path())
     objective = build_objective(model)

@@ -64,9 +64,9 @@ def build_encoders(args: BenchmarkArguments, model_path: str) -> tuple[dict, dic
     length."""
     from sentence_transformers import SentenceTransformer
 
+    from ifcl.model import IFCLModel
     from ifcl.objectives.base import WITHOUT_IFCL
     from ifcl.sts.encoders import IFCLEncoder, TransformersEncoder
-    from modeling_ifcl import IFCLModel
 
     st_model = SentenceTransformer(model_path, device=args.device)
     max_length = st_model.max_seq_length

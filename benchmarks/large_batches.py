@@ -127,7 +127,7 @@ def main() -> None:
     import torch
     from train_step import batches
 
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = IFCLModel.from_encoder(args.model or default_model(), queue_size=0).to(device)

@@ -79,7 +79,7 @@ def worker(kind: str, folder: str, code: str | None) -> None:
     import torch
     from transformers import AutoModel
 
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
 
     baseline = memory_mb()
     reset_peak_rss()

@@ -31,8 +31,8 @@ RECORD = os.path.join(RESULTS, "matryoshka.json")
 def scores(folder: str) -> dict[str, float]:
     """STS-B dev and test Spearman × 100 of the saved model at each size (``dev_64``, ``test_64``, ...)."""
     from ifcl.data import load_stsb
+    from ifcl.model import IFCLModel
     from ifcl.sts.evaluator import STSEvaluator
-    from modeling_ifcl import IFCLModel
 
     model = IFCLModel.from_pretrained(folder)
     figures = {}

@@ -40,8 +40,8 @@ from runs import DEFAULT_MODEL_NAME, default_model, machine, package_versions, w
 from ifcl import queue as ring  # noqa: E402
 from ifcl.data import parse_trans_de_en  # noqa: E402
 from ifcl.losses import IFCLTerms  # noqa: E402
+from ifcl.model import IFCLModel  # noqa: E402
 from ifcl.objectives import fit_model  # noqa: E402
-from modeling_ifcl import IFCLModel  # noqa: E402
 
 # Dense bf16 peak of the GPUs this project measures on, for model FLOPs utilisation.
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}

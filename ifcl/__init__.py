@@ -14,8 +14,8 @@ from typing import Any
 from transformers import AutoConfig, AutoModel
 
 from configuration_ifcl import IFCLConfig, IFCLSettings, SharedSettings
+from ifcl.model import IFCLModel
 from ifcl.sts.evaluator import STSEvaluator
-from modeling_ifcl import IFCLModel
 
 __version__ = "0.2.0"
 __all__ = [

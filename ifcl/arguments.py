@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import fields
 from typing import Any
 
 from transformers import HfArgumentParser
+
+from ifcl.objectives import OBJECTIVES
 
 STEP_FLAGS = ("do_train", "do_eval", "do_predict")
 
@@ -74,10 +77,6 @@ def given_setting_names(argv: list[str]) -> set[str]:
 
 def refuse_other_objectives_settings(objective: str, given: set[str]) -> None:
     """Stop with a message when a setting of another objective than ``objective`` is given: it would be ignored."""
-    from dataclasses import fields
-
-    from ifcl.objectives import OBJECTIVES
-
     owners = {}
     for name, cls in OBJECTIVES.items():
         owners.update(dict.fromkeys(cls.own_arguments, name))

@@ -8,11 +8,18 @@ import logging
 import os
 import re
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
+import torch
+from safetensors import safe_open
+from transformers.trainer_callback import TrainerState
+
+from configuration_ifcl import ifcl_config_dict
 from ifcl.failures import listed
 from ifcl.files import read_json
+from ifcl.lora import resolved_alpha
+from ifcl.publishing import public_name
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +84,6 @@ def weights_problem(weights_file: str, values: bool = True) -> str | None:
     """What is wrong with a safetensors file, read in full one tensor at a time (with ``values`` False only its header
     and length: a cut file): ``"cannot be read (...)"`` or ``"holds NaN or infinite values (...)"``; None when nothing
     is."""
-    import torch
-    from safetensors import safe_open
-
     try:
         with safe_open(weights_file, framework="pt") as weights:
             names = weights.keys() if values else []
@@ -93,10 +97,6 @@ def trainer_state_damage(state: Any) -> str | None:
     """What keeps a ``trainer_state.json``'s content (valid JSON) from being the Trainer's state: not an object, a
     field the Trainer's ``TrainerState`` does not have (``load_from_json`` would fail), or a step count that is not a
     whole number; None when nothing does."""
-    from dataclasses import fields
-
-    from transformers.trainer_callback import TrainerState
-
     if not isinstance(state, dict):
         shown = json.dumps(state)
         return f"it holds {shown if len(shown) <= 40 else shown[:37] + '...'}, not the Trainer's JSON object"
@@ -161,8 +161,6 @@ def resume_point(
     short by a kill or a full disk, are named and skipped), then against the run's stream (:func:`check_stream`;
     ``stream_buffer``: its ``--shuffle_buffer_size``, None without ``--streaming``). Raises :class:`CheckpointError`
     naming the broken file or the setting."""
-    from configuration_ifcl import ifcl_config_dict
-
     last = resume == "last"
     skipped = []
     for checkpoint in checkpoint_folders(folder) if last else [resume]:
@@ -225,9 +223,6 @@ def planned_fraternal_model(model_path: str, given: str | None, planned) -> str 
     """The fraternal model a run trains with, by the name its config keeps (``public_name``), to compare with a
     checkpoint's: the one given, else a continued IFCL model's own; None when the ``planned`` config has no fraternal
     twins."""
-    from ifcl.publishing import public_name
-    from modeling_ifcl import ifcl_config_dict, read_json
-
     if not planned.uses_fraternal_twins:
         return None
     if given is None:
@@ -242,8 +237,6 @@ def check_resume_lora(checkpoint: str, saved: dict[str, Any] | None, lora: dict[
     """The LoRA adapters the checkpoint was trained with (its config's ``lora``, ``saved``) are those this command
     asks for (``lora``: the keywords of ``ifcl.lora.add_lora``, None without LoRA): LoRA on or off alike, the same
     rank, alpha, dropout and, when the command names them, target modules. Each difference is named."""
-    from ifcl.lora import resolved_alpha
-
     if saved is None or lora is None:
         if saved is not None or lora is not None:
             trained = f"with LoRA (--lora_r {saved['r']})" if saved else "without LoRA"

@@ -11,23 +11,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import PretrainedConfig, PreTrainedTokenizerBase, TrainingArguments
+from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase, TrainingArguments
+from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
 
 from configuration_ifcl import IFCLConfig, ifcl_config_dict
 from ifcl.arguments import strategy_name
 from ifcl.checkpoints import weights_problem
 from ifcl.data import local_model_path
 from ifcl.failures import listed
-from ifcl.files import read_json
+from ifcl.files import check_model_path, read_json
 from ifcl.hub import check_model_reachable
-from modeling_ifcl import (
-    check_encoder_class,
-    check_model_path,
-    check_vocabulary,
-    dropout_settings,
-    load_tokenizer,
-    max_input_length,
-)
+from ifcl.lora import check_lora_settings, require_peft
+from ifcl.model import check_encoder_class, dropout_settings
+from ifcl.tokenization import check_vocabulary
+from modeling_ifcl import load_tokenizer, max_input_length
 
 
 def check_training_settings(training_args: TrainingArguments) -> None:
@@ -101,11 +98,6 @@ def check_unsharded_parameters(training_args: TrainingArguments, environ: dict[s
 
 def check_report_to(report_to: list[str]) -> None:
     """Every ``--report_to`` backend is one the Trainer knows and whose package is installed."""
-    from transformers.integrations.integration_utils import (
-        INTEGRATION_TO_CALLBACK,
-        get_available_reporting_integrations,
-    )
-
     unknown = [name for name in report_to if name not in INTEGRATION_TO_CALLBACK]
     if unknown:
         raise ValueError(
@@ -168,8 +160,6 @@ class StartingModel:
         """Read ``path``'s config.json (a folder, or a Hub id from the cache when offline) and tokenizer (a folder
         without one is refused: ``load_tokenizer``); a plain model's own code runs only with ``trust_remote_code``
         (:func:`check_custom_code`), an IFCL model's never."""
-        from transformers import AutoConfig
-
         check_custom_code(path, trust_remote_code)
         try:
             config = read_json(path, "config.json")
@@ -289,8 +279,6 @@ def check_lora_arguments(model_args) -> None:
     """``run_ifcl.py``'s LoRA flags, before anything loads: no LoRA flag without ``--lora_r`` (it would be ignored),
     a rank, alpha and dropout as ``ifcl.lora.add_lora`` checks them (the same words), and ``peft`` installed when
     LoRA is asked for (one line, as every bad setting)."""
-    from ifcl.lora import check_lora_settings, require_peft
-
     r = model_args.lora_r
     if r == 0:
         names = ("lora_alpha", "lora_dropout", "lora_target_modules")

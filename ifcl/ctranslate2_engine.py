@@ -10,6 +10,10 @@ import shutil
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import torch
+from transformers import GenerationConfig
+from transformers.utils import cached_file
+
 from ifcl.data import file_sha256
 from ifcl.files import read_json, write_json_atomically
 
@@ -53,8 +57,6 @@ def expected_record(model_name_or_path: str) -> dict[str, Any]:
     """The conversion record of a folder this project converted from this model: the converter's version and what
     identifies the model's files: the folder they are in (a Hub model's cached snapshot, whose name is its commit),
     the SHA-256 of its config.json, and the names and sizes of its weight files."""
-    from transformers.utils import cached_file
-
     config_file = cached_file(model_name_or_path, "config.json")
     folder = os.path.dirname(os.path.realpath(config_file)) if os.path.isdir(model_name_or_path) else None
     snapshot = os.path.dirname(config_file)
@@ -221,9 +223,6 @@ class CTranslate2Translator:
         device: Any,
         compute_type: str,
     ) -> None:
-        import torch
-        from transformers import GenerationConfig
-
         ctranslate2 = import_ctranslate2()
         if device.index is not None:
             device_index = [device.index]

@@ -25,7 +25,10 @@ from typing import Any
 import datasets
 import numpy as np
 import pyarrow
+import pyarrow.compute as pc
 import torch
+from datasets.arrow_writer import ArrowWriter
+from datasets.fingerprint import Hasher
 
 logger = logging.getLogger(__name__)
 
@@ -267,8 +270,6 @@ def _write_train_txt_cache(path: str, with_fraternal: bool, arrow_path: str, rec
     counts of rows and blank lines, and :func:`_cache_digest`) into ``record_path``. Each is written to a temporary
     file renamed once complete, so that a reader never sees half of one and a failure leaves none behind; a file
     without rows is not cached. Returns the record."""
-    from datasets.arrow_writer import ArrowWriter
-
     columns = [SENTENCE, FRATERNAL] if with_fraternal else [SENTENCE]
     features = datasets.Features(dict.fromkeys(columns, datasets.Value("string")))
     partial_arrow, partial_record = (f"{name}.{os.getpid()}.partial" for name in (arrow_path, record_path))
@@ -336,8 +337,6 @@ def _canonical_train_rows(batch: dict[str, list[Any]], wanted: dict[str, str]) -
 def _canonical_rows(table: datasets.Dataset, source: str, wanted: dict[str, str]) -> datasets.Dataset:
     """The ``wanted`` columns of ``table`` (read from ``source``) under their canonical names (sentence[, fraternal]),
     cells as stripped text, rows with an empty cell dropped with a warning; a missing column named."""
-    from datasets.fingerprint import Hasher
-
     hint = " (--sentence_column and --fraternal_column name them)"
     _check_columns(source, wanted.values(), table.column_names, hint=hint)
     rows = table.map(
@@ -490,8 +489,6 @@ def check_text_dataset(dataset: datasets.Dataset, columns: Sequence[str], reader
     """Refuse (ValueError) a training set that lacks one of the text ``columns`` its ``reader`` (the objective or loss)
     needs, an empty one, and columns holding anything but non-empty strings, naming the column and its first bad row
     (read with Arrow: no row becomes a Python object)."""
-    import pyarrow.compute as pc
-
     missing = [column for column in columns if column not in dataset.column_names]
     if missing:
         raise ValueError(

@@ -1,5 +1,5 @@
-"""The files the scripts share: the one JSON reader (``read_json``, which lives in the remote code, since a published
-model reads its base's files too), atomic writes (strict JSON) and the one lock."""
+"""The files the scripts share: the one JSON reader of a model folder or Hub repo (``read_json``), the check of a
+model path (``check_model_path``), atomic writes (strict JSON) and the one lock."""
 
 from __future__ import annotations
 
@@ -11,9 +11,46 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from modeling_ifcl import read_json
+from transformers.utils import cached_file
 
-__all__ = ["atomic_path", "exclusive_lock", "read_json", "without_nan", "write_json_atomically"]
+__all__ = ["atomic_path", "check_model_path", "exclusive_lock", "read_json", "without_nan", "write_json_atomically"]
+
+
+def read_json(name_or_path: str, filename: str, subfolder: str = "") -> Any:
+    """A JSON file of a folder or Hub repo (the Hub's cache offline), or None when there is none to read (a local
+    folder that does not exist included: ``check_model_path`` names it where it matters)."""
+    looks_local = str(name_or_path).startswith((".", "/", "~")) or str(name_or_path).count("/") > 1
+    if looks_local and not os.path.isdir(os.path.expanduser(str(name_or_path))):
+        return None
+    path = cached_file(
+        name_or_path,
+        filename,
+        subfolder=subfolder,
+        _raise_exceptions_for_missing_entries=False,
+        _raise_exceptions_for_connection_errors=False,
+    )
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def check_model_path(option: str, path: str | None) -> None:
+    """Name a model path that is neither a folder here nor a Hub id (``name`` or ``owner/name``), and a folder that
+    holds no model: neither a config.json nor a sentence-transformers modules.json (an empty folder, another kind of
+    files)."""
+    looks_local = path is not None and (path.startswith((".", "/", "~")) or path.count("/") > 1)
+    folder = os.path.expanduser(path) if path is not None else ""
+    if looks_local and not os.path.isdir(folder):
+        raise FileNotFoundError(f"{option} {path}: no such folder (and not a Hub id of the form owner/name).")
+    if os.path.isdir(folder) and not any(
+        os.path.isfile(os.path.join(folder, f)) for f in ("config.json", "modules.json")
+    ):
+        raise FileNotFoundError(
+            f"{option} {path}: the folder holds no model (no config.json; "
+            f"{'it is empty' if not os.listdir(folder) else 'it holds ' + ', '.join(sorted(os.listdir(folder))[:3])}"
+            "): give the folder a model was saved to (save_pretrained), or a Hub id."
+        )
 
 
 def without_nan(value: Any) -> Any:

@@ -9,7 +9,7 @@ import shlex
 import socket
 from urllib.parse import urlparse
 
-from huggingface_hub import constants, try_to_load_from_cache
+from huggingface_hub import HfApi, constants, try_to_load_from_cache
 from transformers import TrainingArguments
 
 from .output_folder import LOCK_FILE, RUN_IN_PROGRESS_FILE, RUN_RECORD_FILE
@@ -46,8 +46,6 @@ def take_over_push(training_args: TrainingArguments) -> bool:
 def push_output_folder(training_args: TrainingArguments) -> None:
     """Upload the output folder to ``--hub_model_id`` (default: the folder's name); a failure (offline, no token, no
     rights, ...) raises ``OSError`` with the ``hf upload`` command that pushes the same files later."""
-    from huggingface_hub import HfApi
-
     folder = training_args.output_dir
     repo_id = training_args.hub_model_id or os.path.basename(os.path.abspath(folder))
     api = HfApi(token=training_args.hub_token)

@@ -10,13 +10,21 @@ through ``AutoModel`` and ``SentenceTransformer`` without ``peft``.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
+import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
+from transformers.pytorch_utils import Conv1D
+from transformers.utils import cached_file
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +87,6 @@ def unknown_target_modules(encoder: nn.Module, targets: list[str] | str) -> list
 def unadaptable_target_modules(encoder: nn.Module, targets: list[str] | str) -> list[str]:
     """The names of ``targets`` that match a module LoRA cannot adapt (a block of layers, a norm), with its class:
     peft adapts linear, embedding and convolution layers, and attention as ``nn.MultiheadAttention``."""
-    from transformers.pytorch_utils import Conv1D
-
     if isinstance(targets, str):
         return []
     layers = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention, Conv1D)
@@ -199,13 +205,101 @@ def save_adapters(model: nn.Module, folder: str) -> None:
     config = lora_config(model)
     if config is None:
         return
-    import os
 
     from peft import get_peft_model_state_dict
-    from safetensors.torch import save_file
 
     weights = get_peft_model_state_dict(model.encoder)
     tensors = {f"base_model.model.{name}": tensor.detach().contiguous().cpu() for name, tensor in weights.items()}
     os.makedirs(os.path.join(folder, ADAPTER_FOLDER), exist_ok=True)
     save_file(tensors, os.path.join(folder, ADAPTER_FOLDER, "adapter_model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(os.path.join(folder, ADAPTER_FOLDER))
+
+
+def lora_weights(name_or_path: str | os.PathLike, options: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The LoRA adapters a folder's or repo's weights hold, and the base layers they sit beside (a LoRA run's
+    checkpoint, ``ifcl.lora``), by name; {} when they hold none (a published folder's are merged). ``options``: those of
+    ``from_pretrained`` (subfolder, revision, cache). ``ValueError`` naming the file for adapters that are not plain
+    LoRA (DoRA, a trained LoRA bias), which only peft merges."""
+    download = {
+        k: options[k] for k in ("subfolder", "revision", "cache_dir", "token", "local_files_only") if k in options
+    }
+
+    def local_copy(filename: str) -> str | None:
+        return cached_file(
+            str(name_or_path),
+            filename,
+            **download,
+            _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_connection_errors=False,
+        )
+
+    index = local_copy("model.safetensors.index.json")  # sharded weights
+    if index is not None:
+        with open(index, encoding="utf-8") as handle:
+            files = sorted(set(json.load(handle)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    adapters = {}
+    for file in files:
+        path = local_copy(file)
+        if path is None:
+            return {}  # no safetensors weights: from_pretrained says what is missing
+        with safe_open(path, framework="pt") as weights:
+            names = [name for name in weights.keys() if ".lora_" in name or ".base_layer." in name]
+            unsupported = [
+                name
+                for name in names
+                if ".lora_" in name and (not re.search(r"\.lora_(embedding_)?(A|B)\.", name) or name.endswith(".bias"))
+            ]
+            if unsupported:
+                raise ValueError(
+                    f"{path} holds adapters other than plain LoRA ({unsupported[0]}, ...), which this model's loader "
+                    "does not merge: load the base encoder and the adapters with peft, and merge them there."
+                )
+            adapters.update({name: weights.get_tensor(name) for name in names})
+    check_lora_complete(adapters, str(name_or_path))
+    return adapters
+
+
+def check_lora_complete(adapters: dict[str, torch.Tensor], name_or_path: str) -> None:
+    """``ValueError`` in one line, naming the folder and a tensor it lacks, for LoRA weights with an adapter's
+    ``lora_A`` but not its ``lora_B`` (or the other way round), or an adapted layer without its ``base_layer``."""
+    for name in adapters:
+        match = re.match(r"(.*)\.lora_(embedding_)?(A|B)\.(.*)", name)
+        if match is None:
+            continue
+        layer, embedding, half, adapter = match.groups()
+        other = f"{layer}.lora_{embedding or ''}{'B' if half == 'A' else 'A'}.{adapter}"
+        base = f"{layer}.base_layer.weight"
+        missing = next((needed for needed in (other, base) if needed not in adapters), None)
+        if missing is not None:
+            raise ValueError(
+                f"{name_or_path}: its weights hold {name} but not {missing}: the LoRA checkpoint is incomplete (a file "
+                "cut short or edited); load an intact checkpoint, or the run's published folder."
+            )
+
+
+@torch.no_grad()
+def merge_lora(model: nn.Module, adapters: dict[str, torch.Tensor]) -> None:
+    """Give each adapted layer its base layer's weights with the LoRA ``adapters`` merged in (a checkpoint's
+    ``base_layer``, ``lora_A`` and ``lora_B`` tensors by their names in the model), as peft's merge does:
+    W = W_base + B·A·s, transposed for an embedding table or a ``fan_in_fan_out`` layer, with s = alpha / r
+    (alpha / √r with rsLoRA) from the config's ``lora``; in float32, then the layer's dtype."""
+    lora = model.config.lora or {}
+    if "alpha" not in lora:
+        raise ValueError("The weights hold LoRA adapters, but config.json names no LoRA alpha (its ifcl.lora).")
+    for name, base in adapters.items():
+        if ".base_layer." in name:
+            model.get_parameter(name.replace(".base_layer.", ".")).copy_(base)
+    for name_a, down in adapters.items():
+        if ".lora_A." not in name_a and ".lora_embedding_A." not in name_a:
+            continue
+        layer_name, kind, adapter = re.match(r"(.*)\.lora_(A|embedding_A)\.(.*)", name_a).groups()
+        up = adapters[f"{layer_name}.lora_{kind.replace('A', 'B')}.{adapter}"]
+        rank = down.shape[0]
+        scale = lora["alpha"] / (rank**0.5 if lora.get("use_rslora") else rank)
+        delta = up.float() @ down.float() * scale
+        if kind == "embedding_A" or lora.get("fan_in_fan_out"):
+            delta = delta.T
+        weight = model.get_submodule(layer_name).weight
+        weight.copy_((weight.float() + delta.to(weight.device)).to(weight.dtype))

@@ -10,15 +10,26 @@ import html
 import json
 import logging
 import os
+import platform
 import re
 from dataclasses import MISSING, fields
+from importlib import metadata
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from transformers import AutoTokenizer
+from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
+from configuration_ifcl import IFCLConfig, ModelSettings, SharedSettings
 from ifcl.arguments import strategy_name
-from ifcl.publishing import looks_like_hub_id, public_name
+from ifcl.files import read_json
+from ifcl.model import dropout_settings
+from ifcl.objectives import DEFAULT_OBJECTIVE, objective_class, unwrap_model
+from ifcl.plots import plot_training_curves
+from ifcl.pooling import base_pooling, pools_alike
+from ifcl.publishing import looks_like_hub_id, public_name, read_base
+from modeling_ifcl import FRATERNAL_TOKENIZER
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -134,10 +145,6 @@ class CardFacts:
 
     def __post_init__(self) -> None:
         """The config as an ``IFCLConfig``, the data named as a list, the defaults other facts give, and the rest."""
-        from configuration_ifcl import IFCLConfig
-        from ifcl.objectives import DEFAULT_OBJECTIVE, objective_class
-        from ifcl.publishing import read_base
-
         if not isinstance(self.config, IFCLConfig):  # config.json's layout: IFCLConfig.from_dict reads it
             self.config = IFCLConfig.from_dict(self.config.to_dict())
         self.base_model = self.base_model or self.config.encoder_name_or_path
@@ -184,9 +191,6 @@ def base_model_card_data(base_model_path: str | None) -> dict[str, Any]:
 def framework_versions() -> list[tuple[str, str]]:
     """Python, IFCL and the installed frameworks the model was trained and saved with, as sentence-transformers'
     cards name them; each as its installed distribution says, not imported (``ifcl`` imports this module)."""
-    import platform
-    from importlib import metadata
-
     versions = [("Python", platform.python_version())]
     for name, distribution in FRAMEWORKS:
         try:
@@ -286,8 +290,6 @@ POOLER_WORDS = {
 def pooling_description(config: IFCLConfig, base: str | None) -> str:
     """How the model pools (``eval_pooler_type``) and whether its base pools alike (its sentence-transformers
     Pooling module, when the base has one)."""
-    from modeling_ifcl import base_pooling, pools_alike
-
     pooler = config.eval_pooler_type
     text = f"{POOLER_WORDS.get(pooler, pooler)} (`{pooler}`)"
     own = base_pooling(base) if base else None
@@ -319,8 +321,6 @@ def settings_table(config: IFCLConfig, objective_class) -> str:
     """The objective's settings as the model config holds them (IFCL's own fields, a peer's under
     ``objective_settings``), the shared ones, then the model settings the objective reads and the training length,
     each with its default and meaning; a local path shows as :func:`public_name` gives it."""
-    from configuration_ifcl import ModelSettings, SharedSettings
-    from ifcl.objectives import DEFAULT_OBJECTIVE
 
     def default_of(field) -> Any:
         return field.default_factory() if field.default_factory is not MISSING else field.default
@@ -331,7 +331,6 @@ def settings_table(config: IFCLConfig, objective_class) -> str:
     for name, field in own.items():
         value = stored.get(name, default_of(field)) if stored is not None else getattr(config, name)
         rows.append((name, value, default_of(field), field.metadata.get("help", "")))
-    from modeling_ifcl import dropout_settings
 
     own_dropout = any(rate > 0 for rate in dropout_settings(config.encoder_config or {}).values())
     for field in fields(SharedSettings):
@@ -512,11 +511,8 @@ def markdown_cell(text: Any) -> str:
 def saved_tokenizers(output_dir: str) -> tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase] | None:
     """(the encoder's tokenizer, the fraternal column's) as the saved folder holds them: the fraternal model's from
     its ``fraternal_tokenizer/`` folder, else the encoder's own; None for a folder without a tokenizer."""
-    from modeling_ifcl import FRATERNAL_TOKENIZER
-
     if not os.path.isfile(os.path.join(output_dir, "tokenizer_config.json")):
         return None
-    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(output_dir, trust_remote_code=False)
     fraternal_folder = os.path.join(output_dir, FRATERNAL_TOKENIZER)
@@ -565,10 +561,6 @@ def architecture(output_dir: str, config: IFCLConfig, view: dict[str, Any] | Non
     """The model as sentence-transformers prints it and the similarities of the card's examples: from
     ``SentenceTransformer(folder)`` itself where sentence-transformers is installed, else its modules listed from
     the folder's files (or the IFCLModel's parts, for a folder without the view)."""
-    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
-
-    from ifcl.files import read_json
-
     encoder = MODEL_MAPPING_NAMES.get(config.encoder_config.get("model_type") or "", "the encoder")
     if view is None:
         return f"IFCLModel(\n  (encoder): {encoder}\n  (pooler): {config.eval_pooler_type}\n)", None
@@ -767,9 +759,6 @@ def write_card_and_curves(
     """What ``run_ifcl.py`` writes beside a trained model (its ``DataArguments``, the log of the training, the base
     model's path and the training text): training_curves.png (the step-0 evaluation joins the curve) and the model
     card, README.md, with the best step and the tokenizers the trainer holds."""
-    from ifcl.objectives import unwrap_model
-    from ifcl.plots import plot_training_curves
-
     training_args, task = trainer.args, data_args.sts_task_name
     plot_training_curves(
         initial_evaluation(all_metrics, [task]) + training_log,

@@ -6,6 +6,10 @@ import logging
 import os
 import sys
 
+import datasets
+import torch
+import transformers
+
 logger = logging.getLogger(__name__)
 
 
@@ -34,7 +38,6 @@ def use_all_cpu_cores(training_args) -> None:
     if training_args.world_size != 1 or training_args.device.type != "cpu" or not launcher_chose_one_thread():
         return
     available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    import torch
 
     if torch.get_num_threads() < available:
         logger.info(f"Training on {available} CPU threads (accelerate launch's default is 1).")
@@ -61,9 +64,6 @@ def setup_logging(training_args, logger: logging.Logger) -> None:
     logger.setLevel(script_log_level)
     for name in ("ifcl", "trainer_ifcl", "modeling_ifcl"):
         logging.getLogger(name).setLevel(script_log_level)
-    import datasets
-    import transformers
-
     datasets.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.set_verbosity(log_level)
     logger.warning(

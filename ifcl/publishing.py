@@ -19,11 +19,17 @@ import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib import metadata
 from typing import Any
 
 import torch
+import transformers
 
 from ifcl.files import read_json, write_json_atomically
+from ifcl.lora import merged_adapters
+from ifcl.pooling import SENTENCE_TRANSFORMERS_POOLING
+from ifcl.tokenization import fit_tokenizer
+from modeling_ifcl import max_input_length
 
 logger = logging.getLogger(__name__)
 
@@ -116,8 +122,6 @@ def adopt_base(model) -> dict[str, Any] | None:
     ``max_seq_length`` (else at the encoder's own limit, which it is saved with) and lowercases when the base does;
     the config names its base and fraternal model by :func:`public_name`. Returns the facts, also kept as
     ``model.sentence_transformers_base``; modules the model leaves out are warned about."""
-    from modeling_ifcl import fit_tokenizer, max_input_length
-
     base = read_base(model.name_or_path)
     model.sentence_transformers_base = base
     for name in ("encoder_name_or_path", "fraternal_model_name_or_path"):  # published files name no local path
@@ -150,8 +154,6 @@ def adopt_base(model) -> dict[str, Any] | None:
 def without_training_state(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     """``model`` as it is published, for the ``with`` block: without its :data:`TRAINING_ONLY` sub-modules, and with
     LoRA adapters merged into their layers (``ifcl.lora.merged_adapters``); restored after, in their order."""
-    from ifcl.lora import merged_adapters
-
     modules = dict(model._modules)
     for name in TRAINING_ONLY:
         model._modules.pop(name, None)
@@ -180,12 +182,6 @@ def save_view(model, folder: str) -> bool:
     Returns:
         False, writing nothing, for a pooler sentence-transformers has no module for (avg_first_last, avg_top2).
     """
-    from importlib import metadata
-
-    import transformers
-
-    from modeling_ifcl import SENTENCE_TRANSFORMERS_POOLING
-
     pooler = model.config.eval_pooler_type
     if pooler not in SENTENCE_TRANSFORMERS_POOLING:
         return False

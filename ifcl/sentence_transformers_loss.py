@@ -36,17 +36,16 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from configuration_ifcl import IFCLSettings, SharedSettings, check_setting_types
 from ifcl import queue as ring
 from ifcl.data import check_text_dataset, check_text_row, check_training_data_size
+from ifcl.files import check_model_path
 from ifcl.losses import IFCL_CITATION, IFCLTerms, Matryoshka
+from ifcl.model import fit_dropout, load_fraternal
+from ifcl.publishing import public_name
+from ifcl.tokenization import check_vocabulary, fit_tokenizer
 from modeling_ifcl import (
     IFCLTwinsOutput,
     QueueBuffers,
     check_matryoshka_width,
-    check_model_path,
-    check_vocabulary,
-    fit_dropout,
-    fit_tokenizer,
     fraternal_word_table,
-    load_fraternal,
     mean_pool,
     right_padded,
     twin_views,
@@ -320,8 +319,6 @@ class IFCLLoss(nn.Module):
     def get_config_dict(self) -> dict[str, Any]:
         """The loss's settings, for the model card sentence-transformers generates (the fraternal model by a public
         name, never a path of this machine; the Matryoshka sizes when it has them)."""
-        from ifcl.publishing import public_name
-
         sizes = self.terms.matryoshka
         return {
             **asdict(self.settings),

@@ -22,7 +22,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import datasets
+import pyarrow
+import pyarrow.parquet
 import torch
+import torch.distributed as dist
+from datasets.distributed import split_dataset_by_node
 
 from ifcl.checkpoints import STREAM_STATE_FILE
 from ifcl.data import (
@@ -41,6 +45,8 @@ from ifcl.data import (
     load_train_dataset,
     load_trans_de_en_dataset,
 )
+from ifcl.files import write_json_atomically
+from ifcl.hub import hub_reachable
 
 logger = logging.getLogger(__name__)
 
@@ -107,9 +113,6 @@ def csv_rows(shard: str, wanted: list[str]) -> Iterator[tuple[int, dict[str, Any
 
 def parquet_rows(shard: str, wanted: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     """(1-based row number, row) of a Parquet file, read a record batch at a time."""
-    import pyarrow
-    import pyarrow.parquet
-
     try:
         table = pyarrow.parquet.ParquetFile(shard)
     except (OSError, pyarrow.ArrowException) as error:
@@ -139,8 +142,6 @@ def file_source(patterns: str | Sequence[str], columns: dict[str, str]) -> datas
 def hub_source(name: str, config: str | None, split: str, columns: dict[str, str]) -> datasets.IterableDataset:
     """The rows of a Hub dataset (or a local dataset folder), streamed, under their canonical names; a Hub id while
     the Hub cannot be reached is named in one line before anything is read."""
-    from ifcl.hub import hub_reachable
-
     if not os.path.exists(name) and not hub_reachable():
         raise ConnectionError(
             f"--dataset_name {name} --streaming: the Hub cannot be reached (offline, or HF_HUB_OFFLINE is set), and a "
@@ -209,7 +210,6 @@ class TrainingStream(torch.utils.data.IterableDataset):
         shards do not divide among the processes; its buffer seeded apart from the others'."""
         if world_size <= 1:
             return self
-        from datasets.distributed import split_dataset_by_node
 
         source = split_dataset_by_node(self.source, rank=rank, world_size=world_size)
         part = TrainingStream(source, self.shuffle_buffer_size, self.seed + rank, self.name, self.columns)
@@ -286,8 +286,6 @@ class TrainingStream(torch.utils.data.IterableDataset):
 
     def save(self, checkpoint: str, rank: int) -> None:
         """Write :meth:`state_dict` into ``checkpoint`` as this process's ``ifcl.checkpoints.STREAM_STATE_FILE``."""
-        from ifcl.files import write_json_atomically
-
         write_json_atomically(os.path.join(checkpoint, STREAM_STATE_FILE.format(rank=rank)), self.state_dict())
 
     def resume(self, checkpoint: str, rank: int) -> None:
@@ -365,7 +363,6 @@ class StreamBatches:
         self.rows_needed, self.device = rows_needed, device
 
     def __iter__(self) -> Iterator[Any]:
-        import torch.distributed as dist
 
         world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         batches = self.stream.batches(self.batch_size)

@@ -16,12 +16,20 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
+from accelerate import PartialState
+from accelerate.utils import broadcast_object_list
+from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, HfArgumentParser
+
+from ifcl import ctranslate2_engine
+from ifcl.arguments import command_line
 from ifcl.ctranslate2_engine import COMPUTE_TYPES, MADE_BY, EngineSettingsError
 from ifcl.data import DataFormatError, _iter_lines, file_sha256
 from ifcl.failures import Interrupted, RunFailure, failures_of_the_run, run_command
-from ifcl.files import atomic_path, exclusive_lock, read_json, write_json_atomically
+from ifcl.files import atomic_path, check_model_path, exclusive_lock, read_json, write_json_atomically
 from ifcl.processes import log_to_stdout
-from modeling_ifcl import check_model_path, load_tokenizer
+from modeling_ifcl import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -287,8 +295,6 @@ def resolve_prefix(config: Any, tokenizer: Any, args: PrepareFraternalArguments)
 def select_device(device_name: str | None) -> Any:
     """The torch device to translate on: ``--device`` if this machine has it (else SettingsError naming the devices
     there are), or a GPU when present."""
-    import torch
-
     available = ["cpu"]
     if torch.cuda.is_available():
         available += [f"cuda:{index}" for index in range(torch.cuda.device_count())]
@@ -317,8 +323,6 @@ def select_device(device_name: str | None) -> Any:
 
 def resolve_device_and_dtype(device_name: str | None, dtype_name: str) -> tuple[Any, Any]:
     """The torch device (``select_device``) and weights' dtype (auto: bfloat16 on capable GPUs)."""
-    import torch
-
     device = select_device(device_name)
     if dtype_name == "auto":
         dtype_name = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
@@ -372,8 +376,6 @@ def check_settings(
     the model's config, and the engine's settings. Returns the arguments with those settings resolved (what the
     manifest records and the model is loaded with) and the config. A config that cannot be read is None here and
     reported when the model loads, only if there is something to translate (``config_required``: raised at once)."""
-    from transformers import AutoConfig
-
     _, dtype = resolve_device_and_dtype(args.device, args.dtype)
     resolved: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch.")}
     if args.engine == "ctranslate2":
@@ -419,10 +421,6 @@ class Translator:
         """Load the tokenizer and check the language settings, then load the model on its device (under ``accelerate
         launch``, ``cuda`` is each process's own GPU); ``--engine ctranslate2`` gives a ``CTranslate2Translator``.
         ``args`` and ``config`` are as ``check_settings`` returns them; without ``config`` it is run here."""
-        import torch
-        from accelerate import PartialState
-        from transformers import AutoModelForSeq2SeqLM
-
         state = state or PartialState()
         if config is None:  # a direct call, or a config that could not be read when the settings were checked
             args, config = check_settings(args, config_required=True)
@@ -464,8 +462,6 @@ class Translator:
 
     def translate_batch(self, sentences: list[str]) -> list[str]:
         """Translations of ``sentences``, in their order (one generate call)."""
-        import torch
-
         encoded = self.tokenizer(
             [self.prefix + sentence for sentence in sentences],
             padding=True,
@@ -499,7 +495,6 @@ def check_engine(args: PrepareFraternalArguments, config: Any = None, compute_ty
     that is free or holds this model converted by this project."""
     if args.engine != "ctranslate2":
         return
-    from ifcl import ctranslate2_engine
 
     try:
         device = select_device(args.device)
@@ -706,8 +701,6 @@ def translate_share(
 ) -> None:
     """This process's chunks (the k-th, (k+N)-th, ... of those to do), each translated and written as its shard. The
     main process shows a progress bar of every process's finished shards, and the time taken."""
-    from tqdm.auto import tqdm
-
     started = time.perf_counter()
     sizes = {shard_name(chunk): len(chunk) for chunk in plan.todo}
     summary.translated = sum(sizes.values())  # by all processes
@@ -766,10 +759,6 @@ def join_shards(args: PrepareFraternalArguments, plan: Plan, summary: PrepareSum
 
 def parse_arguments(argv: list[str]) -> PrepareFraternalArguments:
     """Command line (or one .json file of arguments) → the argument dataclass."""
-    from transformers import HfArgumentParser
-
-    from ifcl.arguments import command_line
-
     parser = HfArgumentParser(PrepareFraternalArguments)
     (args,) = parser.parse_args_into_dataclasses(args=command_line(argv, parser)[0])
     return args
@@ -787,9 +776,6 @@ def prepare(args: PrepareFraternalArguments) -> PrepareSummary:
             f"{args.input_file}: skipped {summary.control_input_lines} line(s) holding only control characters"
         )
     args, config = check_settings(args)
-    from accelerate import PartialState
-    from accelerate.utils import broadcast_object_list
-
     state = PartialState(cpu=select_device(args.device).type == "cpu")  # this process among those launched
     with contextlib.ExitStack() as stack:
         # 2. The main process locks the output and plans; the others learn the plan, or the error that stopped it.

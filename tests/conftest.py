@@ -190,7 +190,7 @@ def tiny_fraternal_dir(tmp_path_factory) -> Path:
 def tiny_model(tiny_encoder_dir):
     """The tiny encoder as an ``IFCLModel`` with its defaults and no queue (BEL_F is BEL_S), for tests that only read
     it: they neither train it nor change its config, and set the training mode they rely on."""
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
 
     return IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
 
@@ -199,7 +199,7 @@ def tiny_model(tiny_encoder_dir):
 def model(tiny_encoder_dir, tiny_fraternal_dir):
     """An ``IFCLModel`` with every part: the tiny encoder, BEL_F from the tiny fraternal model (width 24, so with a
     projection), fusion rate 0.3 and a queue of 2 slots of 4 rows; for tests that only read it, as ``tiny_model``."""
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
 
     return IFCLModel.from_encoder(
         str(tiny_encoder_dir), str(tiny_fraternal_dir), fusion_rate=0.3, queue_size=2, queue_batch_size=4

@@ -314,7 +314,7 @@ API_DATA_CASES = [
 def test_ifcl_trainer_checks_its_text_like_the_command_line(tiny_encoder_dir, tmp_path, columns, named):
     from datasets import Dataset
 
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
     from trainer_ifcl import IFCLTrainer
 
     weights = {} if "fraternal" in columns else {"fraternal_loss_weight": 0, "twins_loss_weight": 0}
@@ -327,7 +327,7 @@ def test_ifcl_trainer_checks_its_text_like_the_command_line(tiny_encoder_dir, tm
 def test_a_queue_larger_than_the_data_is_warned_about(tiny_encoder_dir, tmp_path, caplog):
     from datasets import Dataset
 
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
     from trainer_ifcl import IFCLTrainer
 
     model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=4)
@@ -338,7 +338,7 @@ def test_a_queue_larger_than_the_data_is_warned_about(tiny_encoder_dir, tmp_path
 
 
 def test_a_missing_local_model_path_is_named(tiny_encoder_dir, tmp_path):
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
 
     missing = str(tmp_path / "no" / "such" / "model")
     with pytest.raises(FileNotFoundError, match=f"fraternal_model_name_or_path {missing}: no such folder"):
@@ -385,7 +385,7 @@ API_ARGUMENT_CASES = [
 )
 def test_the_python_api_names_a_bad_argument(tiny_encoder_dir, tiny_model, call, arguments, error, named):
     """One ``ValueError`` or ``TypeError`` from the project's own code, naming the argument, before any work."""
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
 
     with pytest.raises(error) as raised:
         if call == "from_encoder":
@@ -409,7 +409,7 @@ def test_the_python_api_names_a_bad_argument(tiny_encoder_dir, tiny_model, call,
 def test_add_lora_checks_its_settings_in_the_command_lines_words(tiny_encoder_dir, arguments, error, named):
     """Before any adapter goes in: the model is left as it was."""
     from ifcl.lora import add_lora
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
 
     model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
     with pytest.raises(error, match=re.escape(named)):

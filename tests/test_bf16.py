@@ -19,7 +19,7 @@ def test_every_objective_trains_in_bf16(
     objective, tiny_encoder_dir, pairs_data, english_sts_data, tmp_path, monkeypatch
 ):
     import run_ifcl
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
     from trainer_ifcl import IFCLTrainer
 
     dtypes: list[torch.dtype] = []

@@ -384,9 +384,9 @@ def test_train_csv_damaged_datasets_cache_is_named(tmp_path: Path, monkeypatch: 
 def test_tokenizing_on_the_fly_gives_the_cached_features(tmp_path: Path, tiny_encoder_dir: Path) -> None:
     from conftest import ENGLISH, GERMAN
 
+    from ifcl.model import IFCLModel
     from ifcl.objectives import build_objective
     from ifcl.objectives.base import tokenizer_fingerprint
-    from modeling_ifcl import IFCLModel
 
     lines = [f"{english}\t{german}" for english, german in zip(ENGLISH, GERMAN)]
     text = load_train_dataset(write(tmp_path / "pairs.txt", "\n".join(lines) + "\n"))
@@ -411,8 +411,8 @@ def test_the_token_cache_is_kept_for_loss_settings_and_redone_for_what_the_token
     or another ``max_length`` makes a new one."""
     from conftest import ENGLISH, GERMAN
 
+    from ifcl.model import IFCLModel
     from ifcl.objectives import build_objective
-    from modeling_ifcl import IFCLModel
 
     lines = [f"{english}\t{german}" for english, german in zip(ENGLISH, GERMAN)]
     text = load_train_dataset(write(tmp_path / "pairs.txt", "\n".join(lines) + "\n"))
@@ -444,8 +444,8 @@ def test_a_full_disk_while_tokenizing_names_the_token_cache_and_leaves_no_tempor
     from fsspec.implementations.local import LocalFileOpener
 
     from ifcl.failures import TEMPORARY_NAME
+    from ifcl.model import IFCLModel
     from ifcl.objectives import build_objective
-    from modeling_ifcl import IFCLModel
 
     monkeypatch.setenv("IFCL_DATA_CACHE", str(tmp_path / "ifcl_cache"))
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))

@@ -40,7 +40,7 @@ def test_the_map_style_order_is_the_trainers_own_without_a_list_of_every_row(tin
     from datasets import Dataset
 
     from ifcl.data import ShuffledRows
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
     from trainer_ifcl import IFCLTrainer
 
     for size, epoch in ((7, 0), (1000, 0), (1000, 3)):

@@ -45,7 +45,7 @@ def test_each_decoder_reads_bos_tokens_eos_trains_with_last_and_reloads_alike(
     from transformers import AutoModel, AutoTokenizer
 
     from ifcl.lora import add_lora
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
     from trainer_ifcl import IFCLTrainer
 
     decoder = build_tiny_decoder(family, tmp_path / family, padding_side)
@@ -96,7 +96,7 @@ def test_left_and_right_padded_batches_give_the_same_losses(tmp_path):
     """Fusion pairs token i of a sentence with token i of its translation, counted from each one's first token: a
     left-padded batch is moved to right padding first, so both give the same views and losses."""
     from ifcl.losses import IFCLTerms
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
 
     model = IFCLModel.from_encoder(str(build_tiny_decoder("qwen2", tmp_path / "qwen2")), queue_size=0, **LAST)
     without_dropout(model).eval()
@@ -122,7 +122,7 @@ def test_left_and_right_padded_batches_give_the_same_losses(tmp_path):
 def test_a_decoder_trained_with_training_dropout_0_is_said_to_have_copied_twins(tmp_path, caplog):
     from datasets import Dataset as TextData
 
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
     from trainer_ifcl import IFCLTrainer
 
     model = IFCLModel.from_encoder(str(build_tiny_decoder("llama", tmp_path / "llama")), training_dropout=0.0, **LAST)
@@ -203,7 +203,7 @@ def test_a_bert_template_takes_the_eos_once_at_the_end_even_truncated(tiny_encod
     [SEP], also when a sentence is truncated (a second template chained after it made the Rust library panic)."""
     from transformers import AutoTokenizer
 
-    from modeling_ifcl import fit_tokenizer
+    from ifcl.tokenization import fit_tokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_encoder_dir)
     tokenizer.eos_token = "[MASK]"  # a token of the vocabulary, standing in for an EOS of its own

@@ -102,7 +102,7 @@ def test_the_queue_survives_zero_to_fp32s_buffer_cast(tiny_encoder_dir):
     its ``parse_model_states``); ``load_state_dict`` casts them back, so the queue (float rows, bool marks, long
     head) comes back whole."""
     from ifcl import queue as ring
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
 
     trained = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=3, queue_batch_size=4)
     for step in range(2):

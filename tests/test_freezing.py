@@ -10,8 +10,8 @@ from datasets import Dataset
 from transformers import AutoModel
 
 from configuration_ifcl import IFCLConfig, IFCLSettings
+from ifcl.model import IFCLModel
 from ifcl.objectives import build_objective, fit_model
-from modeling_ifcl import IFCLModel
 from trainer_ifcl import IFCLTrainer
 
 

@@ -31,7 +31,7 @@ from conftest import (
 from datasets import Dataset
 
 from ifcl import queue as ring
-from modeling_ifcl import IFCLModel
+from ifcl.model import IFCLModel
 from trainer_ifcl import IFCLTrainer
 
 DEVICE = torch.device(os.environ.get("IFCL_TEST_DEVICE", "cuda"))

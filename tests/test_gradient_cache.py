@@ -20,7 +20,7 @@ from conftest import (
 from datasets import Dataset
 
 from ifcl import queue as ring
-from modeling_ifcl import IFCLModel
+from ifcl.model import IFCLModel
 from trainer_ifcl import IFCLTrainer
 
 # The model settings of each objective: IFCL with its queue and fraternal twins (BEL_F is BEL_S), miCSE with its

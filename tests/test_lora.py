@@ -32,7 +32,7 @@ from torch import nn
 
 from ifcl.checkpoints import CheckpointError, check_resume_lora
 from ifcl.lora import add_lora, merged_adapters
-from modeling_ifcl import IFCLModel
+from ifcl.model import IFCLModel
 from trainer_ifcl import IFCLTrainer
 
 PAIRS = {"sentence": ENGLISH[:8], "fraternal": GERMAN[:8]}
@@ -251,9 +251,10 @@ def test_run_ifcl_trains_a_decoder_with_lora_checkpointing_and_bf16(tmp_path):
 
 @pytest.mark.parametrize("objective", ["ifcl", "simcse"])
 def test_a_lora_checkpoint_loads_as_the_model_of_its_step(objective, tmp_path):
-    """``from_pretrained`` of a LoRA run's checkpoint, the package's class and the remote code alike, gives the
-    model of that step with its adapters merged (no peft needed), equal to what publishing that step gives; without
-    the merge it would load the base layers' untrained weights."""
+    """``from_pretrained`` of a LoRA run's checkpoint with the package's class gives the model of that step with its
+    adapters merged (no peft needed), equal to what publishing that step gives; without the merge it would load the
+    base layers' untrained weights. The remote code, which holds only what a published folder runs, refuses such a
+    checkpoint in one line naming the package's loader, rather than load it unmerged."""
     from transformers import AutoModel
 
     decoder = build_tiny_decoder("qwen3", tmp_path / "qwen3")
@@ -262,12 +263,12 @@ def test_a_lora_checkpoint_loads_as_the_model_of_its_step(objective, tmp_path):
     trainer.save_model(str(tmp_path / "published"))  # the model of step 4, merged
     published = IFCLModel.from_pretrained(str(tmp_path / "published")).encode(ENGLISH)
     checkpoint = str(tmp_path / "run" / "checkpoint-4")
-    for loaded in (
-        IFCLModel.from_pretrained(checkpoint),
-        AutoModel.from_pretrained(checkpoint, trust_remote_code=True),
-    ):
-        assert not [name for name, _ in loaded.named_parameters() if "lora_" in name]
-        torch.testing.assert_close(loaded.encode(ENGLISH), published, atol=1e-5, rtol=0)
+    loaded = IFCLModel.from_pretrained(checkpoint)
+    assert not [name for name, _ in loaded.named_parameters() if "lora_" in name]
+    torch.testing.assert_close(loaded.encode(ENGLISH), published, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="checkpoint of a LoRA run.*IFCLModel.from_pretrained") as refused:
+        AutoModel.from_pretrained(checkpoint, trust_remote_code=True)
+    assert "\n" not in str(refused.value)
     loaded.save_pretrained(tmp_path / "saved_again")  # a loaded checkpoint saves under the model's own names
     assert not [
         name for name in saved_weight_names(tmp_path / "saved_again") if "lora_" in name or "base_layer" in name

@@ -12,8 +12,8 @@ from conftest import ENGLISH, GERMAN, cpu_training_args, objective_run_args, wit
 from datasets import Dataset
 from torch import nn
 
+from ifcl.model import IFCLModel
 from ifcl.objectives import objective_class
-from modeling_ifcl import IFCLModel
 from trainer_ifcl import IFCLTrainer
 
 PEER_SETTINGS = {"micse": {"micse_queue_size": 4, "micse_attention_layers": "top2"}, "pcl": {}, "simcse": {}}
@@ -97,7 +97,7 @@ def test_truncate_dim_at_load_time_embeds_at_that_size_as_sentence_transformers_
     normalised after the cut when asked; a size given to ``encode`` wins; bad sizes are one line."""
     from transformers import AutoModel
 
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
 
     full = IFCLModel.from_pretrained(str(published_dir)).encode(ENGLISH)
     for model in (

@@ -631,9 +631,9 @@ def test_training_dropout_not_applied_is_said_in_the_log_and_left_off_the_card(t
     not applied, and the card's settings table leaves it out (the command line refuses it)."""
     from datasets import Dataset
 
+    from ifcl.model import IFCLModel
     from ifcl.model_card import settings_table
     from ifcl.objectives import objective_class
-    from modeling_ifcl import IFCLModel
     from trainer_ifcl import IFCLTrainer
 
     model = IFCLModel.from_encoder(str(tiny_encoder_dir), training_dropout=0.3)

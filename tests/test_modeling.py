@@ -10,9 +10,10 @@ import torch
 from conftest import ENGLISH, GERMAN, build_tiny_encoder
 
 from ifcl import queue as ring
+from ifcl.model import IFCLModel
 from ifcl.objectives import fit_model
 from ifcl.publishing import save_published
-from modeling_ifcl import IFCLModel, mean_pool
+from modeling_ifcl import mean_pool
 
 
 def tokens(model: IFCLModel, english: list[str], german: list[str]):

@@ -14,6 +14,7 @@ from conftest import ENGLISH, objective_run_args, saved_weight_names
 
 from ifcl import queue as ring
 from ifcl.losses import info_nce
+from ifcl.model import IFCLModel
 from ifcl.objectives import build_objective, settings_as_dict
 from ifcl.objectives.micse import (
     AttentionMutualInformationLoss,
@@ -24,7 +25,7 @@ from ifcl.objectives.micse import (
     sample_attention_positions,
     valid_attention_positions,
 )
-from modeling_ifcl import IFCLModel, QueueBuffers
+from modeling_ifcl import QueueBuffers
 
 
 def tiny_micse_model(encoder_dir: Path, **settings) -> IFCLModel:

@@ -14,6 +14,7 @@ import torch
 from conftest import ENGLISH, objective_run_args, saved_weight_names
 from torch import nn
 
+from ifcl.model import IFCLModel
 from ifcl.objectives import build_objective
 from ifcl.objectives.pcl import (
     PCLLoss,
@@ -25,7 +26,6 @@ from ifcl.objectives.pcl import (
     augment_sentence,
     split_units,
 )
-from modeling_ifcl import IFCLModel
 
 CLS, SEP = 101, 102
 # [CLS] w0 w1 w2 ... [SEP] with ten one-token words 10..19.

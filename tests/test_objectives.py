@@ -15,11 +15,12 @@ from conftest import ENGLISH, cpu_training_args, launch, objective_run_args, sav
 from torch import nn
 
 from ifcl import queue as ring
+from ifcl.model import IFCLModel
 from ifcl.objectives import OBJECTIVES, build_objective, objective_class, pad_features
 from ifcl.objectives.base import WITHOUT_IFCL, fit_model
 from ifcl.objectives.ifcl import IFCLObjective
 from ifcl.objectives.simcse import SimCSEObjective
-from modeling_ifcl import IFCLModel, IFCLTwinsOutput
+from modeling_ifcl import IFCLTwinsOutput
 from trainer_ifcl import IFCLTrainer, ObjectiveDataCollator
 
 

@@ -128,7 +128,7 @@ def test_one_run_per_folder_at_a_time(tmp_path):
 def test_a_run_that_fails_before_writing_anything_leaves_nothing_behind(
     tiny_encoder_dir, english_sts_data, tmp_path, monkeypatch
 ):
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
 
     def fail(*args, **kwargs):
         raise OSError("the disk went away")

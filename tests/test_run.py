@@ -188,7 +188,7 @@ def test_chinese_mandarin_with_cantonese_twins_end_to_end(tmp_path):
     for key in ("init_eval_cstsb_spearman", "eval_cstsb_spearman", "init_test_cstsb_spearman", "test_cstsb_spearman"):
         assert -100.0 <= results[key] <= 100.0, key
 
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
 
     model = IFCLModel.from_pretrained(output)
     ids = model.tokenizer(MANDARIN[0])["input_ids"]

@@ -16,8 +16,9 @@ from sentence_transformers import SentenceTransformer, SentenceTransformerTraine
 from sentence_transformers.sentence_transformer.modules import Pooling, Transformer  # noqa: E402
 
 from ifcl import queue as ring  # noqa: E402
+from ifcl.model import IFCLModel  # noqa: E402
 from ifcl.sentence_transformers_loss import CachedIFCLLoss, IFCLLoss  # noqa: E402
-from modeling_ifcl import IFCLModel, IFCLTwinsOutput  # noqa: E402
+from modeling_ifcl import IFCLTwinsOutput
 from trainer_ifcl import IFCLTrainer  # noqa: E402
 
 SETTINGS = dict(

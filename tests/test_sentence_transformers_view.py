@@ -15,8 +15,9 @@ import pytest
 import torch
 from conftest import ENGLISH, GERMAN
 
+from ifcl.model import IFCLModel
 from ifcl.publishing import adopt_base, read_base, save_published
-from modeling_ifcl import IFCLModel, max_input_length
+from modeling_ifcl import max_input_length
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
 
@@ -365,7 +366,7 @@ def test_a_base_trained_without_pooler_flags_publishes_a_model_that_pools_as_it_
 def test_the_base_pooling_is_the_default_and_a_pooler_set_otherwise_is_warned_about(
     tiny_encoder_dir, tmp_path, caplog
 ):
-    from modeling_ifcl import choose_poolers
+    from ifcl.pooling import choose_poolers
 
     base = sentence_transformer_base(tiny_encoder_dir, "cls", tmp_path / "cls")
     model = IFCLModel.from_encoder(str(base), queue_size=0)
@@ -422,7 +423,7 @@ def test_a_base_pooling_mode_without_a_pooler_here_is_refused_unless_both_are_se
     tiny_encoder_dir, tmp_path
 ):
     from ifcl.model_card import pooling_description
-    from modeling_ifcl import choose_poolers
+    from ifcl.pooling import choose_poolers
 
     base = sentence_transformer_base(tiny_encoder_dir, "max", tmp_path / "max")
     with pytest.raises(ValueError, match=r"its Pooling module \(1_Pooling/config.json\) pools with max, which"):

@@ -244,7 +244,7 @@ def test_a_streamed_checkpoint_resumes_only_as_it_was_streamed(tiny_encoder_dir,
 def test_the_trainer_and_ifcl_loss_take_a_datasets_stream(tiny_encoder_dir, tmp_path):
     """A ``datasets.IterableDataset`` of text: IFCLTrainer reads it in its own order, tokenized as read; IFCLLoss under
     SentenceTransformerTrainer trains on it, a bad row named as it comes."""
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
     from trainer_ifcl import IFCLTrainer
 
     def pairs():

@@ -10,8 +10,8 @@ from torch import nn
 
 from ifcl import queue as ring
 from ifcl.losses import forgetting_coefficients
+from ifcl.model import IFCLModel
 from ifcl.objectives import pad_features
-from modeling_ifcl import IFCLModel
 from trainer_ifcl import IFCLTrainer
 
 

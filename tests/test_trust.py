@@ -8,14 +8,14 @@ import torch
 from conftest import run_script, write_sts_file
 from safetensors.torch import load_file, save_file
 
-from modeling_ifcl import IFCLModel
+from ifcl.model import IFCLModel
 
 SENTINEL_CODE = "import pathlib; pathlib.Path({path!r}).write_text('ran')\n"
 
 
 @pytest.fixture
 def saved_model(tiny_encoder_dir, tmp_path):
-    from modeling_ifcl import IFCLModel
+    from ifcl.model import IFCLModel
 
     folder = tmp_path / "model"
     IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0).save_pretrained(folder)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
@@ -18,14 +19,17 @@ from typing import Any, ClassVar
 
 import datasets
 import torch
+from accelerate.utils import extract_model_from_parallel
+from datasets.fingerprint import Hasher
 from torch import nn
 
 from configuration_ifcl import IFCLSettings, SharedSettings
 from ifcl import queue as ring
-from ifcl.data import check_text_dataset, check_training_data_size, is_text_dataset
+from ifcl.data import check_text_dataset, check_training_data_size, is_text_dataset, training_cache_dir
+from ifcl.failures import cache_write_failures_named
+from ifcl.model import fit_dropout
 from ifcl.publishing import adopt_base
 from ifcl.streaming import TrainingStream
-from modeling_ifcl import fit_dropout
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +83,6 @@ def tokenizer_fingerprint(tokenizer) -> Any:
 
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The model inside a data-parallel, DeepSpeed or compiled wrapper (the model itself when unwrapped)."""
-    from accelerate.utils import extract_model_from_parallel
-
     return extract_model_from_parallel(model)
 
 
@@ -288,14 +290,6 @@ class Objective(nn.Module):
         tokenizer, ``max_length``; not the loss's settings); with ``on_the_fly``, as the data loader reads each row
         (``with_transform``), for corpora whose token cache would not fit on disk. A failed write of the cache (a full
         disk) names its folder and the ways out, and leaves no temporary file there."""
-        import os
-
-        import datasets
-        from datasets.fingerprint import Hasher
-
-        from ifcl.data import training_cache_dir
-        from ifcl.failures import cache_write_failures_named
-
         check_text_dataset(dataset, self.text_columns, reader=f"--objective {self.name}")
         dataset = dataset.select_columns(list(self.text_columns))
 

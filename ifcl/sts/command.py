@@ -26,8 +26,9 @@ from configuration_ifcl import POOLER_TYPES
 from ifcl.arguments import command_line
 from ifcl.data import load_train_dataset
 from ifcl.failures import failures_of_the_run, run_command
-from ifcl.files import write_json_atomically
+from ifcl.files import check_model_path, write_json_atomically
 from ifcl.hub import check_model_reachable
+from ifcl.output_folder import RUN_IN_PROGRESS_FILE
 from ifcl.processes import log_to_stdout
 from ifcl.sts.encoders import (
     MODEL_TYPES,
@@ -46,7 +47,6 @@ from ifcl.sts.tasks import (
     load_requests,
     parse_task_requests,
 )
-from modeling_ifcl import check_model_path
 
 logger = logging.getLogger("evaluate_sts")
 
@@ -89,7 +89,6 @@ class ModelArguments:
     )
 
     def __post_init__(self) -> None:
-        from ifcl.output_folder import RUN_IN_PROGRESS_FILE
 
         if os.path.isfile(os.path.join(self.model_name_or_path, RUN_IN_PROGRESS_FILE)):
             raise ValueError(

@@ -22,9 +22,10 @@ from transformers import AutoModel
 from configuration_ifcl import POOLER_TYPES, IFCLConfig, ifcl_config_dict
 from ifcl.checks import check_custom_code
 from ifcl.files import read_json
+from ifcl.model import IFCLModel
+from ifcl.pooling import base_pooling
 from modeling_ifcl import (
     ALL_LAYER_POOLERS,
-    IFCLModel,
     embed_sorted_by_length,
     load_tokenizer,
     max_input_length,
@@ -212,23 +213,6 @@ def sentence_transformers_module(name_or_path: str, kind: str) -> dict[str, Any]
     return next((module for module in modules if str(module.get("type", "")).endswith(kind)), None)
 
 
-def sentence_transformers_pooler(name_or_path: str) -> str | None:
-    """The pooler of a sentence-transformers model's Pooling module in this project's names (avg or
-    cls_before_pooler), or None when it is another kind or cannot be read."""
-    pooling = sentence_transformers_module(name_or_path, "Pooling")
-    config = read_json(name_or_path, "config.json", pooling["path"]) if pooling else None
-    if not config:
-        return None
-    modes = config.get("pooling_mode")
-    modes = {modes} if isinstance(modes, str) else set(modes or ())
-    modes |= {
-        key.removeprefix("pooling_mode_") for key, on in config.items() if key.startswith("pooling_mode_") and on
-    }
-    return {"mean": "avg", "mean_tokens": "avg", "cls": "cls_before_pooler", "cls_token": "cls_before_pooler"}.get(
-        modes.pop() if len(modes) == 1 else ""
-    )
-
-
 @dataclass
 class LoadedEncoder:
     """An encoder ready for :class:`STSEvaluator`, with what it is."""
@@ -300,9 +284,15 @@ def load_encoder(
                 model.max_seq_length = max_length
             model.to(dtype=dtype).eval()
             return LoadedEncoder(SentenceTransformerEncoder(model), model_type, None)
+        base = base_pooling(name_or_path) if pooler_type is None else None
+        if base is not None and base.pooler is None:
+            raise ValueError(
+                f"{name_or_path}: its Pooling module ({base.file}) pools with {base.name}, which --model_type "
+                f"transformers has no pooler for; choose --pooler_type ({', '.join(POOLER_TYPES)})."
+            )
         encoder = TransformersEncoder.from_pretrained(
             name_or_path,
-            pooler_type or sentence_transformers_pooler(name_or_path) or "avg",
+            pooler_type or (base.pooler if base else None) or "avg",
             max_length,
             device,
             dtype,

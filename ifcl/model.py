@@ -1,0 +1,259 @@
+"""``IFCLModel`` as training uses it: the published model (``modeling_ifcl.IFCLModel``, the remote code a saved
+folder carries) with what only training needs: building it from a pretrained encoder (:meth:`IFCLModel.from_encoder`:
+the base's poolers and prompts, its tokenizer fitted, BEL_F from a fraternal model with its projection started at
+BEL_S's scale), loading a LoRA run's checkpoint merged, and saving the folder with its tokenizers and remote code.
+
+``from ifcl import IFCLModel`` gives this class; a folder it saves loads with the remote code alone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedTokenizerBase
+from transformers.utils import logging
+
+import modeling_ifcl
+from ifcl.files import check_model_path
+from ifcl.lora import lora_weights, merge_lora
+from ifcl.pooling import POOLER_SETTINGS, base_pooling, choose_poolers
+from ifcl.tokenization import check_vocabulary, fit_tokenizer, without_processor_class
+from modeling_ifcl import FRATERNAL_TOKENIZER, checked_truncate_dim, load_tokenizer, word_table_of
+
+logger = logging.get_logger(__name__)
+
+
+AUTO_MODEL = "modeling_ifcl.IFCLModel"  # the class a saved folder's auto_map names
+
+
+def dropout_settings(encoder_config: dict[str, Any]) -> dict[str, float]:
+    """An encoder config's dropout rates by name (its classifier's left out): where they are all 0, training gives
+    the encoder ``training_dropout`` (:func:`fit_dropout`); where one is not, the encoder trains with its own."""
+    return {
+        k: float(v)
+        for k, v in encoder_config.items()
+        if "dropout" in k and "classifier" not in k and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
+def fit_dropout(encoder: nn.Module, rate: float) -> str | None:
+    """Identical twins are a sentence under two dropout masks, so an ``encoder`` (a transformers model) whose every
+    dropout is 0 (most decoders, ModernBERT, ALBERT) gets ``rate`` (the config's ``training_dropout``) in every
+    dropout of its config and modules, as LLM2Vec gives one; returns what was set (or, with ``rate`` 0, that the
+    twins are copies), for the log. ``ValueError`` naming the setting when the encoder has no dropout to set."""
+    encoder_config = encoder.config
+    rates = dropout_settings(encoder_config.to_dict())
+    if any(value > 0 for value in rates.values()):
+        return None
+    # LoRA's dropout on the adapters' input (ifcl.lora) is its own setting, --lora_dropout.
+    places = [m for n, m in encoder.named_modules() if isinstance(m, nn.Dropout) and "lora_dropout" not in n]
+    floats = [(m, k) for m in encoder.modules() for k, v in vars(m).items() if "dropout" in k and type(v) is float]
+    encoder_name = type(encoder).__name__
+    if rate == 0:
+        return (
+            f"{encoder_name} has no dropout and --training_dropout is 0: identical twins are exact copies of the "
+            "anchors"
+        )
+    if not (places or floats):
+        raise ValueError(
+            f"{encoder_name} has no dropout ({', '.join(rates) or 'no dropout setting'} 0), so identical twins "
+            "would be exact copies of the anchors; set --training_dropout (e.g. 0.1) to train it with dropout."
+        )
+    for name in rates:
+        setattr(encoder_config, name, rate)
+    for module in places:
+        module.p = rate
+    for module, name in floats:
+        setattr(module, name, rate)
+    return f"{encoder_name} has no dropout: its dropout is {rate} while training"
+
+
+def check_encoder_class(encoder_config: PretrainedConfig, name_or_path: str) -> None:
+    """``ValueError`` in one line for an encoder transformers does not implement itself (its config.json's
+    ``auto_map``, run with ``trust_remote_code``): a published IFCL folder rebuilds its encoder from transformers' own
+    classes and carries no encoder code, so the model could not be loaded as it trained."""
+    if type(encoder_config).__module__.split(".")[0] != "transformers":
+        raise ValueError(
+            f"{name_or_path}: its encoder is custom code (model type {encoder_config.model_type}, its config.json's "
+            "auto_map), which IFCL cannot train: a published IFCL folder rebuilds its encoder with transformers' own "
+            "classes and carries no encoder code. Choose an encoder transformers implements."
+        )
+
+
+def load_fraternal(name_or_path: str, trust_remote_code: bool = False) -> tuple[torch.Tensor, PreTrainedTokenizerBase]:
+    """BEL_F's starting table, the fraternal model's word table (checked as the encoder's is), and its tokenizer
+    (read first: a folder without one is refused before any weights load)."""
+    tokenizer = load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
+    config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    check_vocabulary(tokenizer, getattr(config, "vocab_size", None), name_or_path)
+    model = AutoModel.from_pretrained(name_or_path, config=config, trust_remote_code=trust_remote_code)
+    return word_table_of(model, name_or_path).weight, tokenizer
+
+
+@torch.no_grad()
+def scaled_orthogonal_projection(
+    projection: nn.Linear, source_table: torch.Tensor, fraternal_table: torch.Tensor
+) -> None:
+    """Start ``projection`` (BEL_F's width → BEL_S's) as an orthogonal map scaled to give the projected table BEL_S's
+    mean variance per dimension, with the bias that gives it BEL_S's mean (a random projection of a narrower table
+    would start the fraternal twins at a fraction of BEL_S's scale)."""
+    source, fraternal = source_table.detach().float(), fraternal_table.detach().float()
+    weight = torch.empty(projection.weight.shape, device=fraternal.device)
+    nn.init.orthogonal_(weight)
+    fraternal_mean = fraternal.mean(dim=0)
+    centred = fraternal - fraternal_mean
+    covariance = centred.T @ centred / max(fraternal.shape[0] - 1, 1)
+    projected_variance = ((weight @ covariance) * weight).sum(dim=1).mean()  # mean of diag(W Σ Wᵀ)
+    weight *= (source.var(dim=0).mean() / projected_variance.clamp_min(1e-12)).sqrt()
+    projection.weight.copy_(weight)
+    projection.bias.copy_(source.mean(dim=0) - weight @ fraternal_mean)
+
+
+class IFCLModel(modeling_ifcl.IFCLModel):
+    """The published ``IFCLModel`` with what training needs (this module's docstring). Its folders name the published
+    class in ``auto_map`` and carry its file, so that they load with the remote code alone."""
+
+    _auto_class = None  # save_pretrained writes auto_map and the code files itself: the published class's, not this
+    # A LoRA checkpoint's adapters, which from_pretrained merges into their layers itself.
+    _keys_to_ignore_on_load_unexpected = [r"\.lora_(A|B|embedding_A|embedding_B)\.", r"\.base_layer\."]
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *model_args, **kwargs) -> IFCLModel:
+        """The published model's ``from_pretrained`` (``truncate_dim``, ``attn_implementation``), and a checkpoint of a
+        LoRA run (its weights hold the adapters beside their base layers, ``ifcl.lora``) loads as the model of that
+        step: the adapters merged into their layers (W + B·A·alpha/r, ``ifcl.lora.merge_lora``), as a published
+        folder holds them; no peft is needed."""
+        checked_truncate_dim(kwargs.get("truncate_dim"))  # its type, before anything is read
+        adapters = lora_weights(pretrained_model_name_or_path, kwargs)
+        # The adapted layers' own weights are not in the file under their names (peft's base_layer holds them): not
+        # missing, since merge_lora writes them; nothing else is left out of the load report.
+        merged = [re.escape(name.replace(".base_layer.", ".")) for name in adapters if ".base_layer." in name]
+        ignored = cls._keys_to_ignore_on_load_missing
+        cls._keys_to_ignore_on_load_missing = [*ignored, *merged]
+        try:
+            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        finally:
+            cls._keys_to_ignore_on_load_missing = ignored
+        if adapters:
+            merge_lora(loaded[0] if isinstance(loaded, tuple) else loaded, adapters)  # (model, info) when asked for
+        return loaded
+
+    @classmethod
+    def from_encoder(
+        cls,
+        encoder_name_or_path: str,
+        fraternal_model_name_or_path: str | None = None,
+        *,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        encoder_config: PretrainedConfig | None = None,
+        trust_remote_code: bool = False,
+        attn_implementation: str | None = None,
+        **settings,
+    ) -> IFCLModel:
+        """An IFCL model to train, built from a pretrained encoder.
+
+        Args:
+            encoder_name_or_path: a Hub id or a local folder of any encoder ``AutoModel`` loads.
+            fraternal_model_name_or_path: a model of the fraternal language whose word table initialises BEL_F and
+                whose tokenizer reads the fraternal text; without one BEL_F is the encoder's own table.
+            tokenizer, encoder_config: the encoder's, when already read (else read from ``encoder_name_or_path``).
+            trust_remote_code: run the code the encoder and fraternal model ship with (transformers' own classes
+                otherwise, and a model that needs its code is refused; no prompt is ever shown).
+            attn_implementation: the encoder's attention (``"sdpa"``, ``"flash_attention_2"``, ...), which it checks;
+                default its own default. Not saved: :meth:`from_pretrained` takes it again.
+            settings: :class:`IFCLConfig` fields (``fusion_rate``, ``queue_size``, ``pooler_type``, ...). The
+                poolers not given are the encoder's own: those of its sentence-transformers Pooling module (CLS,
+                last token or mean), else ``avg`` (:func:`choose_poolers`, which logs where each came from).
+
+        Returns:
+            The model, with the encoder's tokenizer (and the fraternal one) attached.
+        """
+        cls.config_class(**settings)  # unknown settings and wrong values refused before any weights load
+        check_model_path("encoder_name_or_path", encoder_name_or_path)
+        check_model_path("fraternal_model_name_or_path", fraternal_model_name_or_path)
+        given = {name: settings[name] for name in POOLER_SETTINGS if name in settings}
+        poolers, notes = choose_poolers(encoder_name_or_path, given)
+        settings.update(poolers)
+        base = base_pooling(encoder_name_or_path)
+        if base is not None:  # its prompt pooled or not, and its default prompt, as the base defines them
+            settings = {"include_prompt": base.include_prompt, "default_prompt": base.default_prompt, **settings}
+        for level, note in notes:
+            logger.log(level, note)
+        tokenizer = tokenizer or load_tokenizer(encoder_name_or_path, trust_remote_code=trust_remote_code)
+        for change in fit_tokenizer(tokenizer, "last" in poolers.values()):
+            logger.info(f"{encoder_name_or_path}: {change}.")
+        encoder_config = encoder_config or AutoConfig.from_pretrained(
+            encoder_name_or_path, trust_remote_code=trust_remote_code
+        )
+        check_encoder_class(encoder_config, encoder_name_or_path)
+        check_vocabulary(tokenizer, getattr(encoder_config, "vocab_size", None), encoder_name_or_path)
+        fraternal_table = fraternal_tokenizer = None
+        if fraternal_model_name_or_path is not None:  # checked, then loaded, before the encoder's weights load
+            fraternal_table, fraternal_tokenizer = load_fraternal(fraternal_model_name_or_path, trust_remote_code)
+        encoder = AutoModel.from_pretrained(
+            encoder_name_or_path, config=encoder_config, trust_remote_code=trust_remote_code
+        )
+        word_table_of(encoder, encoder_name_or_path)  # refused before the model is built when it has none
+        prefix = getattr(encoder, "base_model_prefix", "")  # its own, so that the weights keep their names
+        config = cls.config_class(
+            encoder_config=encoder.config.to_dict(),
+            encoder_name_or_path=encoder_name_or_path,
+            encoder_prefix=prefix if prefix.isidentifier() and prefix != "encoder" else "encoder",
+            # None: the encoder's own table's (see IFCLConfig.shares_word_table)
+            fraternal_vocab_size=fraternal_table.shape[0] if fraternal_tokenizer else None,
+            fraternal_embedding_size=fraternal_table.shape[1] if fraternal_tokenizer else None,
+            fraternal_pad_token_id=(fraternal_tokenizer or tokenizer).pad_token_id,
+            fraternal_model_name_or_path=fraternal_model_name_or_path,
+            **settings,
+        )
+        model = cls(config, encoder=encoder, fraternal_table=fraternal_table)
+        if model.fraternal_projection is not None and fraternal_table is not None:
+            scaled_orthogonal_projection(
+                model.fraternal_projection, encoder.get_input_embeddings().weight, fraternal_table
+            )
+        if attn_implementation is not None:
+            model.encoder.set_attn_implementation(attn_implementation)
+        model.name_or_path = encoder_name_or_path  # where its tokenizer and sentence-transformers settings come from
+        model._tokenizer, model._fraternal_tokenizer = tokenizer, fraternal_tokenizer
+        return model
+
+    def save_pretrained(
+        self, save_directory: str | os.PathLike, is_main_process: bool = True, push_to_hub: bool = False, **kwargs
+    ) -> None:
+        """``PreTrainedModel.save_pretrained``, and, as sentence-transformers' ``save`` does, the tokenizer the model
+        holds (attached, or read from where the model was loaded) with, when the config names a fraternal model, the
+        fraternal one in ``fraternal_tokenizer/``: a folder that loads alone. A fast tokenizer's file holds no truncation
+        nor padding of the last call before it (the training length, say): its limit is ``model_max_length``. With ``push_to_hub`` (``repo_id``:
+        default the folder's name) the folder is pushed with them, by :meth:`push_to_hub`."""
+        hub_names = ("repo_id", "commit_message", "commit_description", "private", "create_pr", "revision", "tags")
+        hub = {name: kwargs.pop(name) for name in hub_names if name in kwargs}
+        if is_main_process:  # the published class's code and auto_map (what custom_object_save writes for it)
+            os.makedirs(save_directory, exist_ok=True)
+            shutil.copy(modeling_ifcl.__file__, save_directory)  # the config copies its own file
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), "AutoModel": AUTO_MODEL}
+        super().save_pretrained(save_directory, is_main_process, **kwargs)
+        if not is_main_process:
+            return
+        tokenizers = {"": "tokenizer"}
+        if self.config.fraternal_model_name_or_path is not None:
+            tokenizers[FRATERNAL_TOKENIZER] = "fraternal_tokenizer"
+        for subfolder, attribute in tokenizers.items():
+            try:
+                tokenizer = getattr(self, attribute)
+            except (OSError, ValueError) as error:  # none attached nor loadable: the folder's loaders say so
+                logger.warning(f"{save_directory}: no {attribute} saved ({str(error).splitlines()[0]}).")
+                continue
+            if getattr(tokenizer, "is_fast", False):  # the last call's truncation and padding are not the model's
+                tokenizer.backend_tokenizer.no_truncation()
+                tokenizer.backend_tokenizer.no_padding()
+            tokenizer.save_pretrained(os.path.join(save_directory, subfolder))
+            without_processor_class(os.path.join(save_directory, subfolder, "tokenizer_config.json"))
+        if push_to_hub:
+            repo_id = hub.pop("repo_id", os.path.basename(os.path.normpath(save_directory)))
+            options = {name: kwargs[name] for name in ("token", "max_shard_size") if name in kwargs}
+            self.push_to_hub(repo_id, **options, **hub)
