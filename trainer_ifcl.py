@@ -12,6 +12,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+import datasets
 import torch
 from torch.distributed import group
 from torch.distributed._functional_collectives import all_gather_single_autograd
@@ -416,6 +417,8 @@ class IFCLTrainer(Trainer):
         super().__init__(model, args, *rest, **kwargs)
         if cache_mini_batch_size is not None and args is None:  # the Trainer's default arguments
             check_cache_mini_batch_size(cache_mini_batch_size, self.args, self.objective)
+        if isinstance(self.train_dataset, datasets.IterableDataset):  # a user's stream, read in its own order
+            self.train_dataset = TrainingStream(self.train_dataset, shuffle_buffer_size=0, name="the training stream")
         # The one preparation of the run: the model fitted to it, the text tokenized, the data's size checked.
         self.train_dataset = self.objective.prepare(
             unwrap_model(self.model),

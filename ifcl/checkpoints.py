@@ -17,7 +17,7 @@ from transformers.trainer_callback import TrainerState
 
 from configuration_ifcl import ifcl_config_dict
 from ifcl.failures import listed
-from ifcl.files import read_json
+from ifcl.files import STREAM_STATE_FILE, read_json
 from ifcl.lora import resolved_alpha
 from ifcl.publishing import public_name
 
@@ -50,11 +50,6 @@ RESUME_SETTINGS = {
     "objective_settings": "the objective's own settings",
     "fraternal_model_name_or_path": "--fraternal_model_name_or_path",
 }
-
-
-# What a streamed run's checkpoint keeps beside the Trainer's files: where each process's stream was
-# (``ifcl.streaming.TrainingStream.save``).
-STREAM_STATE_FILE = "ifcl_stream_state-{rank}.json"
 
 
 class CheckpointError(ValueError):

@@ -48,33 +48,31 @@ class DataFormatError(ValueError):
     """Bad input data; message names the file (and line/columns where known)."""
 
 
-def _format_error(path: str | os.PathLike, message: str, line: int | None = None) -> DataFormatError:
+def format_error(path: str | os.PathLike, message: str, line: int | None = None) -> DataFormatError:
     """Build a DataFormatError whose message starts with the file (and line)."""
     where = os.fspath(path) if line is None else f"{os.fspath(path)}: line {line}"
     return DataFormatError(f"{where}: {message}")
 
 
-def _check_columns(
-    path: str, wanted: Iterable[str], found: list[str], line: int | None = None, hint: str = ""
-) -> None:
+def check_columns(path: str, wanted: Iterable[str], found: list[str], line: int | None = None, hint: str = "") -> None:
     """Refuse a file (or a line of it) whose columns ``found`` lack one of ``wanted``, listing both."""
     missing = [column for column in wanted if column not in found]
     if missing:
-        raise _format_error(path, f"missing column(s) {missing}; found columns {found}{hint}", line)
+        raise format_error(path, f"missing column(s) {missing}; found columns {found}{hint}", line)
 
 
 def _check_file(path: str, what: str, extensions: tuple[str, ...]) -> None:
     """Refuse a file with another extension (DataFormatError), or one that does not exist."""
     extension = os.path.splitext(path)[1].lower()
     if extension not in extensions:
-        raise _format_error(
+        raise format_error(
             path, f"unsupported extension {extension or '(none)'!r}; supported: {', '.join(extensions)}"
         )
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{what} not found: {path}")
 
 
-def _iter_lines(path: str) -> Iterator[tuple[int, str]]:
+def iter_lines(path: str) -> Iterator[tuple[int, str]]:
     """(1-based line number, line without its ending) of a UTF-8 file, a leading byte-order mark dropped; bytes
     that are not UTF-8 raise DataFormatError naming the line."""
     with open(path, "rb") as handle:
@@ -82,7 +80,7 @@ def _iter_lines(path: str) -> Iterator[tuple[int, str]]:
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as error:
-                raise _format_error(path, f"not valid UTF-8 ({error.reason})", line_number) from error
+                raise format_error(path, f"not valid UTF-8 ({error.reason})", line_number) from error
             if line_number == 1:
                 text = text.removeprefix("\ufeff")
             yield line_number, text.rstrip("\r\n")
@@ -164,7 +162,7 @@ def parse_trans_de_en(
             f"trans-de-en dictionary not found: {path}; install it with `apt-get install -y trans-de-en`"
         )
     pairs: dict[tuple[str, str], None] = {}  # ordered as first seen
-    for _, line in _iter_lines(path):
+    for _, line in iter_lines(path):
         if not line.strip() or line.startswith("#"):
             continue
         sides = line.split(" :: ")
@@ -186,14 +184,14 @@ def load_trans_de_en_dataset(path: str | os.PathLike = DEFAULT_TRANS_DE_EN) -> d
     """trans-de-en sentence pairs as a Dataset: English in ``sentence``, German in ``fraternal``."""
     pairs = parse_trans_de_en(path)
     if not pairs:
-        raise _format_error(path, "no sentence pairs found")
+        raise format_error(path, "no sentence pairs found")
     return datasets.Dataset.from_dict({SENTENCE: [e for e, _ in pairs], FRATERNAL: [g for _, g in pairs]})
 
 
 # ---------------------------------------------------------------------------------------------------- training files
 
 
-def _as_text(value: Any) -> str:
+def as_text(value: Any) -> str:
     """A cell as stripped text; None and NaN become ''."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
@@ -213,7 +211,7 @@ def training_cache_dir() -> str:
     return os.environ.get("IFCL_DATA_CACHE") or default
 
 
-def _parse_train_txt_line(path: str, line_number: int, line: str, with_fraternal: bool) -> tuple[str, ...] | None:
+def parse_train_txt_line(path: str, line_number: int, line: str, with_fraternal: bool) -> tuple[str, ...] | None:
     """A ``sentence<TAB>translation`` line as (sentence[, fraternal]); None for a blank line; DataFormatError naming
     the line for a bad one."""
     if not line.strip():
@@ -222,16 +220,16 @@ def _parse_train_txt_line(path: str, line_number: int, line: str, with_fraternal
     if not with_fraternal:
         sentence = fields[0].strip()
         if not sentence:
-            raise _format_error(path, "empty sentence before the tab", line_number)
+            raise format_error(path, "empty sentence before the tab", line_number)
         return (sentence,)
     if len(fields) != 2:
         problem = "no tab" if len(fields) == 1 else f"{len(fields) - 1} tabs"
-        raise _format_error(
+        raise format_error(
             path, f"expected 'sentence<TAB>translation' (exactly one tab), found {problem}", line_number
         )
     sentence, fraternal = fields[0].strip(), fields[1].strip()
     if not sentence or not fraternal:
-        raise _format_error(path, f"empty {'sentence' if not sentence else 'translation'}", line_number)
+        raise format_error(path, f"empty {'sentence' if not sentence else 'translation'}", line_number)
     return sentence, fraternal
 
 
@@ -274,7 +272,7 @@ def _write_train_txt_cache(path: str, with_fraternal: bool, arrow_path: str, rec
     features = datasets.Features(dict.fromkeys(columns, datasets.Value("string")))
     partial_arrow, partial_record = (f"{name}.{os.getpid()}.partial" for name in (arrow_path, record_path))
     record = {"source": os.path.abspath(path), "rows": 0, "blank_lines": 0}
-    parsed = (_parse_train_txt_line(path, number, line, with_fraternal) for number, line in _iter_lines(path))
+    parsed = (parse_train_txt_line(path, number, line, with_fraternal) for number, line in iter_lines(path))
     try:
         with ArrowWriter(features=features, path=partial_arrow) as writer:
             while lines := list(itertools.islice(parsed, _TRAIN_WRITE_BATCH)):
@@ -329,16 +327,16 @@ def _load_train_txt(path: str, with_fraternal: bool) -> tuple[datasets.Dataset |
 def _canonical_train_rows(batch: dict[str, list[Any]], wanted: dict[str, str]) -> dict[str, list[str]]:
     """``datasets.map`` hook: the ``wanted`` columns of a batch (cells as stripped text), rows with an empty cell
     dropped."""
-    texts = {name: [_as_text(value) for value in batch[source]] for name, source in wanted.items()}
+    texts = {name: [as_text(value) for value in batch[source]] for name, source in wanted.items()}
     keep = [all(row) for row in zip(*texts.values())]
     return {name: [value for value, kept in zip(values, keep) if kept] for name, values in texts.items()}
 
 
-def _canonical_rows(table: datasets.Dataset, source: str, wanted: dict[str, str]) -> datasets.Dataset:
+def canonical_rows(table: datasets.Dataset, source: str, wanted: dict[str, str]) -> datasets.Dataset:
     """The ``wanted`` columns of ``table`` (read from ``source``) under their canonical names (sentence[, fraternal]),
     cells as stripped text, rows with an empty cell dropped with a warning; a missing column named."""
     hint = " (--sentence_column and --fraternal_column name them)"
-    _check_columns(source, wanted.values(), table.column_names, hint=hint)
+    check_columns(source, wanted.values(), table.column_names, hint=hint)
     rows = table.map(
         _canonical_train_rows,
         batched=True,
@@ -361,7 +359,7 @@ def _load_train_table(path: str, builder: str, wanted: dict[str, str]) -> datase
         loader = datasets.load_dataset_builder(builder, data_files=path)
         folder = loader.cache_dir
         loader.download_and_prepare()
-        return _canonical_rows(loader.as_dataset(split="train"), path, wanted)
+        return canonical_rows(loader.as_dataset(split="train"), path, wanted)
     except DataFormatError:
         raise
     except (OSError, json.JSONDecodeError, pyarrow.ArrowException) as damage:
@@ -371,12 +369,12 @@ def _load_train_table(path: str, builder: str, wanted: dict[str, str]) -> datase
             "folder."
         ) from damage
     except (datasets.exceptions.DatasetsError, ValueError, StopIteration) as error:
-        raise _format_error(
+        raise format_error(
             path, f"could not load as {builder} (empty or malformed?): {type(error).__name__}: {error}"
         ) from error
 
 
-def _wanted_columns(sentence_column: str, fraternal_column: str | None) -> dict[str, str]:
+def wanted_columns(sentence_column: str, fraternal_column: str | None) -> dict[str, str]:
     """The canonical column names and the columns of the user's data they come from."""
     return {SENTENCE: sentence_column, **({FRATERNAL: fraternal_column} if fraternal_column is not None else {})}
 
@@ -398,9 +396,9 @@ def load_train_dataset(
             logger.warning("%s: skipped %d empty line(s)", path, skipped)
     else:
         builder = "csv" if path.lower().endswith(".csv") else "json"
-        dataset = _load_train_table(path, builder, _wanted_columns(sentence_column, fraternal_column))
+        dataset = _load_train_table(path, builder, wanted_columns(sentence_column, fraternal_column))
     if dataset is None or not len(dataset):
-        raise _format_error(path, "no training rows")
+        raise format_error(path, "no training rows")
     return dataset
 
 
@@ -560,7 +558,7 @@ class _StsRows:
         """Validate and append one row; raise DataFormatError naming ``line``."""
         for name, value in (("sentence1", sentence1), ("sentence2", sentence2)):
             if not isinstance(value, str) or not value.strip():
-                raise _format_error(self.path, f"missing or empty {name}", line)
+                raise format_error(self.path, f"missing or empty {name}", line)
             self.columns[name].append(value.strip())
         value = self._score(score, line)
         if self.score_range is not None and not self.score_range[0] <= value <= self.score_range[1]:
@@ -569,23 +567,23 @@ class _StsRows:
 
     def _score(self, value: Any, line: int) -> float:
         if value is None or (isinstance(value, str) and not value.strip()):
-            raise _format_error(self.path, "missing score", line)
+            raise format_error(self.path, "missing score", line)
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise _format_error(self.path, f"score is not a number: {value!r}", line)
+            raise format_error(self.path, f"score is not a number: {value!r}", line)
         try:
             score = float(value)
         except ValueError:
-            raise _format_error(self.path, f"score is not a number: {value!r}", line) from None
+            raise format_error(self.path, f"score is not a number: {value!r}", line) from None
         if not math.isfinite(score):
-            raise _format_error(self.path, f"score is not a finite number: {value!r}", line)
+            raise format_error(self.path, f"score is not a finite number: {value!r}", line)
         return score
 
     def dataset(self) -> datasets.Dataset:
         scores = self.columns["score"]
         if len(scores) < 2:
-            raise _format_error(self.path, f"{len(scores)} STS row(s); a correlation needs at least 2")
+            raise format_error(self.path, f"{len(scores)} STS row(s); a correlation needs at least 2")
         if len(set(scores)) == 1:
-            raise _format_error(
+            raise format_error(
                 self.path,
                 f"every score is {scores[0]}: Spearman's correlation is undefined when the scores do not vary",
             )
@@ -600,7 +598,7 @@ class _StsRows:
         return datasets.Dataset.from_dict(self.columns)
 
 
-def _header_rows(
+def header_rows(
     path: str, numbered_fields: Iterable[tuple[int, list[str]]], wanted: Sequence[str]
 ) -> Iterator[tuple[int, dict[str, str | None]]]:
     """(line number, the ``wanted`` columns' cells) of a table whose first row is a header naming them (any order,
@@ -611,15 +609,15 @@ def _header_rows(
             continue
         if indices is None:
             header = [name.strip() for name in fields]
-            _check_columns(path, wanted, header)
+            check_columns(path, wanted, header)
             indices = [header.index(column) for column in wanted]
             continue
         yield line_number, {column: fields[i] if i < len(fields) else None for column, i in zip(wanted, indices)}
     if indices is None:
-        raise _format_error(path, f"empty file; expected a header with {list(wanted)}")
+        raise format_error(path, f"empty file; expected a header with {list(wanted)}")
 
 
-def _numbered_csv_rows(reader: Any) -> Iterator[tuple[int, list[str]]]:
+def numbered_csv_rows(reader: Any) -> Iterator[tuple[int, list[str]]]:
     """Each csv row with the line it starts on (a quoted field may span lines)."""
     row_start = 1
     for fields in reader:
@@ -627,20 +625,20 @@ def _numbered_csv_rows(reader: Any) -> Iterator[tuple[int, list[str]]]:
         yield line_number, fields
 
 
-def _json_lines(path: str, wanted: Sequence[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+def json_lines(path: str, wanted: Sequence[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) of a JSON Lines file, each object holding ``wanted``; blank lines are skipped, a line
     that is not such an object named."""
-    for line_number, line in _iter_lines(path):
+    for line_number, line in iter_lines(path):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
             hint = " (expected JSON Lines: one object per line)" if line.lstrip().startswith("[") else ""
-            raise _format_error(path, f"invalid JSON: {error.msg}{hint}", line_number) from error
+            raise format_error(path, f"invalid JSON: {error.msg}{hint}", line_number) from error
         if not isinstance(record, dict):
-            raise _format_error(path, "expected a JSON object (JSON Lines: one object per line)", line_number)
-        _check_columns(path, wanted, list(record), line_number)
+            raise format_error(path, "expected a JSON object (JSON Lines: one object per line)", line_number)
+        check_columns(path, wanted, list(record), line_number)
         yield line_number, record
 
 
@@ -657,13 +655,13 @@ def load_sts_file(path: str | os.PathLike, score_range: tuple[float, float] | No
     rows = _StsRows(path, score_range)
     with contextlib.ExitStack() as files:
         if extension in (".tsv", ".txt"):
-            lines = ((number, line.split("\t")) for number, line in _iter_lines(path))
-            records = _header_rows(path, lines, STS_COLUMNS)
+            lines = ((number, line.split("\t")) for number, line in iter_lines(path))
+            records = header_rows(path, lines, STS_COLUMNS)
         elif extension == ".csv":
             handle = files.enter_context(open(path, encoding="utf-8-sig", newline=""))
-            records = _header_rows(path, _numbered_csv_rows(csv.reader(handle)), STS_COLUMNS)
+            records = header_rows(path, numbered_csv_rows(csv.reader(handle)), STS_COLUMNS)
         else:
-            records = _json_lines(path, STS_COLUMNS)
+            records = json_lines(path, STS_COLUMNS)
         for line_number, record in records:
             rows.add(*(record[column] for column in STS_COLUMNS), line=line_number)
     return rows.dataset()
@@ -693,12 +691,12 @@ def load_stsb(split: str, path: str | None = None) -> datasets.Dataset:
     ``path``'s, a file of the same ``sts-<split>.csv`` format (as SentEval's STSBenchmark folder holds)."""
     path = path or stsb_path(split)
     rows = _StsRows(path)
-    for line_number, line in _iter_lines(path):
+    for line_number, line in iter_lines(path):
         if not line.strip():
             continue
         fields = line.split("\t")  # no header: genre, file, year, id, score, sentence1, sentence2[, extra fields]
         if len(fields) < 7:
-            raise _format_error(path, f"expected at least 7 tab-separated fields, found {len(fields)}", line_number)
+            raise format_error(path, f"expected at least 7 tab-separated fields, found {len(fields)}", line_number)
         _, _, _, _, score, sentence1, sentence2 = fields[:7]
         rows.add(sentence1, sentence2, score, line=line_number)
     return rows.dataset()

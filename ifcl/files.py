@@ -13,7 +13,25 @@ from typing import Any
 
 from transformers.utils import cached_file
 
-__all__ = ["atomic_path", "check_model_path", "exclusive_lock", "read_json", "without_nan", "write_json_atomically"]
+# The files a run of this project writes into its output folder and checkpoints (ifcl.output_folder, ifcl.checkpoints,
+# ifcl.streaming and ifcl.hub name them).
+RUN_IN_PROGRESS_FILE = "run_in_progress.json"  # the run that writes the folder, while it runs
+RUN_RECORD_FILE = "ifcl_run.json"  # what runs of this project wrote into the folder
+LOCK_FILE = ".ifcl_run.lock"  # held while a run writes the folder
+STREAM_STATE_FILE = "ifcl_stream_state-{rank}.json"  # where each process's stream was, in each checkpoint
+
+__all__ = [
+    "LOCK_FILE",
+    "RUN_IN_PROGRESS_FILE",
+    "RUN_RECORD_FILE",
+    "STREAM_STATE_FILE",
+    "atomic_path",
+    "check_model_path",
+    "exclusive_lock",
+    "read_json",
+    "without_nan",
+    "write_json_atomically",
+]
 
 
 def read_json(name_or_path: str, filename: str, subfolder: str = "") -> Any:

@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 from huggingface_hub import HfApi, constants, try_to_load_from_cache
 from transformers import TrainingArguments
 
-from .output_folder import LOCK_FILE, RUN_IN_PROGRESS_FILE, RUN_RECORD_FILE
+from ifcl.files import LOCK_FILE, RUN_IN_PROGRESS_FILE, RUN_RECORD_FILE
 
 logger = logging.getLogger(__name__)
 

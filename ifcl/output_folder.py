@@ -18,15 +18,19 @@ from dataclasses import asdict, dataclass, field
 from transformers import TrainerCallback
 
 from ifcl.failures import listed
-from ifcl.files import exclusive_lock, read_json, write_json_atomically
+from ifcl.files import (
+    LOCK_FILE,
+    RUN_IN_PROGRESS_FILE,
+    RUN_RECORD_FILE,
+    exclusive_lock,
+    read_json,
+    write_json_atomically,
+)
 
 from .checkpoints import ResumePoint, resume_point
 
 logger = logging.getLogger(__name__)
 
-RUN_IN_PROGRESS_FILE = "run_in_progress.json"
-RUN_RECORD_FILE = "ifcl_run.json"
-LOCK_FILE = ".ifcl_run.lock"
 # The top-level names a run writes (fnmatch patterns): checkpoints, the model with its remote code, tokenizers and
 # sentence-transformers modules, results, card, plots and the Trainer's state and logs. A file of one of these names
 # that no run recorded is never written over.

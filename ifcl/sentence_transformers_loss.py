@@ -33,8 +33,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+import ifcl.queue as ring
 from configuration_ifcl import IFCLSettings, SharedSettings, check_setting_types
-from ifcl import queue as ring
 from ifcl.data import check_text_dataset, check_text_row, check_training_data_size
 from ifcl.files import check_model_path
 from ifcl.losses import IFCL_CITATION, IFCLTerms, Matryoshka

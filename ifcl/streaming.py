@@ -28,24 +28,23 @@ import torch
 import torch.distributed as dist
 from datasets.distributed import split_dataset_by_node
 
-from ifcl.checkpoints import STREAM_STATE_FILE
 from ifcl.data import (
     FRATERNAL,
-    _as_text,
-    _canonical_rows,
-    _check_columns,
-    _format_error,
-    _header_rows,
-    _iter_lines,
-    _json_lines,
-    _numbered_csv_rows,
-    _parse_train_txt_line,
-    _wanted_columns,
+    as_text,
+    canonical_rows,
+    check_columns,
     check_text_row,
+    format_error,
+    header_rows,
+    iter_lines,
+    json_lines,
     load_train_dataset,
     load_trans_de_en_dataset,
+    numbered_csv_rows,
+    parse_train_txt_line,
+    wanted_columns,
 )
-from ifcl.files import write_json_atomically
+from ifcl.files import STREAM_STATE_FILE, write_json_atomically
 from ifcl.hub import hub_reachable
 
 logger = logging.getLogger(__name__)
@@ -73,7 +72,7 @@ def shard_paths(patterns: str | Sequence[str]) -> list[str]:
     unknown = [extension for extension in extensions if extension not in STREAM_EXTENSIONS]
     if unknown or len(extensions) > 1:
         example = next(path for path in paths if os.path.splitext(path)[1].lower() == (unknown or extensions)[0])
-        raise _format_error(
+        raise format_error(
             example,
             f"the shards of a stream are all {', '.join(STREAM_EXTENSIONS)} files of one kind; found "
             f"{', '.join(extension or '(none)' for extension in extensions)}",
@@ -89,14 +88,14 @@ def read_shards(shards: list[str], columns: dict[str, str]) -> Iterator[dict[str
     for shard in shards:
         extension = os.path.splitext(shard)[1].lower()
         if extension == ".txt":
-            for number, line in _iter_lines(shard):
-                row = _parse_train_txt_line(shard, number, line, with_fraternal=len(columns) > 1)
+            for number, line in iter_lines(shard):
+                row = parse_train_txt_line(shard, number, line, with_fraternal=len(columns) > 1)
                 if row is not None:
                     yield dict(zip(columns, row))
             continue
         dropped = 0
         for _, cells in TABLE_READERS[extension](shard, list(columns.values())):
-            texts = {name: _as_text(cells[source]) for name, source in columns.items()}
+            texts = {name: as_text(cells[source]) for name, source in columns.items()}
             if all(texts.values()):
                 yield texts
             else:
@@ -108,7 +107,7 @@ def read_shards(shards: list[str], columns: dict[str, str]) -> Iterator[dict[str
 def csv_rows(shard: str, wanted: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, row) of a CSV file with a header naming ``wanted``."""
     with open(shard, encoding="utf-8-sig", newline="") as handle:
-        yield from _header_rows(shard, _numbered_csv_rows(csv.reader(handle)), wanted)
+        yield from header_rows(shard, numbered_csv_rows(csv.reader(handle)), wanted)
 
 
 def parquet_rows(shard: str, wanted: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -116,8 +115,8 @@ def parquet_rows(shard: str, wanted: list[str]) -> Iterator[tuple[int, dict[str,
     try:
         table = pyarrow.parquet.ParquetFile(shard)
     except (OSError, pyarrow.ArrowException) as error:
-        raise _format_error(shard, f"cannot be read as Parquet ({error})") from None
-    _check_columns(shard, wanted, table.schema_arrow.names)
+        raise format_error(shard, f"cannot be read as Parquet ({error})") from None
+    check_columns(shard, wanted, table.schema_arrow.names)
     number = 0
     for batch in table.iter_batches(columns=wanted):
         for row in batch.to_pylist():
@@ -127,8 +126,8 @@ def parquet_rows(shard: str, wanted: list[str]) -> Iterator[tuple[int, dict[str,
 
 TABLE_READERS: dict[str, Callable[[str, list[str]], Iterator[tuple[int, dict[str, Any]]]]] = {
     ".csv": csv_rows,
-    ".json": _json_lines,
-    ".jsonl": _json_lines,
+    ".json": json_lines,
+    ".jsonl": json_lines,
     ".parquet": parquet_rows,
 }
 
@@ -151,10 +150,10 @@ def hub_source(name: str, config: str | None, split: str, columns: dict[str, str
     source = f"--dataset_name {name} ({split})"
 
     def canonical(row: dict[str, Any]) -> dict[str, str]:  # as the memory-mapped route reads a table's rows
-        _check_columns(
+        check_columns(
             source, columns.values(), sorted(row), hint=" (--sentence_column and --fraternal_column name them)"
         )
-        return {canonical_name: _as_text(row[column]) for canonical_name, column in columns.items()}
+        return {canonical_name: as_text(row[column]) for canonical_name, column in columns.items()}
 
     return stream.map(canonical, remove_columns=list(stream.column_names or []) or None).filter(
         lambda row: all(row.values())
@@ -285,7 +284,7 @@ class TrainingStream(torch.utils.data.IterableDataset):
         self.rows_read = state["rows_read"]
 
     def save(self, checkpoint: str, rank: int) -> None:
-        """Write :meth:`state_dict` into ``checkpoint`` as this process's ``ifcl.checkpoints.STREAM_STATE_FILE``."""
+        """Write :meth:`state_dict` into ``checkpoint`` as this process's ``ifcl.files.STREAM_STATE_FILE``."""
         write_json_atomically(os.path.join(checkpoint, STREAM_STATE_FILE.format(rank=rank)), self.state_dict())
 
     def resume(self, checkpoint: str, rank: int) -> None:
@@ -315,7 +314,7 @@ def load_training_text(data_args, needs_fraternal: bool, seed: int) -> datasets.
     --dataset_name or trans-de-en, memory-mapped. Columns sentence[, fraternal]; ``--max_train_samples`` the first
     rows of either."""
     fraternal_column = data_args.fraternal_column if needs_fraternal else None
-    columns = _wanted_columns(data_args.sentence_column, fraternal_column)
+    columns = wanted_columns(data_args.sentence_column, fraternal_column)
     samples = data_args.max_train_samples
     if data_args.streaming:
         options = {"shuffle_buffer_size": data_args.shuffle_buffer_size, "seed": seed}
@@ -336,7 +335,7 @@ def load_training_text(data_args, needs_fraternal: bool, seed: int) -> datasets.
         table = datasets.load_dataset(
             data_args.dataset_name, data_args.dataset_config_name, split=data_args.dataset_split
         )
-        dataset = _canonical_rows(
+        dataset = canonical_rows(
             table, f"--dataset_name {data_args.dataset_name} ({data_args.dataset_split})", columns
         )
     else:

@@ -22,10 +22,16 @@ from accelerate.utils import broadcast_object_list
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, HfArgumentParser
 
-from ifcl import ctranslate2_engine
+import ifcl.ctranslate2_engine as ctranslate2_engine
 from ifcl.arguments import command_line
-from ifcl.ctranslate2_engine import COMPUTE_TYPES, MADE_BY, EngineSettingsError
-from ifcl.data import DataFormatError, _iter_lines, file_sha256
+from ifcl.ctranslate2_engine import (
+    COMPUTE_TYPES,
+    MADE_BY,
+    CTranslate2Translator,
+    EngineSettingsError,
+    prepare_model_dir,
+)
+from ifcl.data import DataFormatError, file_sha256, iter_lines
 from ifcl.failures import Interrupted, RunFailure, failures_of_the_run, run_command
 from ifcl.files import atomic_path, check_model_path, exclusive_lock, read_json, write_json_atomically
 from ifcl.processes import log_to_stdout
@@ -163,7 +169,7 @@ def is_sentence(text: str) -> bool:
 def input_sentences(input_file: str) -> Iterator[InputSentence]:
     """The input's lines that hold a sentence, cleaned, read as a stream: empty lines and lines of control
     characters only are skipped (the same in every pass, so resumed runs number the sentences alike)."""
-    for line_number, line in _iter_lines(input_file):
+    for line_number, line in iter_lines(input_file):
         text = clean_field(line)
         if is_sentence(text):
             yield InputSentence(line_number, text)
@@ -175,7 +181,7 @@ def check_input(input_file: str) -> tuple[int, int, int]:
     if not os.path.isfile(input_file):
         raise FileNotFoundError(f"input file not found: {input_file}")
     line_count = sentences = control_lines = 0
-    for line_count, line in _iter_lines(input_file):  # numbered from 1: the last number is the count
+    for line_count, line in iter_lines(input_file):  # numbered from 1: the last number is the count
         text = clean_field(line)
         if is_sentence(text):
             sentences += 1
@@ -433,8 +439,6 @@ class Translator:
         if forced_bos_token_id is None and not prefix and (args.source_lang or args.target_lang):
             logger.info(f"{args.model_name_or_path} translates one direction: --source_lang/--target_lang unused")
         if args.engine == "ctranslate2":
-            from ifcl.ctranslate2_engine import CTranslate2Translator, prepare_model_dir
-
             model_dir = ct2_model_dir_of(args)
             with state.main_process_first():  # the main process converts the model (once), the others wait
                 if state.is_main_process:

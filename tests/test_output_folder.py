@@ -17,8 +17,8 @@ from safetensors.torch import load_file, save_file
 import run_ifcl
 from ifcl.checkpoints import CheckpointError
 from ifcl.failures import Interrupted, run_command
-from ifcl.files import exclusive_lock
-from ifcl.output_folder import LOCK_FILE, RUN_IN_PROGRESS_FILE, RUN_RECORD_FILE, OutputFolderError, RunRecord
+from ifcl.files import LOCK_FILE, RUN_IN_PROGRESS_FILE, RUN_RECORD_FILE, exclusive_lock
+from ifcl.output_folder import OutputFolderError, RunRecord
 from ifcl.sts import command as evaluate_sts
 
 

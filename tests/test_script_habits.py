@@ -22,7 +22,7 @@ import run_ifcl
 from ifcl.arguments import strategy_name
 from ifcl.checks import check_training_settings
 from ifcl.failures import run_command
-from ifcl.output_folder import RUN_IN_PROGRESS_FILE
+from ifcl.files import RUN_IN_PROGRESS_FILE
 
 IFCL_EXTRA = ("--queue_size", "2", "--forgetting_rate", "0.2")
 

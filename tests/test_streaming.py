@@ -15,9 +15,9 @@ import torch
 from conftest import ENGLISH, GERMAN, cpu_training_args, launch, losses_by_step, stopped_in_step, write_sts_file
 
 import run_ifcl
-from ifcl.checkpoints import STREAM_STATE_FILE
 from ifcl.data import DataFormatError
 from ifcl.failures import Interrupted, RunFailure
+from ifcl.files import STREAM_STATE_FILE
 from ifcl.streaming import TrainingStream, shard_paths
 
 COLUMNS = {"sentence": "sentence", "fraternal": "fraternal"}

@@ -23,13 +23,12 @@ from accelerate.utils import extract_model_from_parallel
 from datasets.fingerprint import Hasher
 from torch import nn
 
+import ifcl.queue as ring
 from configuration_ifcl import IFCLSettings, SharedSettings
-from ifcl import queue as ring
 from ifcl.data import check_text_dataset, check_training_data_size, is_text_dataset, training_cache_dir
 from ifcl.failures import cache_write_failures_named
 from ifcl.model import fit_dropout
 from ifcl.publishing import adopt_base
-from ifcl.streaming import TrainingStream
 
 logger = logging.getLogger(__name__)
 
@@ -253,8 +252,8 @@ class Objective(nn.Module):
         """The run's one preparation (``IFCLTrainer`` calls it, so ``run_ifcl.py`` too): the unwrapped ``model`` embeds
         as its sentence-transformers base does (``adopt_base``) and takes :meth:`run_settings` with a queue slot of
         ``global_batch`` rows (``fit_model``); a text ``train_dataset`` is tokenized under ``main_process_first``
-        and its size checked (``check_training_data_size``); a stream (``ifcl.streaming.TrainingStream``, or a
-        ``datasets.IterableDataset`` read in its own order) is checked and tokenized as each row is read. Returns the
+        and its size checked (``check_training_data_size``); a stream (``ifcl.streaming.TrainingStream``: ``IFCLTrainer``
+        wraps a ``datasets.IterableDataset`` in one) is checked and tokenized as each row is read. Returns the
         training features."""
         adopt_base(model)
         dropout = fit_dropout(model.encoder, model.config.training_dropout)
@@ -269,9 +268,7 @@ class Objective(nn.Module):
         fit_model(model, **self.run_settings(self.settings, bool(model.config.lora)), **queue_batch_size)
         if model.queue is not None and queue_batch_size:
             logger.info(f"Hippocampus queue: {model.config.queue_size} slots of the global batch N = {global_batch}.")
-        if isinstance(train_dataset, datasets.IterableDataset):  # a user's stream, read in its own order
-            train_dataset = TrainingStream(train_dataset, shuffle_buffer_size=0, name="the training stream")
-        if isinstance(train_dataset, TrainingStream):  # checked and tokenized as each row is read
+        if isinstance(train_dataset, torch.utils.data.IterableDataset):  # a stream: checked and tokenized as read
             tokenizer, max_length = tokenizer or model.tokenizer, model.config.max_seq_length
             train_dataset.set_transform(self.text_columns, lambda batch: self.tokenize(batch, tokenizer, max_length))
         elif is_text_dataset(train_dataset):

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+import ifcl.queue as ring
 from configuration_ifcl import IFCLSettings
-from ifcl import queue as ring
 from ifcl.losses import IFCL_CITATION, IFCLTerms, Matryoshka
 from modeling_ifcl import IFCLTwinsOutput
 

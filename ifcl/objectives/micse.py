@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ifcl import queue as ring
+import ifcl.queue as ring
 from ifcl.losses import Matryoshka, float32_region, info_nce, over_sizes, widened
 from modeling_ifcl import ALL_LAYER_POOLERS, QueueBuffers, pool_hidden_states
 

@@ -26,9 +26,8 @@ from configuration_ifcl import POOLER_TYPES
 from ifcl.arguments import command_line
 from ifcl.data import load_train_dataset
 from ifcl.failures import failures_of_the_run, run_command
-from ifcl.files import check_model_path, write_json_atomically
+from ifcl.files import RUN_IN_PROGRESS_FILE, check_model_path, write_json_atomically
 from ifcl.hub import check_model_reachable
-from ifcl.output_folder import RUN_IN_PROGRESS_FILE
 from ifcl.processes import log_to_stdout
 from ifcl.sts.encoders import (
     MODEL_TYPES,
