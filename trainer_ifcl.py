@@ -24,10 +24,11 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from ifcl.data import ShuffledRows
 from ifcl.files import read_json, write_json_atomically
+from ifcl.lora import save_adapters
 from ifcl.model_card import CardFacts, write_model_card
 from ifcl.objectives import Objective, build_objective, unwrap_model
 from ifcl.objectives.base import TOKEN_FIELDS, Embeddings
-from ifcl.publishing import without_training_state
+from ifcl.publishing import save_view, without_training_state
 from ifcl.streaming import StreamBatches, TrainingStream
 from ifcl.sts.evaluator import STSEvaluator
 from ifcl.tokenization import without_processor_class
@@ -658,15 +659,11 @@ class IFCLTrainer(Trainer):
         if _internal_call:
             super().save_model(output_dir, _internal_call)
             if self.args.should_save:
-                from ifcl.lora import save_adapters
-
                 save_adapters(unwrap_model(self.model), folder)
         else:
             with self.published_model() as model:
                 super().save_model(output_dir, _internal_call)
                 if self.args.should_save:  # the weights' save_pretrained wrote the tokenizers
-                    from ifcl.publishing import save_view
-
                     save_view(model, folder)
         if self.args.should_save:  # the Trainer saved the tokenizer again, with the processor its base named
             without_processor_class(os.path.join(folder, "tokenizer_config.json"))

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from transformers import GenerationConfig
+from transformers import AutoConfig, GenerationConfig
 from transformers.utils import cached_file
 
 from ifcl.data import file_sha256
@@ -141,8 +141,6 @@ def make_converter(model_name_or_path: str) -> Any:
         def load_tokenizer(self, tokenizer_class: Any, path: str, **kwargs: Any) -> Any:
             tokenizer = super().load_tokenizer(tokenizer_class, path, **kwargs)
             if tokenizer.bos_token is None:
-                from transformers import AutoConfig
-
                 bos_token_id = getattr(AutoConfig.from_pretrained(path, trust_remote_code=False), "bos_token_id", None)
                 if bos_token_id is not None:
                     tokenizer.bos_token = tokenizer.convert_ids_to_tokens(bos_token_id)

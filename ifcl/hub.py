@@ -9,7 +9,7 @@ import shlex
 import socket
 from urllib.parse import urlparse
 
-from huggingface_hub import HfApi, constants, try_to_load_from_cache
+from huggingface_hub import HfApi, constants, get_token, try_to_load_from_cache
 from transformers import TrainingArguments
 
 from ifcl.files import LOCK_FILE, RUN_IN_PROGRESS_FILE, RUN_RECORD_FILE
@@ -32,8 +32,6 @@ def take_over_push(training_args: TrainingArguments) -> bool:
     """Whether to push at the end; the Trainer itself is kept from pushing (it would create the repo at start)."""
     wanted = training_args.push_to_hub
     if wanted:
-        from huggingface_hub import constants, get_token
-
         training_args.push_to_hub = False
         if constants.HF_HUB_OFFLINE or (training_args.hub_token or get_token()) is None:
             logger.warning(

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from transformers import AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+from transformers.utils import logging as transformers_logging
 
 from configuration_ifcl import IFCLConfig, ModelSettings, SharedSettings
 from ifcl.arguments import strategy_name
@@ -566,7 +567,6 @@ def architecture(output_dir: str, config: IFCLConfig, view: dict[str, Any] | Non
         return f"IFCLModel(\n  (encoder): {encoder}\n  (pooler): {config.eval_pooler_type}\n)", None
     if find_spec("sentence_transformers") is not None and os.path.isfile(os.path.join(output_dir, "config.json")):
         from sentence_transformers import SentenceTransformer
-        from transformers.utils import logging as transformers_logging
 
         bars = transformers_logging.is_progress_bar_enabled()
         transformers_logging.disable_progress_bar()  # the saved weights load again: no second bar at a run's end

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 import transformers
+from safetensors.torch import save_file
+from tokenizers import normalizers
 
 from ifcl.files import read_json, write_json_atomically
 from ifcl.lora import merged_adapters
@@ -136,8 +138,6 @@ def adopt_base(model) -> dict[str, Any] | None:
     if base is None:
         return None
     if base["do_lower_case"]:
-        from tokenizers import normalizers
-
         normalizer = tokenizer.backend_tokenizer.normalizer
         if normalizer is None or normalizer.normalize_str("A") != "a":
             steps = [normalizers.Lowercase()] + ([normalizer] if normalizer is not None else [])
@@ -219,8 +219,6 @@ def save_view(model, folder: str) -> bool:
     )
     embedding = {"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding"}
     if pooler == "cls":  # SimCSE's MLP after [CLS]
-        from safetensors.torch import save_file
-
         dense = {"in_features": width, "out_features": width, "bias": True}
         dense["activation_function"] = "torch.nn.modules.activation.Tanh"
         dense_folder = add_module("Dense", ST_DENSE, dense | embedding)

@@ -353,6 +353,8 @@ def cased_lowercasing_base(tiny_encoder_dir: Path, folder: Path) -> Path:
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
     ]
     (folder / "modules.json").write_text(json.dumps(modules), encoding="utf-8")
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}', encoding="utf-8")
     (folder / "sentence_bert_config.json").write_text('{"max_seq_length": 20, "do_lower_case": true}', "utf-8")
     return folder
 

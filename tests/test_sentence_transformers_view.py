@@ -465,3 +465,35 @@ def test_the_published_tokenizer_truncates_at_the_models_limit_whatever_the_last
     assert saved["truncation"] is None and saved["padding"] is None
     loaded = AutoTokenizer.from_pretrained(tmp_path / "saved")
     assert loaded.model_max_length == max_input_length(model.tokenizer, model.encoder.config) == 128
+
+
+def test_a_base_whose_pooling_settings_are_missing_is_named_not_taken_as_mean(tiny_encoder_dir, tmp_path):
+    """A Pooling module named by modules.json whose config.json is gone: how the base pools is unknown, so training
+    refuses it in one line naming the file (unless both poolers are set) instead of taking mean pooling as the
+    base's; ``evaluate_sts.py --model_type transformers`` says the same."""
+    from ifcl.sts.encoders import load_encoder
+
+    base = sentence_transformer_base(tiny_encoder_dir, "cls", tmp_path / "cls")
+    (base / "1_Pooling" / "config.json").unlink()
+    for load in (
+        lambda: IFCLModel.from_encoder(str(base), queue_size=0),
+        lambda: load_encoder(str(base), model_type="transformers"),
+    ):
+        with pytest.raises(ValueError, match=r"1_Pooling/config.json is missing") as refused:
+            load()
+        assert "\n" not in str(refused.value)
+    both = {"pooler_type": "cls_before_pooler", "eval_pooler_type": "cls_before_pooler"}
+    assert IFCLModel.from_encoder(str(base), queue_size=0, **both).config.pooler_type == "cls_before_pooler"
+
+
+def test_evaluate_sts_reads_a_last_token_base_as_training_does(tmp_path):
+    """One reader of a Pooling module: ``evaluate_sts.py --model_type transformers`` on a base that pools by its
+    last token pools by its last token, as training takes it, not by mean."""
+    from conftest import build_tiny_decoder
+
+    from ifcl.pooling import choose_poolers
+    from ifcl.sts.encoders import load_encoder
+
+    base = sentence_transformer_base(build_tiny_decoder("qwen3", tmp_path / "qwen3"), "lasttoken", tmp_path / "base")
+    assert load_encoder(str(base), model_type="transformers").pooler_type == "last"
+    assert choose_poolers(str(base), {})[0]["eval_pooler_type"] == "last"
