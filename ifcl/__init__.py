@@ -42,10 +42,12 @@ def __getattr__(name: str) -> Any:
     """``IFCLTrainer`` on first use (it imports this package's modules, which import the package); ``IFCLLoss`` and
     ``CachedIFCLLoss`` import sentence-transformers, an optional extra: only when asked for."""
     if name == "IFCLTrainer":
+        # trainer_ifcl imports this package's modules, which import the package: loaded when first asked for
         from trainer_ifcl import IFCLTrainer
 
         return IFCLTrainer
     if name in ("IFCLLoss", "CachedIFCLLoss"):
+        # sentence-transformers is an optional extra: imported only when its losses are asked for
         from ifcl import sentence_transformers_loss
 
         return getattr(sentence_transformers_loss, name)

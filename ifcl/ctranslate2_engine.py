@@ -45,6 +45,7 @@ class EngineSettingsError(ValueError):
 def import_ctranslate2() -> Any:
     """The ``ctranslate2`` module, or EngineSettingsError saying how to install it."""
     try:
+        # ctranslate2 is an optional extra (ifcl[ctranslate2])
         import ctranslate2
     except ImportError:
         raise EngineSettingsError(
@@ -129,6 +130,7 @@ def make_converter(model_name_or_path: str) -> Any:
     ``config.normalize_before``, which mBART's configs no longer define unless their config.json does (mBART's
     layers normalise before, always); and a tokenizer without a bos token (mBART-50's; the converted model's config
     needs one) gets the token of the config's ``bos_token_id``."""
+    # ctranslate2 is an optional extra (ifcl[ctranslate2])
     from ctranslate2.converters import TransformersConverter
 
     class Converter(TransformersConverter):

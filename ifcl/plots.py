@@ -31,10 +31,11 @@ def plot_training_curves(
     if not panels:
         return []
 
+    # matplotlib takes about a second to import: only when a plot is drawn
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after the backend is chosen
 
     figure, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
     panel = iter(axes[0])

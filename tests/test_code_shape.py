@@ -107,22 +107,10 @@ def test_run_ifcl_keeps_no_mutable_module_state():
 @pytest.mark.parametrize("filename", REMOTE_CODE)
 def test_the_published_remote_code_imports_nothing_of_the_project(filename):
     """The remote code needs only its neighbour to load and embed, so a published folder runs where the project is
-    not installed: an import of the project's training code may only sit inside a function, guarded by
-    ``except ImportError`` (what training alone needs, such as ``from_encoder``), never run at import."""
+    not installed: it imports nothing of the project, not even inside a function (what training alone needs is in
+    ``ifcl/``)."""
     tree = ast.parse((ROOT / filename).read_text(encoding="utf-8"))
     project = project_modules() - {"configuration_ifcl"}
-    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
-
-    def guarded_in_a_function(node: ast.AST) -> bool:
-        guarded = False
-        while node in parents:
-            node, child = parents[node], node
-            if isinstance(node, ast.Try) and child in node.body:
-                guarded |= any("ImportError" in ast.unparse(h.type or ast.Name("")) for h in node.handlers)
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                return guarded
-        return False
-
     imports = [node for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)]
     assert imports, f"{filename}: no imports found"
     for node in imports:
@@ -132,8 +120,106 @@ def test_the_published_remote_code_imports_nothing_of_the_project(filename):
             names = ["." * node.level + (node.module or "")]
         neighbour = filename == "modeling_ifcl.py" and names in (["configuration_ifcl"], [".configuration_ifcl"])
         own = [name for name in names if name.startswith(".") or name.split(".")[0] in project]
-        if own and not neighbour:
-            assert guarded_in_a_function(node), f"{filename}:{node.lineno} imports the project's {own}"
+        assert neighbour or not own, f"{filename}:{node.lineno} imports the project's {own}"
+
+
+def test_every_function_of_the_remote_code_is_reached_from_loading_forward_or_encode():
+    """The files every user of a published model downloads and runs hold only what loading, ``forward`` and
+    ``encode`` reach: each top-level function and class of the two files is named, directly or through another
+    one, by a method of ``IFCLModel`` or ``IFCLConfig`` (the classes transformers loads) or at module level."""
+    definitions, bodies = {}, []
+    for filename in REMOTE_CODE:
+        tree = ast.parse((ROOT / filename).read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                definitions[node.name] = (filename, node)
+                if node.name in ("IFCLModel", "IFCLConfig"):
+                    bodies.append(node)
+            else:
+                bodies.append(node)  # module-level code: constants, imports, registration
+    reached, pending = {"IFCLModel", "IFCLConfig"}, list(bodies)
+    while pending:
+        for node in ast.walk(pending.pop()):
+            name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+            if name in definitions and name not in reached:
+                reached.add(name)
+                pending.append(definitions[name][1])
+    unreached = sorted(f"{definitions[name][0]}: {name}" for name in set(definitions) - reached)
+    assert not unreached, f"not reached from loading, forward or encode: {unreached}"
+
+
+def library_imports() -> tuple[dict[str, set[str]], list[str], list[str]]:
+    """The library's modules (the top-level ``.py`` files and ``ifcl/``, read with ``ast``): which library modules
+    each imports (at module level or in a function), the underscore names one imports from another, and its imports
+    inside functions without a comment that says why (on the line, or on the line of the block above it)."""
+    paths = sorted([*ROOT.glob("*.py"), *(ROOT / "ifcl").rglob("*.py")])
+    names = {}
+    for path in paths:
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    edges, private, unexplained = {name: set() for name in names}, [], []
+    for name, path in names.items():
+        source = path.read_text(encoding="utf-8")
+        lines, tree = source.splitlines(), ast.parse(source)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                base = ".".join([*anchor, node.module] if node.module else anchor)
+                targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+                if base in names and base != name:
+                    private += [f"{name} imports {base}.{a.name}" for a in node.names if re.match(r"_[^_]", a.name)]
+            for target in targets:
+                while target and target not in names:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    edges[name].add(target)
+            up = parents.get(node)
+            while up is not None and not isinstance(up, ast.FunctionDef | ast.AsyncFunctionDef):
+                up = parents.get(up)
+            if up is not None:
+                above = next(
+                    (line.strip() for line in reversed(lines[: node.lineno - 1]) if not IMPORT_LINE.match(line)), ""
+                )
+                if "#" not in lines[node.lineno - 1] and not above.startswith("#"):
+                    unexplained.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return edges, private, unexplained
+
+
+IMPORT_LINE = re.compile(r"\s*(import |from \S+ import |$)")
+
+
+def test_the_library_is_at_most_14_modules_tall_and_imports_no_private_names():
+    """Layers point down and stay short: the longest chain of imports between the library's modules is at most 14
+    modules, and no module imports another's underscore names (what two modules share is public)."""
+    edges, private, _ = library_imports()
+
+    def tallest(module: str, seen: frozenset) -> list[str]:
+        chains = [tallest(other, seen | {other}) for other in edges[module] - seen]
+        return [module, *max(chains, key=len, default=[])]
+
+    chain = max((tallest(module, frozenset({module})) for module in edges), key=len)
+    assert len(chain) <= 14, " -> ".join(chain)
+    assert not private, private
+
+
+def test_imports_sit_at_the_top_but_optional_extras_and_real_costs_each_with_its_reason():
+    """An import inside a function is one of an optional extra or one that defers a real cost, and says which in a
+    comment; there are at most 40 of them."""
+    edges, _, unexplained = library_imports()
+    assert not unexplained, f"in-function imports without their reason: {unexplained}"
+    count = 0
+    for path in sorted([*ROOT.glob("*.py"), *(ROOT / "ifcl").rglob("*.py")]):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        functions = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
+        inner = {id(n) for f in functions for n in ast.walk(f) if isinstance(n, ast.Import | ast.ImportFrom)}
+        count += len(inner)
+    assert count <= 40, count
 
 
 def test_the_project_imports_of_sentence_transformers_only_what_its_modules_export():

@@ -330,10 +330,11 @@ def markdown_tables(label: str, results: dict[str, dict[str, Any]]) -> str:
 
 def scatter_plot(path: str, data: STSData, similarities: np.ndarray, spearman: float, label: str) -> None:
     """Predicted cosine against gold score with the Spearman in the title (the paper's Fig. 4b)."""
+    # matplotlib takes about a second to import: only when a plot is drawn
     import matplotlib
 
     matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
+    from matplotlib import pyplot as plt  # after the backend is chosen
 
     gold = np.asarray(data.scores, dtype=np.float64)
     figure, axes = plt.subplots(figsize=(5.5, 4.5), dpi=120)

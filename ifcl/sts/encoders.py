@@ -157,6 +157,7 @@ class SentenceTransformerEncoder(Encoder):
 
     def training_views(self, sentences: list[str], fraternals: Sequence[str] | None) -> Views:
         """Anchors and identical twins: two forward passes (no fraternal view)."""
+        # sentence-transformers is an optional extra (ifcl[sentence-transformers])
         from sentence_transformers.util import batch_to_device
 
         features = batch_to_device(self.model.preprocess(sentences), self.device)
@@ -271,6 +272,7 @@ def load_encoder(
             model.to(device=device, dtype=dtype).eval()
             return LoadedEncoder(IFCLEncoder(model, max_length), model_type, model.config.eval_pooler_type)
         if model_type == "sentence-transformers":
+            # sentence-transformers is an optional extra (ifcl[sentence-transformers])
             from sentence_transformers import SentenceTransformer
 
             if pooler_type is not None:
