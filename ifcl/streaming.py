@@ -12,7 +12,7 @@ A stream is read once: one that ends before the run's last step ends the run, sa
 
 from __future__ import annotations
 
-import csv
+import contextlib
 import glob
 import json
 import logging
@@ -23,24 +23,21 @@ from typing import Any
 
 import datasets
 import pyarrow
-import pyarrow.parquet
 import torch
 import torch.distributed as dist
 from datasets.distributed import split_dataset_by_node
 
 from ifcl.data import (
     FRATERNAL,
+    DataFormatError,
     as_text,
     canonical_rows,
     check_columns,
     check_text_row,
     format_error,
-    header_rows,
     iter_lines,
-    json_lines,
     load_train_dataset,
     load_trans_de_en_dataset,
-    numbered_csv_rows,
     parse_train_txt_line,
     wanted_columns,
 )
@@ -94,7 +91,7 @@ def read_shards(shards: list[str], columns: dict[str, str]) -> Iterator[dict[str
                     yield dict(zip(columns, row))
             continue
         dropped = 0
-        for _, cells in TABLE_READERS[extension](shard, list(columns.values())):
+        for cells in table_rows(shard, list(columns.values())):
             texts = {name: as_text(cells[source]) for name, source in columns.items()}
             if all(texts.values()):
                 yield texts
@@ -104,32 +101,56 @@ def read_shards(shards: list[str], columns: dict[str, str]) -> Iterator[dict[str
             logger.warning("%s: dropped %d row(s) with an empty sentence or translation", shard, dropped)
 
 
-def csv_rows(shard: str, wanted: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, row) of a CSV file with a header naming ``wanted``."""
-    with open(shard, encoding="utf-8-sig", newline="") as handle:
-        yield from header_rows(shard, numbered_csv_rows(csv.reader(handle)), wanted)
+# datasets' own builder of each kind of table shard, as the memory-mapped route reads such files.
+TABLE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
-def parquet_rows(shard: str, wanted: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(1-based row number, row) of a Parquet file, read a record batch at a time."""
+@contextlib.contextmanager
+def builders_quiet() -> Iterator[None]:
+    """datasets' builders log the error of a shard they cannot parse before raising it; :func:`table_rows` names the
+    shard itself, in one line."""
+    builders = logging.getLogger("datasets.packaged_modules")
+    level = builders.level
+    builders.setLevel(logging.CRITICAL)
     try:
-        table = pyarrow.parquet.ParquetFile(shard)
-    except (OSError, pyarrow.ArrowException) as error:
-        raise format_error(shard, f"cannot be read as Parquet ({error})") from None
-    check_columns(shard, wanted, table.schema_arrow.names)
-    number = 0
-    for batch in table.iter_batches(columns=wanted):
-        for row in batch.to_pylist():
-            number += 1
-            yield number, row
+        yield
+    finally:
+        builders.setLevel(level)
 
 
-TABLE_READERS: dict[str, Callable[[str, list[str]], Iterator[tuple[int, dict[str, Any]]]]] = {
-    ".csv": csv_rows,
-    ".json": json_lines,
-    ".jsonl": json_lines,
-    ".parquet": parquet_rows,
-}
+def table_rows(shard: str, wanted: list[str]) -> Iterator[dict[str, Any]]:
+    """The rows of a CSV, JSON Lines or Parquet shard, streamed by datasets' own builder (:data:`TABLE_BUILDERS`),
+    its columns checked for ``wanted``; a shard the builder cannot parse is named in one line: for JSON Lines, with
+    its first line that is not a JSON object; else with the builder's words (CSV's name the line)."""
+    builder = TABLE_BUILDERS[os.path.splitext(shard)[1].lower()]
+    try:
+        with builders_quiet():
+            rows = datasets.load_dataset(builder, data_files=shard, split="train", streaming=True)
+            for number, row in enumerate(rows):
+                if number == 0:
+                    check_columns(shard, wanted, list(row))
+                yield row
+    except DataFormatError:
+        raise
+    except (pyarrow.ArrowException, ValueError) as error:
+        line = first_line_not_an_object(shard) if builder == "json" else None
+        if line is not None:
+            raise format_error(shard, "invalid JSON (expected JSON Lines: one object per line)", line) from None
+        kind = {"csv": "CSV", "json": "JSON Lines", "parquet": "Parquet"}[builder]
+        raise format_error(shard, f"cannot be read as {kind} ({str(error).splitlines()[0]})") from None
+
+
+def first_line_not_an_object(shard: str) -> int | None:
+    """The number of the first line of a JSON Lines file that is not a JSON object (blank lines aside), or None."""
+    for number, line in iter_lines(shard):
+        if line.strip():
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError:
+                return number
+            if not isinstance(value, dict):
+                return number
+    return None
 
 
 def file_source(patterns: str | Sequence[str], columns: dict[str, str]) -> datasets.IterableDataset:

@@ -175,6 +175,11 @@ BAD_LINES = [
     (".txt", "A sentence without its translation\n", "line 1: expected 'sentence<TAB>translation' (exactly one tab)"),
     (".jsonl", '{"sentence": "A sentence."\n', "line 1: invalid JSON"),
     (".parquet", "not parquet at all", "cannot be read as Parquet"),
+    (
+        ".csv",
+        "sentence,fraternal\nA man.,Ein Mann.\nA dog.,Ein Hund.,extra\n",
+        "cannot be read as CSV (Error tokenizing data. C error: Expected 2 fields in line 3",
+    ),
 ]
 
 
