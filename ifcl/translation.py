@@ -27,9 +27,7 @@ from ifcl.arguments import command_line
 from ifcl.ctranslate2_engine import (
     COMPUTE_TYPES,
     MADE_BY,
-    CTranslate2Translator,
     EngineSettingsError,
-    prepare_model_dir,
 )
 from ifcl.data import DataFormatError, file_sha256, iter_lines
 from ifcl.failures import Interrupted, RunFailure, failures_of_the_run, run_command
@@ -442,8 +440,8 @@ class Translator:
             model_dir = ct2_model_dir_of(args)
             with state.main_process_first():  # the main process converts the model (once), the others wait
                 if state.is_main_process:
-                    prepare_model_dir(model_dir, args.model_name_or_path)
-            return CTranslate2Translator(
+                    ctranslate2_engine.prepare_model_dir(model_dir, args.model_name_or_path)
+            return ctranslate2_engine.CTranslate2Translator(
                 model_dir,
                 config,
                 tokenizer,

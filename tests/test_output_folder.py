@@ -509,7 +509,7 @@ def test_a_full_disk_after_training_ends_with_exit_code_1(tiny_encoder_dir, engl
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("ifcl.model_card.write_card_and_curves", disk_full)
+    monkeypatch.setattr(run_ifcl, "write_card_and_curves", disk_full)
     folder = tmp_path / "run"
     monkeypatch.setattr(
         "sys.argv", ["run_ifcl.py", *objective_run_args(tiny_encoder_dir, english_sts_data, folder, "simcse")]
