@@ -45,8 +45,8 @@ from ifcl.failures import Interrupted, failures_of_the_run, run_command, write_f
 from ifcl.files import read_json, write_json_atomically
 from ifcl.hub import push_output_folder, take_over_push
 from ifcl.lora import add_lora
-from ifcl.model import IFCLModel
-from ifcl.model_card import write_card_and_curves
+from ifcl.model import TRAINING_DTYPES, IFCLModel, checked_dtype, dtype_name, precision_note
+from ifcl.model_card import precision_description, write_card_and_curves
 from ifcl.objectives import OBJECTIVES, objective_class, settings_classes
 from ifcl.output_folder import RunFolder, plan_output_folder, protected_paths
 from ifcl.pooling import POOLER_SETTINGS, choose_poolers
@@ -81,6 +81,15 @@ class ModelArguments:
         metadata={
             "help": "Run the code a plain encoder or fraternal model ships with (its config's auto_map); an IFCL "
             "model's own never runs. Without it such a model is refused, and no prompt is ever shown."
+        },
+    )
+    dtype: str = field(
+        default="float32",
+        metadata={
+            "help": "The weights' dtype while training: float32 (float32 master weights whatever the checkpoint "
+            "holds; --bf16 is autocast over them), auto (the checkpoint's), or bfloat16 / float16 (pure low "
+            "precision, warned about).",
+            "choices": list(TRAINING_DTYPES),
         },
     )
     lora_r: int = field(
@@ -352,7 +361,10 @@ def main(argv: list[str] | None = None):
             # The poolers given: the others are the starting model's own (what the planned config resolved).
             model_settings = {k: v for k, v in settings.items() if k not in ("lora", *POOLER_SETTINGS)} | given_poolers
             trust = model_args.trust_remote_code
-            model = load_model(start, model_args.model_name_or_path, fraternal_model, model_settings, trust)
+            model = load_model(
+                start, model_args.model_name_or_path, fraternal_model, model_settings, trust, model_args.dtype
+            )
+            logger.info(f"Training precision: {precision_description(dtype_name(model.dtype), training_args)}.")
             if model_args.lora() is not None:
                 add_lora(model, **model_args.lora())
 
@@ -432,16 +444,21 @@ def load_model(
     fraternal_model: str | None,
     settings: dict,
     trust_remote_code: bool = False,
+    dtype: str = "float32",
 ):
-    """The IFCL model to train: continued from a saved one with this command's settings (its queue loaded with its
-    own shape, which ``Objective.prepare`` keeps only when unchanged; a LoRA checkpoint's adapters merged; this
-    project's class, no remote code), or built from a plain encoder (its code run only with ``--trust_remote_code``);
-    its weights checked finite."""
+    """The IFCL model to train, its weights in ``dtype`` (``--dtype``): continued from a saved one with this command's
+    settings (its queue loaded with its own shape, which ``Objective.prepare`` keeps only when unchanged; a LoRA
+    checkpoint's adapters merged; this project's class, no remote code), or built from a plain encoder (its code run
+    only with ``--trust_remote_code``); its weights checked finite."""
     if start.saved is not None:
         logger.info(f"{start.path} is an IFCL model: continuing from its encoder, fraternal table and queue.")
         config = copy.deepcopy(start.saved)  # its lora, if any, merges a checkpoint's adapters as it loads
         config.update({k: v for k, v in settings.items() if k not in ("queue_size", "queue_batch_size")})
-        model = IFCLModel.from_pretrained(start.path, config=config, trust_remote_code=False)
+        saved_dtype = config.encoder_config.get("dtype")
+        model = IFCLModel.from_pretrained(
+            start.path, config=config, trust_remote_code=False, dtype=checked_dtype(dtype)
+        )
+        logger.log(*precision_note(model, start.path, saved_dtype))
         model.config.lora = None  # the weights are merged: adapters, if any, are this run's (add_lora)
         model._tokenizer = start.tokenizer
     else:
@@ -451,6 +468,7 @@ def load_model(
             tokenizer=start.tokenizer,
             encoder_config=start.encoder_config,
             trust_remote_code=trust_remote_code,
+            dtype=dtype,
             **settings,
         )
     model.config.encoder_name_or_path = public_name(name)  # the card's base (``name`` as given), never a path

@@ -25,6 +25,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 from ifcl.data import ShuffledRows
 from ifcl.files import read_json, write_json_atomically
 from ifcl.lora import save_adapters
+from ifcl.model import dtype_name
 from ifcl.model_card import CardFacts, write_model_card
 from ifcl.objectives import Objective, build_objective, unwrap_model
 from ifcl.objectives.base import TOKEN_FIELDS, Embeddings
@@ -698,6 +699,7 @@ class IFCLTrainer(Trainer):
         results = read_json(self.args.output_dir, "all_results.json") or {}
         facts.setdefault("log_history", self.state.log_history)
         facts.setdefault("trained_parameters", parameter_counts(unwrap_model(self.model)))
+        facts.setdefault("weights_dtype", dtype_name(unwrap_model(self.model).dtype))
         if self.train_dataset is not None and hasattr(self.train_dataset, "__len__"):
             facts.setdefault("train_size", len(self.train_dataset))
         model_name = model_name or self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))

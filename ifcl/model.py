@@ -85,13 +85,51 @@ def check_encoder_class(encoder_config: PretrainedConfig, name_or_path: str) -> 
         )
 
 
-def load_fraternal(name_or_path: str, trust_remote_code: bool = False) -> tuple[torch.Tensor, PreTrainedTokenizerBase]:
-    """BEL_F's starting table, the fraternal model's word table (checked as the encoder's is), and its tokenizer
-    (read first: a folder without one is refused before any weights load)."""
+# The dtypes a model may be loaded to train in (run_ifcl.py --dtype, from_encoder's dtype): "auto" is the checkpoint's.
+TRAINING_DTYPES = ("float32", "bfloat16", "float16", "auto")
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def checked_dtype(dtype: str | torch.dtype) -> str | torch.dtype:
+    """``dtype`` as ``from_pretrained`` takes it: a ``torch.dtype`` of floating point, or one of :data:`TRAINING_DTYPES`
+    (a name becomes its ``torch.dtype``); ``ValueError`` naming the setting otherwise."""
+    if isinstance(dtype, str) and dtype in TRAINING_DTYPES:
+        return dtype if dtype == "auto" else getattr(torch, dtype)
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    raise ValueError(f"dtype must be one of {', '.join(TRAINING_DTYPES)} (or a floating torch.dtype), got {dtype!r}.")
+
+
+def precision_note(model: nn.Module, name_or_path: str, saved_dtype: Any) -> tuple[int, str]:
+    """What to log about the precision ``model`` trains in, loaded from ``name_or_path`` whose checkpoint holds
+    ``saved_dtype``: its weights' dtype (float32 master weights by default, whatever the checkpoint holds), or a
+    warning of what pure low-precision training costs."""
+    dtype = model.dtype
+    saved = str(saved_dtype).removeprefix("torch.") if saved_dtype is not None else "an unrecorded dtype"
+    if dtype not in LOW_PRECISION:
+        return logging.INFO, f"{name_or_path}: training {dtype_name(dtype)} weights (its checkpoint holds {saved})."
+    return logging.WARNING, (
+        f"{name_or_path}: training in pure {dtype_name(dtype)} (its checkpoint holds {saved}): the optimizer steps "
+        f"{dtype_name(dtype)} weights, and an update smaller than a weight's resolution (about 1/256 of it for "
+        "bfloat16) rounds away, so at small learning rates most weights barely move. Load in float32 (the default) "
+        "and train with --bf16 for mixed precision."
+    )
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` as ``bfloat16``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def load_fraternal(
+    name_or_path: str, trust_remote_code: bool = False, dtype: str | torch.dtype = torch.float32
+) -> tuple[torch.Tensor, PreTrainedTokenizerBase]:
+    """BEL_F's starting table, the fraternal model's word table (checked as the encoder's is) in ``dtype``, and its
+    tokenizer (read first: a folder without one is refused before any weights load)."""
     tokenizer = load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
     config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     check_vocabulary(tokenizer, getattr(config, "vocab_size", None), name_or_path)
-    model = AutoModel.from_pretrained(name_or_path, config=config, trust_remote_code=trust_remote_code)
+    model = AutoModel.from_pretrained(name_or_path, config=config, trust_remote_code=trust_remote_code, dtype=dtype)
     return word_table_of(model, name_or_path).weight, tokenizer
 
 
@@ -153,6 +191,7 @@ class IFCLModel(modeling_ifcl.IFCLModel):
         encoder_config: PretrainedConfig | None = None,
         trust_remote_code: bool = False,
         attn_implementation: str | None = None,
+        dtype: str | torch.dtype = torch.float32,
         **settings,
     ) -> IFCLModel:
         """An IFCL model to train, built from a pretrained encoder.
@@ -166,6 +205,10 @@ class IFCLModel(modeling_ifcl.IFCLModel):
                 otherwise, and a model that needs its code is refused; no prompt is ever shown).
             attn_implementation: the encoder's attention (``"sdpa"``, ``"flash_attention_2"``, ...), which it checks;
                 default its own default. Not saved: :meth:`from_pretrained` takes it again.
+            dtype: the weights' dtype while training: float32 by default (float32 master weights, whatever dtype the
+                checkpoint holds: bfloat16 for most decoders; ``--bf16`` is autocast over them); ``"auto"`` keeps the
+                checkpoint's; bfloat16 or float16 train in pure low precision, which is warned about
+                (:func:`precision_note`).
             settings: :class:`IFCLConfig` fields (``fusion_rate``, ``queue_size``, ``pooler_type``, ...). The
                 poolers not given are the encoder's own: those of its sentence-transformers Pooling module (CLS,
                 last token or mean), else ``avg`` (:func:`choose_poolers`, which logs where each came from).
@@ -174,6 +217,7 @@ class IFCLModel(modeling_ifcl.IFCLModel):
             The model, with the encoder's tokenizer (and the fraternal one) attached.
         """
         cls.config_class(**settings)  # unknown settings and wrong values refused before any weights load
+        dtype = checked_dtype(dtype)
         check_model_path("encoder_name_or_path", encoder_name_or_path)
         check_model_path("fraternal_model_name_or_path", fraternal_model_name_or_path)
         given = {name: settings[name] for name in POOLER_SETTINGS if name in settings}
@@ -194,9 +238,12 @@ class IFCLModel(modeling_ifcl.IFCLModel):
         check_vocabulary(tokenizer, getattr(encoder_config, "vocab_size", None), encoder_name_or_path)
         fraternal_table = fraternal_tokenizer = None
         if fraternal_model_name_or_path is not None:  # checked, then loaded, before the encoder's weights load
-            fraternal_table, fraternal_tokenizer = load_fraternal(fraternal_model_name_or_path, trust_remote_code)
+            fraternal_table, fraternal_tokenizer = load_fraternal(
+                fraternal_model_name_or_path, trust_remote_code, dtype
+            )
+        saved_dtype = getattr(encoder_config, "dtype", None)  # before from_pretrained sets it to the loaded one
         encoder = AutoModel.from_pretrained(
-            encoder_name_or_path, config=encoder_config, trust_remote_code=trust_remote_code
+            encoder_name_or_path, config=encoder_config, trust_remote_code=trust_remote_code, dtype=dtype
         )
         word_table_of(encoder, encoder_name_or_path)  # refused before the model is built when it has none
         prefix = getattr(encoder, "base_model_prefix", "")  # its own, so that the weights keep their names
@@ -218,6 +265,7 @@ class IFCLModel(modeling_ifcl.IFCLModel):
             )
         if attn_implementation is not None:
             model.encoder.set_attn_implementation(attn_implementation)
+        logger.log(*precision_note(model, encoder_name_or_path, saved_dtype))
         model.name_or_path = encoder_name_or_path  # where its tokenizer and sentence-transformers settings come from
         model._tokenizer, model._fraternal_tokenizer = tokenizer, fraternal_tokenizer
         return model

@@ -118,7 +118,7 @@ class CardFacts:
     :data:`BUILTIN_STSB`; ``base_model_path``: a local folder of the base, whose card gives license, language and Hub
     id. The base model, log, best step, training size and tokenizers default to what the config, trainer_state.json,
     results and saved folder say; ``train_text`` gives the size, token statistics and first rows;
-    ``trained_parameters`` the share a LoRA run trained."""
+    ``trained_parameters`` the share a LoRA run trained; ``weights_dtype`` the dtype its weights trained in."""
 
     output_dir: str
     config: PretrainedConfig
@@ -135,6 +135,7 @@ class CardFacts:
     train_size: int | None = None
     tokenizers: tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase] | None = None
     trained_parameters: tuple[int, int] | None = None  # (trained, all) parameters, as the run's log gives them
+    weights_dtype: str | None = None  # the dtype the weights trained in (float32, bfloat16, ...)
     # Derived when the record is built: the objective the config names (IFCL's when none) and its loss as the card
     # names it, how SentenceTransformer(output_dir) embeds (None: no modules.json), the base model as the card names
     # it (its Hub id where known, never a path), and the STS tasks of the results' dev (eval) and test figures.
@@ -434,6 +435,17 @@ def steps_phrase(steps: list[int]) -> str:
     return f"{len(steps)} times{every} from step {steps[0]} to step {steps[-1]}"
 
 
+def precision_description(weights_dtype: str | None, training_args: TrainingArguments | None) -> str:
+    """The precision the model trained in: its weights' dtype (the optimizer's master weights) and the mixed precision
+    of ``--bf16`` or ``--fp16`` (autocast over them), as the card and the run's log say it."""
+    if weights_dtype is None:
+        return "not recorded"
+    mixed = next((name for name in ("bf16", "fp16") if getattr(training_args, name, False)), None)
+    if weights_dtype == "float32":
+        return f"float32 weights{f', {mixed} mixed precision (autocast)' if mixed else ''}"
+    return f"pure {weights_dtype}: its weights and optimizer state in {weights_dtype} (`--dtype {weights_dtype}`)"
+
+
 def training_description(steps: int | None, training_args, best: int | None, rows: list[dict[str, Any]]) -> str:
     """How many steps of how many sentences the model trained, when it was evaluated on dev (from the run's log), and
     which checkpoint the saved model and the "after training" figures are."""
@@ -644,6 +656,7 @@ def training_record(facts: CardFacts) -> dict[str, Any]:
     steps = facts.results.get("train_steps", next((entry["step"] for entry in log if "train_runtime" in entry), None))
     return {
         "training": training_description(steps, facts.training_args, best, rows),
+        "precision": precision_description(facts.weights_dtype, facts.training_args),
         "log_table": log_table(rows, loss_terms, best) if rows else None,
         "log_gap": log_gap(rows, facts.training_args),
         "hide_log": len(rows) > 100,
