@@ -39,8 +39,16 @@ from ifcl.arguments import (
     refuse_other_objectives_settings,
     strategy_name,
 )
-from ifcl.checkpoints import check_resume_lora, check_resume_settings, interrupted_message, planned_fraternal_model
-from ifcl.data import EMBEDDED_MODEL_ID, load_sts_sets, local_model_path
+from ifcl.checkpoints import (
+    TrainingDataRecord,
+    check_resume_lora,
+    check_resume_settings,
+    check_training_data,
+    interrupted_message,
+    planned_fraternal_model,
+    training_data_record,
+)
+from ifcl.data import EMBEDDED_MODEL_ID, SHUFFLE_BUFFER_SIZE, load_sts_sets, local_model_path
 from ifcl.failures import Interrupted, failures_of_the_run, run_command, write_failures_named
 from ifcl.files import read_json, write_json_atomically
 from ifcl.hub import push_output_folder, take_over_push
@@ -165,7 +173,9 @@ class DataArguments:
     streaming: bool = field(
         default=False, metadata={"help": "Read the training data once, as training goes: no cache; needs --max_steps."}
     )
-    shuffle_buffer_size: int = field(default=10_000, metadata={"help": "With --streaming: rows shuffled in memory."})
+    shuffle_buffer_size: int = field(
+        default=SHUFFLE_BUFFER_SIZE, metadata={"help": "With --streaming: rows shuffled in memory."}
+    )
 
     def __post_init__(self) -> None:
         checks.check_data_arguments(self)
@@ -317,6 +327,7 @@ def main(argv: list[str] | None = None):
     # 3. The output folder, locked to the end of the run: a new run, a resume (its settings must be this command's)
     # or an overwrite of what an earlier run wrote.
     output_dir = training_args.output_dir
+    training_data = training_data_record(data_args, training_args)
     run_folder = RunFolder(output_dir, is_main=training_args.should_save)
     try:
         with run_folder.locked():
@@ -333,6 +344,7 @@ def main(argv: list[str] | None = None):
                 training_args.resume_from_checkpoint = plan.resume.checkpoint
                 check_resume_settings(plan.resume.checkpoint, plan.resume.config, json.loads(planned.to_json_string()))
                 check_resume_lora(plan.resume.checkpoint, plan.resume.config.get("lora"), model_args.lora())
+                check_training_data(plan.resume.checkpoint, training_data)
             push_at_end = take_over_push(training_args)
 
             # 4. Training text and STS sets: dev for --do_eval and the evaluations during training, test for
@@ -387,6 +399,7 @@ def main(argv: list[str] | None = None):
             with training_args.main_process_first(desc="preparing the output folder"):
                 run_folder.start(plan)
             trainer.add_callback(run_folder)  # each checkpoint joins the run's record
+            trainer.add_callback(TrainingDataRecord(training_data))  # what a resume compares
             sts_sets = {"eval": dev_sts if do_eval else None, "test": test_sts if do_predict else None}
 
             # 7. STS before training, training (or finishing a run whose training had ended), the published model.

@@ -3,21 +3,27 @@ settings it was trained with, and how far its training went (docs/reliability.md
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import json
 import logging
 import os
 import re
+import shlex
 import zipfile
 from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 from safetensors import safe_open
+from transformers import TrainerCallback
 from transformers.trainer_callback import TrainerState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from configuration_ifcl import ifcl_config_dict
+from ifcl.data import DEFAULT_TRANS_DE_EN
 from ifcl.failures import listed
-from ifcl.files import STREAM_STATE_FILE, read_json
+from ifcl.files import STREAM_STATE_FILE, TRAINING_DATA_FILE, read_json, write_json_atomically
 from ifcl.lora import resolved_alpha
 from ifcl.publishing import public_name
 
@@ -159,6 +165,11 @@ def resume_point(
     last = resume == "last"
     skipped = []
     for checkpoint in checkpoint_folders(folder) if last else [resume]:
+        if stream_buffer is not None and trained_without_streaming(checkpoint):
+            raise CheckpointError(
+                f"--resume_from_checkpoint {checkpoint} was trained without --streaming (its {TRAINING_DATA_FILE}): "
+                "resume it without --streaming, with the same --train_file."
+            )
         problem, finished = checkpoint_problem(checkpoint, world_size, max_steps, stream_buffer is not None)
         if problem is None:
             check_stream(checkpoint, stream_buffer)
@@ -265,6 +276,115 @@ def interrupted_message(folder: str, command: list[str]) -> str:
     if newest is None:
         return "interrupted; no complete checkpoint was written yet"
     return (
-        f"interrupted; the newest complete checkpoint is {newest}; continue with: {' '.join(command)} "
+        f"interrupted; the newest complete checkpoint is {newest}; continue with: {shlex.join(command)} "
         "--resume_from_checkpoint last"
     )
+
+
+# ---------------------------------------------------------------------------------------------------- training data
+
+# The bytes hashed at each end of a training file: a rewritten file is noticed, a copied or touched one is not.
+FILE_END_BYTES = 1 << 16
+
+
+def training_files(data_args) -> list[str]:
+    """The local files ``run_ifcl.py`` reads its training rows from: ``--train_file``'s (a path or a glob, as matched
+    now), or trans-de-en's when neither it nor ``--dataset_name`` is given."""
+    if data_args.train_file is None:
+        return [] if data_args.dataset_name is not None else [DEFAULT_TRANS_DE_EN]
+    pattern = os.path.expanduser(data_args.train_file)
+    return sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+
+
+def file_fingerprint(path: str) -> dict[str, Any] | None:
+    """A file's size and the SHA-256 of its first and last :data:`FILE_END_BYTES`; None when it cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            digest = hashlib.sha256(handle.read(FILE_END_BYTES))
+            if size > FILE_END_BYTES:
+                handle.seek(max(FILE_END_BYTES, size - FILE_END_BYTES))
+                digest.update(handle.read())
+    except OSError:
+        return None
+    return {"size": size, "ends_sha256": digest.hexdigest()}
+
+
+def training_data_record(data_args, training_args) -> dict[str, Any]:
+    """What decides which rows a run trains on, and in which order: the flags that shape them, by name, and each
+    local training file's :func:`file_fingerprint` (a shard deleted, added or rewritten changes it)."""
+    settings = {
+        "--train_file": data_args.train_file,
+        "--dataset_name": data_args.dataset_name,
+        "--dataset_config_name": data_args.dataset_config_name,
+        "--dataset_split": data_args.dataset_split,
+        "--sentence_column": data_args.sentence_column,
+        "--fraternal_column": data_args.fraternal_column,
+        "--max_train_samples": data_args.max_train_samples,
+        "--streaming": data_args.streaming,
+        "--seed": training_args.seed,
+        "--data_seed": training_args.data_seed,
+    }
+    return {"settings": settings, "files": {path: file_fingerprint(path) for path in training_files(data_args)}}
+
+
+def trained_without_streaming(checkpoint: str) -> bool:
+    """Whether ``checkpoint``'s training-data record says its run read memory-mapped data, not a stream."""
+    try:
+        record = read_json(checkpoint, TRAINING_DATA_FILE) if os.path.isdir(checkpoint) else None
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(record, dict) and (record.get("settings") or {}).get("--streaming") is False
+
+
+def check_training_data(checkpoint: str, wanted: dict[str, Any]) -> None:
+    """The training data this command reads (``wanted``, :func:`training_data_record`) is what ``checkpoint`` read:
+    each flag and file that differs is named in one :class:`CheckpointError`, since a resume would read on in other
+    rows or another order. A checkpoint without a record (of an earlier version) is not compared."""
+    path = os.path.join(checkpoint, TRAINING_DATA_FILE)
+    try:
+        saved = read_json(checkpoint, TRAINING_DATA_FILE) if os.path.isfile(path) else None
+    except (ValueError, UnicodeDecodeError):
+        saved = None
+    if not isinstance(saved, dict):
+        logger.info(
+            f"{checkpoint} holds no {TRAINING_DATA_FILE} (an earlier version's): its training data is not compared."
+        )
+        return
+    settings, files = saved.get("settings") or {}, saved.get("files") or {}
+    differences = [
+        f"{flag} {settings[flag]!r} in the checkpoint, {value!r} now"
+        for flag, value in wanted["settings"].items()
+        if flag in settings and settings[flag] != value
+    ]
+    for name in sorted(set(files) | set(wanted["files"])):
+        then, now = files.get(name, "absent"), wanted["files"].get(name, "absent")
+        if then == now:
+            continue
+        if then == "absent" or now == "absent":
+            differences.append(f"{name} {'is read now but was not then' if then == 'absent' else 'is not read now'}")
+        elif now is None:
+            differences.append(f"{name} cannot be read now")
+        else:
+            sizes = f"{then['size']} bytes then, {now['size']} now" if then and then["size"] != now["size"] else ""
+            differences.append(f"{name} has changed since ({sizes or 'other content'})")
+    if differences:
+        raise CheckpointError(
+            f"--resume_from_checkpoint {checkpoint} read other training data than this command would: "
+            + "; ".join(differences)
+            + ". A resume reads on in the same rows and order only: resume with the checkpoint's data and flags, or "
+            "train anew in another --output_dir."
+        )
+
+
+class TrainingDataRecord(TrainerCallback):
+    """Writes the run's :func:`training_data_record` into each checkpoint (:data:`TRAINING_DATA_FILE`), which a resume
+    compares with its own (:func:`check_training_data`)."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.record = record
+
+    def on_save(self, args, state, control, **kwargs) -> None:
+        checkpoint = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        if state.is_world_process_zero and os.path.isdir(checkpoint):
+            write_json_atomically(os.path.join(checkpoint, TRAINING_DATA_FILE), self.record)

@@ -17,7 +17,7 @@ from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK,
 from configuration_ifcl import IFCLConfig, ifcl_config_dict
 from ifcl.arguments import strategy_name
 from ifcl.checkpoints import weights_problem
-from ifcl.data import local_model_path
+from ifcl.data import SHUFFLE_BUFFER_SIZE, local_model_path
 from ifcl.failures import listed
 from ifcl.files import check_model_path, read_json
 from ifcl.hub import check_model_reachable
@@ -247,6 +247,11 @@ def check_data_arguments(data_args) -> None:
         raise ValueError(f"--max_train_samples must be ≥ 1, got {data_args.max_train_samples}.")
     if data_args.shuffle_buffer_size < 0:
         raise ValueError(f"--shuffle_buffer_size must be ≥ 0, got {data_args.shuffle_buffer_size}.")
+    if not data_args.streaming and data_args.shuffle_buffer_size != SHUFFLE_BUFFER_SIZE:
+        raise ValueError(
+            f"--shuffle_buffer_size {data_args.shuffle_buffer_size} without --streaming: it sizes a stream's shuffle "
+            "buffer, and the memory-mapped route shuffles every row by --seed. Add --streaming, or leave it out."
+        )
     if data_args.streaming:
         for flag in ("tokenize_on_the_fly", "preprocessing_num_workers"):
             if getattr(data_args, flag):

@@ -402,6 +402,9 @@ def load_train_dataset(
     return dataset
 
 
+# Rows a stream holds to shuffle (run_ifcl.py --shuffle_buffer_size; ifcl.streaming), as Python strings.
+SHUFFLE_BUFFER_SIZE = 10_000
+
 # ---------------------------------------------------------------------------------------------------- training order
 
 # Up to this many rows the shuffle keeps the order the Trainer's random sampler gave (``torch.randperm``, held as a

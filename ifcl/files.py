@@ -18,6 +18,7 @@ from transformers.utils import cached_file
 RUN_IN_PROGRESS_FILE = "run_in_progress.json"  # the run that writes the folder, while it runs
 RUN_RECORD_FILE = "ifcl_run.json"  # what runs of this project wrote into the folder
 LOCK_FILE = ".ifcl_run.lock"  # held while a run writes the folder
+TRAINING_DATA_FILE = "ifcl_training_data.json"  # what a run read its training rows from, in each checkpoint
 STREAM_STATE_FILE = "ifcl_stream_state-{rank}.json"  # where each process's stream was, in each checkpoint
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "RUN_IN_PROGRESS_FILE",
     "RUN_RECORD_FILE",
     "STREAM_STATE_FILE",
+    "TRAINING_DATA_FILE",
     "atomic_path",
     "check_model_path",
     "exclusive_lock",

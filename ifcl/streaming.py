@@ -29,6 +29,7 @@ from datasets.distributed import split_dataset_by_node
 
 from ifcl.data import (
     FRATERNAL,
+    SHUFFLE_BUFFER_SIZE,
     DataFormatError,
     as_text,
     canonical_rows,
@@ -46,8 +47,6 @@ from ifcl.hub import hub_reachable
 
 logger = logging.getLogger(__name__)
 
-# Rows a stream holds to shuffle (run_ifcl.py --shuffle_buffer_size): about 1 MB of text per 10,000 pairs.
-SHUFFLE_BUFFER_SIZE = 10_000
 STREAM_EXTENSIONS = (".txt", ".csv", ".json", ".jsonl", ".parquet")
 
 

@@ -131,6 +131,8 @@ def test_ctrl_c_names_the_newest_complete_checkpoint_and_the_resume_command(tmp_
     err = capsys.readouterr().err
     assert f"the newest complete checkpoint is {folder / 'checkpoint-4'}" in err
     assert f"continue with: run_ifcl.py --output_dir {folder} --resume_from_checkpoint last" in err
+    with_glob = interrupted_message(str(folder), [*command, "--train_file", "shards/*.txt"])
+    assert "--train_file 'shards/*.txt' --resume_from_checkpoint last" in with_glob  # pasted, the shell keeps it
     assert (
         interrupted_message(str(tmp_path / "empty"), command) == "interrupted; no complete checkpoint was written yet"
     )

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -238,6 +239,44 @@ def test_resume_with_another_fraternal_model_names_the_flag(
         expected = f"--fraternal_model_name_or_path: '{tiny_fraternal_dir.name}' in the checkpoint, {now} now"
         with pytest.raises(CheckpointError, match=re.escape(expected)):
             run_ifcl.main([*resumed, "--max_steps", "2", "--resume_from_checkpoint", str(checkpoint)])
+
+
+def test_resume_with_other_data_names_each_difference_before_any_model_loads(runs, tmp_path, monkeypatch):
+    """A memory-mapped resume reads on in the rest of an epoch whose order --seed and --data_seed drew, from the same
+    file: another seed, another --train_file or the file rewritten since is named in one line, before any data is
+    read; the same data resumes."""
+    folder, args = copy_of_stopped_run(runs, tmp_path)
+    checkpoint = folder / "checkpoint-2"
+    train_file = Path(args[args.index("--train_file") + 1])
+    other = tmp_path / "other.txt"
+    shutil.copy(train_file, other)
+    resume = ["--resume_from_checkpoint", str(checkpoint)]
+    monkeypatch.setattr(run_ifcl, "load_training_text", lambda *a: pytest.fail("data read before the check"))
+    with pytest.raises(CheckpointError) as error:
+        run_ifcl.main([*args, "--seed", "7", "--data_seed", "3", *resume])
+    message = str(error.value)
+    assert "--seed 42 in the checkpoint, 7 now; --data_seed None in the checkpoint, 3 now" in message
+    assert "\n" not in message and "--train_file" not in message
+    with pytest.raises(CheckpointError) as error:
+        run_ifcl.main([*args, "--train_file", str(other), *resume])
+    assert f"{other} is read now but was not then" in str(error.value)
+    assert f"{train_file} is not read now" in str(error.value)
+    rewritten = tmp_path / "rewritten"
+    shutil.copytree(train_file.parent, rewritten)
+    moved = [str(rewritten / train_file.name) if arg == str(train_file) else arg for arg in args]
+    with pytest.raises(CheckpointError, match="is read now but was not then"):  # the same content elsewhere
+        run_ifcl.main([*moved, *resume])
+    with open(train_file, "a", encoding="utf-8") as handle:
+        handle.write("One more sentence.\tNoch ein Satz.\n")
+    with pytest.raises(CheckpointError, match=re.escape(f"{train_file} has changed since (")):
+        run_ifcl.main([*args, *resume])
+
+
+def test_a_memory_mapped_checkpoint_resumed_with_streaming_is_told_to_resume_without_it(runs, tmp_path):
+    folder, args = copy_of_stopped_run(runs, tmp_path)
+    for resume in ("last", str(folder / "checkpoint-2")):
+        with pytest.raises(CheckpointError, match="was trained without --streaming .*: resume it without --streaming"):
+            run_ifcl.main([*args, "--streaming", "--resume_from_checkpoint", resume])
 
 
 @pytest.mark.parametrize(

@@ -246,6 +246,38 @@ def test_a_streamed_checkpoint_resumes_only_as_it_was_streamed(tiny_encoder_dir,
         run_ifcl.main([*args, "--resume_from_checkpoint", str(checkpoint)])
 
 
+@pytest.mark.parametrize("change", ["deleted", "added first", "rewritten", "other pattern"])
+def test_a_streamed_resume_names_the_shards_that_changed_since_its_checkpoint(tiny_encoder_dir, tmp_path, change):
+    """A stream's place is a shard and a row in it: a shard deleted, one added that sorts first, one rewritten, or
+    another --train_file would make the resume read other rows. Each is named in one line before anything is read."""
+    shards = write_shards(tmp_path / "shards", 2)
+    args = interrupted_run(tiny_encoder_dir, shards, tmp_path / "run")
+    resume = ["--resume_from_checkpoint", "last"]
+    if change == "deleted":
+        (shards / "part-1.txt").unlink()
+        expected = f"{shards / 'part-1.txt'} is not read now"
+    elif change == "added first":
+        (shards / "part-00.txt").write_text("A new sentence.\tEin neuer Satz.\n", encoding="utf-8")
+        expected = f"{shards / 'part-00.txt'} is read now but was not then"
+    elif change == "rewritten":
+        with open(shards / "part-0.txt", "a", encoding="utf-8") as handle:
+            handle.write("A new sentence.\tEin neuer Satz.\n")
+        expected = f"{shards / 'part-0.txt'} has changed since ("
+    else:
+        args = [*args, "--train_file", str(shards / "part-*.txt")]
+        expected = f"--train_file '{shards}/*.txt' in the checkpoint, '{shards}/part-*.txt' now"
+    with pytest.raises(ValueError, match=re.escape(expected)) as error:
+        run_ifcl.main([*args, *resume])
+    assert "\n" not in str(error.value)
+
+
+def test_shuffle_buffer_size_without_streaming_is_refused(tiny_encoder_dir, tmp_path):
+    args = [arg for arg in cli(tiny_encoder_dir, tmp_path, tmp_path / "run") if arg != "--streaming"]
+    args[args.index("--train_file") + 1] = str(write_shards(tmp_path / "one", 1) / "part-0.txt")
+    with pytest.raises(ValueError, match="--shuffle_buffer_size 16 without --streaming"):
+        run_ifcl.main(args)
+
+
 def test_the_trainer_and_ifcl_loss_take_a_datasets_stream(tiny_encoder_dir, tmp_path):
     """A ``datasets.IterableDataset`` of text: IFCLTrainer reads it in its own order, tokenized as read; IFCLLoss under
     SentenceTransformerTrainer trains on it, a bad row named as it comes."""
