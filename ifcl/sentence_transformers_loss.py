@@ -15,6 +15,7 @@ the IFCL losses answer by refusing to be wrapped. Only this module needs sentenc
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import weakref
 from collections.abc import Iterable, Iterator
@@ -168,10 +169,22 @@ class IFCLLoss(nn.Module):
     def uses_gradient_cache(self) -> bool:
         """What a sentence-transformers loss modifier (``MatryoshkaLoss``, ``AdaptiveLayerLoss``) asks of the loss it
         wraps: an IFCL loss is not wrapped, so ``TypeError`` in one line, with the parameter that gives the sizes."""
-        name = type(self).__name__
+        name, frame, owner = type(self).__name__, inspect.currentframe(), None
+        while frame is not None:  # up to the modifier being built around this loss
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, nn.Module) and owner is not self:
+                break
+            frame = frame.f_back
+        modifier = type(owner).__name__ if frame is not None else "a loss modifier"
+        if modifier == "MatryoshkaLoss":
+            raise TypeError(
+                f"{name} takes Matryoshka sizes itself and is not wrapped by MatryoshkaLoss: "
+                f"{name}(model, matryoshka_dims=[...], matryoshka_weights=[...]) instead of MatryoshkaLoss(model, {name}(...), ...)."
+            )
         raise TypeError(
-            f"{name} takes Matryoshka sizes itself and is not wrapped by a loss modifier: "
-            f"{name}(model, matryoshka_dims=[...], matryoshka_weights=[...]) instead of MatryoshkaLoss(model, {name}(...), ...)."
+            f"{name} is not wrapped by {modifier}: it embeds its three views (anchor, identical and fraternal twins) "
+            f"itself, so {modifier} cannot hand it other embeddings; train {name} alone (Matryoshka sizes are its "
+            "own setting, matryoshka_dims)."
         )
 
     def own_parameters(self) -> Iterator[nn.Parameter]:
