@@ -346,7 +346,9 @@ def test_a_loss_modifier_around_an_ifcl_loss_is_refused_in_one_line_that_gives_t
     with pytest.raises(TypeError, match=re.escape(f"{name}(model, matryoshka_dims=[...]")) as refused:
         MatryoshkaLoss(st_model, loss, [32, 16])
     assert "\n" not in str(refused.value)
-    with pytest.raises(TypeError, match=f"{name} is not wrapped by AdaptiveLayerLoss: its three views") as refused:
+    with pytest.raises(
+        TypeError, match=f"{name} is not wrapped by AdaptiveLayerLoss: it embeds its three views"
+    ) as refused:
         AdaptiveLayerLoss(st_model, loss)
     assert "\n" not in str(refused.value) and "sizes itself" not in str(refused.value)
 
