@@ -51,7 +51,11 @@ DECODER_POSITION_ATTRIBUTES = ("max_decoder_position_embeddings", "max_target_po
 
 # Characters that would break a `sentence<TAB>translation` line: the tab, and everything str.splitlines splits on.
 _FIELD_BREAKERS = "\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
-_FIELD_CLEANUP = str.maketrans({character: " " for character in _FIELD_BREAKERS})
+# The breakers become spaces; every other control character (NUL, escapes, DEL: Unicode's Cc) is dropped.
+_CONTROL_CHARACTERS = [chr(code) for code in (*range(0x20), *range(0x7F, 0xA0))]
+_FIELD_CLEANUP = str.maketrans(
+    {c: " " if c in _FIELD_BREAKERS else None for c in [*_CONTROL_CHARACTERS, *_FIELD_BREAKERS]}
+)
 _NOT_TEXT_CATEGORIES = ("Cc", "Cf")  # control and format characters (NUL, escapes, zero-width spaces): no text
 
 
@@ -154,7 +158,8 @@ class PrepareSummary:
 
 
 def clean_field(text: str) -> str:
-    """``text`` as one field of a ``sentence<TAB>translation`` line: tabs and line breaks become spaces, stripped."""
+    """``text`` as one field of a ``sentence<TAB>translation`` line: tabs and line breaks become spaces, other control
+    characters (a NUL inside a sentence) are dropped, stripped."""
     return text.translate(_FIELD_CLEANUP).strip()
 
 
@@ -180,10 +185,9 @@ def check_input(input_file: str) -> tuple[int, int, int]:
         raise FileNotFoundError(f"input file not found: {input_file}")
     line_count = sentences = control_lines = 0
     for line_count, line in iter_lines(input_file):  # numbered from 1: the last number is the count
-        text = clean_field(line)
-        if is_sentence(text):
+        if is_sentence(clean_field(line)):
             sentences += 1
-        elif text:
+        elif line.strip():  # something, but no printable character
             control_lines += 1
     if not sentences:
         raise DataFormatError(

@@ -812,3 +812,15 @@ def test_gpu_index_beyond_the_gpus_present_is_refused(monkeypatch):
     assert select("mps:0") == torch.device("mps:0")
     with pytest.raises(SettingsError, match=re.escape("--device mps:1: not on this machine; it has cpu, mps.")):
         select("mps:1")
+
+
+def test_a_control_character_inside_a_sentence_is_dropped_from_the_pair_written(tiny_marian_dir, tmp_path):
+    """A NUL (or an escape, or DEL) inside a sentence would go into the ``sentence<TAB>translation`` file, where a
+    reader of text stops or fails: it is dropped from the sentence as read, the same in every pass."""
+    source = tmp_path / "source.txt"
+    source.write_text("A man\x00 plays the guitar.\nThe cat \x1bsits.\n" + "\n".join(SENTENCES[:2]) + "\n", "utf-8")
+    output = tmp_path / "pairs.txt"
+    prepare_fraternal.run(tool_args(source, output, tiny_marian_dir))
+    sentences = [sentence for sentence, _ in read_pairs(output)]
+    assert sentences[:2] == ["A man plays the guitar.", "The cat sits."]
+    assert not any(ord(c) < 32 for line in output.read_text(encoding="utf-8").splitlines() for c in line if c != "\t")
