@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
+from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
 POOLER_TYPES = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "last")
 SETTINGS_KEY = "ifcl"  # config.json: the encoder's own config (read without remote code), IFCL's settings under this
@@ -131,9 +132,10 @@ class ModelSettings:
     global batch), whether the three training views share one encoder call (None: on accelerators), the training
     objective (None: IFCL) with its own settings, and the LoRA adapters the encoder trains with (``ifcl.lora``: rank,
     alpha, dropout, target modules; None: none), which a checkpoint holds beside their base layers and loading merges
-    (``IFCLModel.from_pretrained``), and a published folder holds merged; and, as a sentence-transformers base
+    (``IFCLModel.from_pretrained``), and a published folder holds merged; as a sentence-transformers base
     defines them, whether a prompt's tokens are pooled and the prompt ``encode`` puts before every sentence unless
-    given another."""
+    given another; and, for an encoder that ships its own code, its config and model classes as ``auto_map``
+    references to the files the model's folder carries beside this one (None: transformers' own classes)."""
 
     encoder_config: dict[str, Any] = field(default_factory=dict)
     encoder_name_or_path: str | None = None
@@ -150,6 +152,7 @@ class ModelSettings:
     lora: dict[str, Any] | None = None
     include_prompt: bool = True
     default_prompt: str | None = None
+    encoder_code: dict[str, str] | None = None
 
 
 class IFCLConfig(PretrainedConfig):
@@ -187,11 +190,17 @@ class IFCLConfig(PretrainedConfig):
         )
 
     def build_encoder_config(self) -> PretrainedConfig:
-        """The encoder's own config object."""
+        """The encoder's own config object: of transformers' class for its model type, or, for an encoder with its own
+        code (``encoder_code``), of its class in the model's folder (``name_or_path``), whose ``auto_map`` then
+        leads ``AutoModel.from_config`` to its model class there."""
         if not self.encoder_config:
             raise ValueError("IFCLConfig.encoder_config is empty: the config does not say which encoder to build.")
         settings = dict(self.encoder_config)
-        return AutoConfig.for_model(settings.pop("model_type"), **settings)
+        if not self.encoder_code:
+            return AutoConfig.for_model(settings.pop("model_type"), **settings)
+        config = get_class_from_dynamic_module(self.encoder_code["AutoConfig"], self.name_or_path).from_dict(settings)
+        config.auto_map, config.name_or_path = dict(self.encoder_code), self.name_or_path
+        return config
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> IFCLConfig:
@@ -201,7 +210,9 @@ class IFCLConfig(PretrainedConfig):
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any) -> IFCLConfig:
         """Without transformers' warning that config.json names the encoder's model type (it does on purpose)."""
         config_dict, kwargs = cls.get_config_dict(pretrained_model_name_or_path, **kwargs)
-        return cls.from_dict(config_dict, **kwargs)
+        loaded = cls.from_dict(config_dict, **kwargs)
+        (loaded[0] if isinstance(loaded, tuple) else loaded).name_or_path = pretrained_model_name_or_path
+        return loaded
 
     def to_dict(self) -> dict[str, Any]:
         """config.json's form: the encoder's config with its model type, IFCL's settings under ``"ifcl"``."""

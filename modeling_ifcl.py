@@ -364,23 +364,25 @@ class IFCLModel(PreTrainedModel):
         super().__init__(config)
         # Registered directly: add_module would take the ``encoder`` property for a clash.
         self.encoder_prefix = config.encoder_prefix or "encoder"
-        wrapped = encoder if encoder is not None else AutoModel.from_config(config.build_encoder_config())
-        if getattr(wrapped, "pooler", None) is not None:  # BERT's head: no pooler uses it, DDP rejects it unused
-            wrapped.pooler = None
-        self._modules[self.encoder_prefix] = wrapped
+        given = encoder is not None
+        if not given:  # an encoder with its own code (encoder_code) builds from the files of the model's folder
+            encoder = AutoModel.from_config(config.build_encoder_config(), trust_remote_code=bool(config.encoder_code))
+        if getattr(encoder, "pooler", None) is not None:  # BERT's head: no pooler uses it, DDP rejects it unused
+            encoder.pooler = None
+        self._modules[self.encoder_prefix] = encoder
         words = word_table_of(self.encoder, type(self.encoder).__name__)
         # The sentence embeddings' width: the word table may be narrower (ALBERT, ELECTRA), and BEL_F matches it.
         self.hidden_size = getattr(self.encoder.config, "hidden_size", None) or words.embedding_dim
         check_matryoshka_width(config.matryoshka_dims, self.hidden_size)
         self.fraternal_embeddings = self.fraternal_projection = None
-        if encoder is None:  # else built after post_init, which would draw new values over its table
+        if not given:  # else built after post_init, which would draw new values over its table
             self.set_fraternal_table()
         self.mlp = simcse_mlp(self.hidden_size) if "cls" in (config.pooler_type, config.eval_pooler_type) else None
         self.queue = self.new_queue()
         self._tokenizer = self._fraternal_tokenizer = None  # loaded from the folder when first asked for
         self.truncate_dim: int | None = None  # encode's default size (from_pretrained's truncate_dim)
         self.post_init()  # initialises what is new; a loaded encoder's weights are marked as loaded and kept
-        if encoder is not None:
+        if given:
             self.set_fraternal_table(fraternal_table)
 
     def set_fraternal_table(self, table: torch.Tensor | None = None) -> None:

@@ -468,8 +468,8 @@ def load_model(
         config = copy.deepcopy(start.saved)  # its lora, if any, merges a checkpoint's adapters as it loads
         config.update({k: v for k, v in settings.items() if k not in ("queue_size", "queue_batch_size")})
         saved_dtype = config.encoder_config.get("dtype")
-        model = IFCLModel.from_pretrained(
-            start.path, config=config, trust_remote_code=False, dtype=checked_dtype(dtype)
+        model = IFCLModel.from_pretrained(  # trust_remote_code reaches only an encoder's own code, never IFCL's
+            start.path, config=config, trust_remote_code=trust_remote_code, dtype=checked_dtype(dtype)
         )
         logger.log(*precision_note(model, start.path, saved_dtype))
         model.config.lora = None  # the weights are merged: adapters, if any, are this run's (add_lora)

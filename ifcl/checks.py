@@ -22,7 +22,7 @@ from ifcl.failures import listed
 from ifcl.files import check_model_path, read_json
 from ifcl.hub import check_model_reachable
 from ifcl.lora import check_lora_settings, require_peft
-from ifcl.model import check_encoder_class, dropout_settings
+from ifcl.model import TRUST_ADVICE, check_custom_code, dropout_settings
 from ifcl.tokenization import check_vocabulary
 from modeling_ifcl import load_tokenizer, max_input_length
 
@@ -128,23 +128,6 @@ def check_model_paths(model_args) -> None:
         check_custom_code(fraternal, model_args.trust_remote_code)
 
 
-TRUST_ADVICE = "it runs only with --trust_remote_code; give it if you trust that code."
-
-
-def check_custom_code(path: str, trust_remote_code: bool, subfolder: str = "") -> None:
-    """Refuse, without ``trust_remote_code``, a plain model whose config.json names custom code (``auto_map``), which
-    transformers would ask about or, for a model type it knows, quietly replace by its own class. An IFCL model's
-    config names its remote code too, which this project never runs: it loads with the package's own class."""
-    try:
-        config = read_json(path, "config.json", subfolder)
-    except (OSError, ValueError):
-        return  # not readable here: the loader says why
-    if not trust_remote_code and isinstance(config, dict) and config.get("auto_map") and not ifcl_config_dict(config):
-        raise ValueError(
-            f"{os.path.join(path, subfolder, 'config.json')} names custom code (auto_map): {TRUST_ADVICE}"
-        )
-
-
 @dataclass
 class StartingModel:
     """The model a run starts from, read once before any weights load, for the checks and the loader: its folder or
@@ -170,6 +153,12 @@ class StartingModel:
             saved = IFCLConfig.from_dict(saved_dict) if saved_dict is not None else None
         except (TypeError, ValueError) as error:  # a setting of the wrong type or value
             raise ValueError(f"{path}/config.json: {error}") from None
+        if saved is not None:
+            saved.name_or_path = path  # where an encoder with its own code finds it
+            if saved.encoder_code and not trust_remote_code:
+                raise ValueError(
+                    f"{path}: its encoder runs its own code ({', '.join(saved.encoder_code.values())}): {TRUST_ADVICE}"
+                )
         try:
             options = {"trust_remote_code": trust_remote_code}
             encoder_config = saved.build_encoder_config() if saved else AutoConfig.from_pretrained(path, **options)
@@ -183,7 +172,6 @@ class StartingModel:
             if "trust_remote_code" not in str(error):
                 raise
             raise ValueError(f"{path} loads with custom code (auto_map): {TRUST_ADVICE}") from None
-        check_encoder_class(encoder_config, path)
         check_vocabulary(tokenizer, getattr(encoder_config, "vocab_size", None), path)
         return cls(path, encoder_config, tokenizer, saved)
 

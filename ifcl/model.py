@@ -16,10 +16,12 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedTokenizerBase
+from transformers.dynamic_module_utils import custom_object_save
 from transformers.utils import logging
 
 import modeling_ifcl
-from ifcl.files import check_model_path
+from configuration_ifcl import ifcl_config_dict
+from ifcl.files import check_model_path, read_json
 from ifcl.lora import lora_weights, merge_lora
 from ifcl.pooling import POOLER_SETTINGS, base_pooling, choose_poolers
 from ifcl.tokenization import check_vocabulary, fit_tokenizer, without_processor_class
@@ -73,16 +75,32 @@ def fit_dropout(encoder: nn.Module, rate: float) -> str | None:
     return f"{encoder_name} has no dropout: its dropout is {rate} while training"
 
 
-def check_encoder_class(encoder_config: PretrainedConfig, name_or_path: str) -> None:
-    """``ValueError`` in one line for an encoder transformers does not implement itself (its config.json's
-    ``auto_map``, run with ``trust_remote_code``): a published IFCL folder rebuilds its encoder from transformers' own
-    classes and carries no encoder code, so the model could not be loaded as it trained."""
-    if type(encoder_config).__module__.split(".")[0] != "transformers":
+TRUST_ADVICE = "it runs only with --trust_remote_code; give it if you trust that code."
+
+
+def check_custom_code(path: str, trust_remote_code: bool, subfolder: str = "") -> None:
+    """Refuse, without ``trust_remote_code``, a plain model whose config.json names custom code (``auto_map``), before
+    any of it is imported: transformers would ask about it or, for a model type it knows, quietly replace it by its
+    own class. An IFCL model's config names its remote code too, which this package never needs (its encoder's own
+    code, when it has some, is asked for by :meth:`IFCLModel.from_pretrained`)."""
+    try:
+        config = read_json(path, "config.json", subfolder)
+    except (OSError, ValueError):
+        return  # not readable here: the loader says why
+    if not trust_remote_code and isinstance(config, dict) and config.get("auto_map") and not ifcl_config_dict(config):
         raise ValueError(
-            f"{name_or_path}: its encoder is custom code (model type {encoder_config.model_type}, its config.json's "
-            "auto_map), which IFCL cannot train: a published IFCL folder rebuilds its encoder with transformers' own "
-            "classes and carries no encoder code. Choose an encoder transformers implements."
+            f"{os.path.join(path, subfolder, 'config.json')} names custom code (auto_map): {TRUST_ADVICE}"
         )
+
+
+def own_code(encoder: nn.Module) -> dict[str, str] | None:
+    """The config and model classes of an encoder that ships its own code (transformers loaded them as dynamic
+    modules, ``transformers_modules``), as ``auto_map`` references to the files a saved folder carries
+    (``module.Class``, wherever the base's ``auto_map`` pointed); None for transformers' own classes."""
+    if type(encoder).__module__.split(".")[0] == "transformers":
+        return None
+    classes = {"AutoConfig": type(encoder.config), "AutoModel": type(encoder)}
+    return {auto: f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}" for auto, cls in classes.items()}
 
 
 # The dtypes a model may be loaded to train in (run_ifcl.py --dtype, from_encoder's dtype): "auto" is the checkpoint's.
@@ -167,6 +185,16 @@ class IFCLModel(modeling_ifcl.IFCLModel):
         step: the adapters merged into their layers (W + B·A·alpha/r, ``ifcl.lora.merge_lora``), as a published
         folder holds them; no peft is needed."""
         checked_truncate_dim(kwargs.get("truncate_dim"))  # its type, before anything is read
+        config = kwargs.get("config")
+        if not isinstance(config, PretrainedConfig):
+            saved = read_json(str(pretrained_model_name_or_path), "config.json")
+            config = cls.config_class.from_dict(ifcl_config_dict(saved) or {}) if isinstance(saved, dict) else None
+        if getattr(config, "encoder_code", None) and not kwargs.get("trust_remote_code"):
+            raise ValueError(
+                f"{pretrained_model_name_or_path}: its encoder runs its own code "
+                f"({', '.join(sorted(config.encoder_code.values()))}, in the folder), which runs only with "
+                "trust_remote_code=True; give it if you trust that code."
+            )
         adapters = lora_weights(pretrained_model_name_or_path, kwargs)
         # The adapted layers' own weights are not in the file under their names (peft's base_layer holds them): not
         # missing, since merge_lora writes them; nothing else is left out of the load report.
@@ -220,6 +248,9 @@ class IFCLModel(modeling_ifcl.IFCLModel):
         dtype = checked_dtype(dtype)
         check_model_path("encoder_name_or_path", encoder_name_or_path)
         check_model_path("fraternal_model_name_or_path", fraternal_model_name_or_path)
+        for path in (encoder_name_or_path, fraternal_model_name_or_path):
+            if path is not None:  # refused before any of its code is imported
+                check_custom_code(path, trust_remote_code)
         given = {name: settings[name] for name in POOLER_SETTINGS if name in settings}
         poolers, notes = choose_poolers(encoder_name_or_path, given)
         settings.update(poolers)
@@ -234,7 +265,6 @@ class IFCLModel(modeling_ifcl.IFCLModel):
         encoder_config = encoder_config or AutoConfig.from_pretrained(
             encoder_name_or_path, trust_remote_code=trust_remote_code
         )
-        check_encoder_class(encoder_config, encoder_name_or_path)
         check_vocabulary(tokenizer, getattr(encoder_config, "vocab_size", None), encoder_name_or_path)
         fraternal_table = fraternal_tokenizer = None
         if fraternal_model_name_or_path is not None:  # checked, then loaded, before the encoder's weights load
@@ -256,6 +286,7 @@ class IFCLModel(modeling_ifcl.IFCLModel):
             fraternal_embedding_size=fraternal_table.shape[1] if fraternal_tokenizer else None,
             fraternal_pad_token_id=(fraternal_tokenizer or tokenizer).pad_token_id,
             fraternal_model_name_or_path=fraternal_model_name_or_path,
+            encoder_code=own_code(encoder),
             **settings,
         )
         model = cls(config, encoder=encoder, fraternal_table=fraternal_table)
@@ -283,6 +314,9 @@ class IFCLModel(modeling_ifcl.IFCLModel):
         if is_main_process:  # the published class's code and auto_map (what custom_object_save writes for it)
             os.makedirs(save_directory, exist_ok=True)
             shutil.copy(modeling_ifcl.__file__, save_directory)  # the config copies its own file
+            if self.config.encoder_code:  # the encoder's own code, as its encoder_code names it
+                custom_object_save(self.encoder.config, save_directory)
+                custom_object_save(self.encoder, save_directory)
             self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), "AutoModel": AUTO_MODEL}
         super().save_pretrained(save_directory, is_main_process, **kwargs)
         if not is_main_process:

@@ -584,7 +584,8 @@ def architecture(output_dir: str, config: IFCLConfig, view: dict[str, Any] | Non
         bars = transformers_logging.is_progress_bar_enabled()
         transformers_logging.disable_progress_bar()  # the saved weights load again: no second bar at a run's end
         try:
-            model = SentenceTransformer(output_dir, device="cpu", local_files_only=True)
+            own_code = bool(getattr(config, "encoder_code", None))  # the run that wrote the folder trusted it
+            model = SentenceTransformer(output_dir, device="cpu", local_files_only=True, trust_remote_code=own_code)
         except Exception as error:  # the card still lists the modules from the folder's files
             logger.warning(f"sentence-transformers could not load {output_dir} for the model card: {error}")
         else:
@@ -701,6 +702,19 @@ def card_metadata(facts: CardFacts) -> ModelCardData:
     )
 
 
+def encoder_code_description(config: IFCLConfig, base: str | None) -> str | None:
+    """For an encoder that runs its own code: its files in the folder and where they came from (the base, or the
+    repository its ``auto_map`` named, by its public name); None for transformers' own classes."""
+    code = getattr(config, "encoder_code", None)
+    if not code:
+        return None
+    files = ", ".join(f"`{name}.py`" for name in sorted({ref.split(".")[0] for ref in code.values()}))
+    base_map = ((read_json(base, "config.json") if base else None) or {}).get("auto_map") or {}
+    repositories = sorted({ref.split("--")[0] for ref in base_map.values() if isinstance(ref, str) and "--" in ref})
+    origin = ", ".join(f"`{public_name(name)}`" for name in repositories) or f"`{public_name(base) or 'its base'}`"
+    return f"{files}, copied into this folder from {origin} when the model was trained"
+
+
 def model_variables(facts: CardFacts) -> dict[str, Any]:
     """The template variables of the model: its method and loss, base, embedding, architecture, settings, how it
     loads and the versions it was saved with."""
@@ -726,6 +740,7 @@ def model_variables(facts: CardFacts) -> dict[str, Any]:
         "repo": facts.model_name if "/" in facts.model_name else f"<user>/{facts.model_name}",
         "encoder_model_type": config.encoder_config.get("model_type"),
         "fraternal_tokenizer": config.fraternal_model_name_or_path is not None,
+        "encoder_code": encoder_code_description(config, facts.base_model_path or facts.base_model),
         "train_max_seq_length": config.max_seq_length,
         "sentence_transformers": view,
         "sentence_transformers_versions": SENTENCE_TRANSFORMERS_VERSIONS,

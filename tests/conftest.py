@@ -129,6 +129,74 @@ def build_tiny_bert(
     return folder
 
 
+OWN_CONFIG_CODE = """from transformers import BertConfig
+
+
+class MyBertConfig(BertConfig):
+    model_type = "mybert"
+"""
+OWN_MODEL_CODE = """from transformers import BertModel, PreTrainedModel
+
+from .configuration_mybert import MyBertConfig
+
+
+class MyBertModel(PreTrainedModel):
+    \"\"\"A BERT under its own class and parameter names (body.*), as an encoder that ships its code has them.\"\"\"
+
+    config_class = MyBertConfig
+    base_model_prefix = "mybert"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.body = BertModel(config, add_pooling_layer=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.body.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.body.set_input_embeddings(value)
+
+    def forward(self, **inputs):
+        return self.body(**inputs)
+"""
+
+
+def build_own_code_encoder(folder: Path, sentences: list[str], code_folder: Path | None = None) -> Path:
+    """A tiny encoder that ships its own code, as nomic-embed or gte do: its ``configuration_mybert.py`` and
+    ``modeling_mybert.py`` (a model type transformers does not know, its own class and parameter names), the
+    ``auto_map`` naming them and a tokenizer. With ``code_folder``, the code lies there and the ``auto_map`` points at
+    it as at another repository (``repo--module.Class``)."""
+    import json
+
+    from transformers import AutoConfig, AutoModel
+
+    bert = build_tiny_bert(folder, sentences)
+    code = code_folder or folder
+    code.mkdir(parents=True, exist_ok=True)
+    (code / "configuration_mybert.py").write_text(OWN_CONFIG_CODE, encoding="utf-8")
+    (code / "modeling_mybert.py").write_text(OWN_MODEL_CODE, encoding="utf-8")
+    prefix = f"{code_folder}--" if code_folder else ""
+    auto_map = {
+        "AutoConfig": f"{prefix}configuration_mybert.MyBertConfig",
+        "AutoModel": f"{prefix}modeling_mybert.MyBertModel",
+    }
+    config = json.loads((bert / "config.json").read_text(encoding="utf-8"))
+    config.update(model_type="mybert", architectures=["MyBertModel"], auto_map=auto_map)
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    model = AutoModel.from_config(
+        AutoConfig.from_pretrained(str(folder), trust_remote_code=True), trust_remote_code=True
+    )
+    model.save_pretrained(str(folder))  # random weights under its own names
+    if code_folder:  # as published: the code in the other repository only
+        for name in ("configuration_mybert.py", "modeling_mybert.py"):
+            (folder / name).unlink(missing_ok=True)
+        (folder / "config.json").write_text(
+            json.dumps({**json.loads((folder / "config.json").read_text()), "auto_map": auto_map}), encoding="utf-8"
+        )
+    return folder
+
+
 SMALL = {"num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64}
 # The encoder families users bring: (config class name, its settings beyond SMALL, whether its tokenizer gives token
 # type ids).

@@ -20,9 +20,8 @@ from tqdm.auto import tqdm
 from transformers import AutoModel
 
 from configuration_ifcl import POOLER_TYPES, IFCLConfig, ifcl_config_dict
-from ifcl.checks import check_custom_code
 from ifcl.files import read_json
-from ifcl.model import IFCLModel
+from ifcl.model import TRUST_ADVICE, IFCLModel, check_custom_code
 from ifcl.pooling import base_pooling
 from modeling_ifcl import (
     ALL_LAYER_POOLERS,
@@ -259,8 +258,14 @@ def load_encoder(
     try:
         if model_type == "ifcl":
             config = IFCLConfig.from_pretrained(name_or_path)
+            if config.encoder_code and not trust_remote_code:
+                raise ValueError(
+                    f"{name_or_path}: its encoder runs its own code ({', '.join(config.encoder_code.values())}): "
+                    f"{TRUST_ADVICE}"
+                )
             tokenizer = load_tokenizer(name_or_path, config=config.build_encoder_config())
-            model = IFCLModel.from_pretrained(name_or_path, config=config, trust_remote_code=False)
+            # trust_remote_code reaches only the encoder's own code: the package's IFCLModel, never the folder's
+            model = IFCLModel.from_pretrained(name_or_path, config=config, trust_remote_code=trust_remote_code)
             model._tokenizer = tokenizer
             if pooler_type is not None and pooler_type != model.config.eval_pooler_type:
                 if pooler_type == "cls" and model.mlp is None:

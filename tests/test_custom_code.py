@@ -1,0 +1,158 @@
+"""Encoders that ship their own code (nomic-embed, jina, gte): trained with ``--trust_remote_code`` as any other, and
+published with that code beside IFCL's, so that the folder loads offline in every loader with its base gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import (
+    ENGLISH,
+    GERMAN,
+    ROOT,
+    build_own_code_encoder,
+    objective_run_args,
+    st_training_args,
+    stopped_in_step,
+)
+
+import run_ifcl
+from ifcl.failures import Interrupted
+from ifcl.model import IFCLModel
+
+CODE_FILES = ("configuration_mybert.py", "modeling_mybert.py")
+LOCAL_CODE = {"AutoConfig": "configuration_mybert.MyBertConfig", "AutoModel": "modeling_mybert.MyBertModel"}
+LOADERS = """
+import json, sys
+import torch
+from sentence_transformers import SentenceTransformer
+from transformers import AutoModel
+from ifcl import IFCLModel
+
+folder, sentences = sys.argv[1], json.loads(sys.argv[2])
+rows = {
+    "AutoModel": AutoModel.from_pretrained(folder, trust_remote_code=True).encode(sentences),
+    "IFCLModel": IFCLModel.from_pretrained(folder, trust_remote_code=True).encode(sentences),
+    "SentenceTransformer": SentenceTransformer(folder, trust_remote_code=True, device="cpu").encode(
+        sentences, convert_to_tensor=True
+    ),
+}
+print(json.dumps({name: embeddings.tolist() for name, embeddings in rows.items()}))
+"""
+
+
+def load_offline_elsewhere(folder: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
+    """``folder``'s embeddings of four sentences through the three loaders, in a fresh process, offline, with an empty
+    transformers modules cache (as on another machine)."""
+    modules = tmp_path / "empty-modules-cache"
+    modules.mkdir(exist_ok=True)
+    env = {"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(modules), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    env["PYTHONPATH"] = str(ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", LOADERS, str(folder), json.dumps(ENGLISH[:4])],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {name: torch.tensor(rows) for name, rows in json.loads(result.stdout.splitlines()[-1]).items()}
+
+
+@pytest.fixture(params=["own folder", "another repository"])
+def own_code_base(request, tmp_path) -> tuple[Path, Path | None]:
+    """The base, and the folder its auto_map points at when that is another one (None: its own)."""
+    code = tmp_path / "code" if request.param == "another repository" else None
+    return build_own_code_encoder(tmp_path / "base", ENGLISH + GERMAN, code), code
+
+
+@pytest.mark.slow
+def test_an_encoder_with_its_own_code_trains_and_its_folder_loads_offline_without_its_base(
+    own_code_base, pairs_data, tmp_path
+):
+    """``run_ifcl.py --trust_remote_code`` trains it (IFCL, a checkpoint, an interrupted run resumed); the published
+    folder and each checkpoint carry its code with an auto_map that resolves inside the folder, and its card says so;
+    with the base (and the repository its code came from) gone and an empty modules cache, AutoModel, IFCLModel and
+    SentenceTransformer load it in another process and embed alike. Without trust_remote_code, the package's loader
+    refuses it in one line."""
+    base, code = own_code_base
+    output = tmp_path / "run"
+    args = objective_run_args(base, pairs_data, output, "ifcl", "--trust_remote_code", max_steps=4)
+    with stopped_in_step(3), pytest.raises(Interrupted):
+        run_ifcl.main(args)
+    run_ifcl.main([*args, "--resume_from_checkpoint", "last"])
+    for folder in (output, *output.glob("checkpoint-*")):
+        assert all((folder / name).is_file() for name in (*CODE_FILES, "modeling_ifcl.py")), sorted(os.listdir(folder))
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        assert config["ifcl"]["encoder_code"] == LOCAL_CODE and config["model_type"] == "mybert"
+        assert config["auto_map"] == {
+            "AutoConfig": "configuration_ifcl.IFCLConfig",
+            "AutoModel": "modeling_ifcl.IFCLModel",
+        }
+    card = (output / "README.md").read_text(encoding="utf-8")
+    assert "The encoder runs its own code: `configuration_mybert.py`, `modeling_mybert.py`, copied into" in card
+    assert f'SentenceTransformer("<user>/{output.name}", trust_remote_code=True)' in card
+    expected = IFCLModel.from_pretrained(str(output), trust_remote_code=True).encode(ENGLISH[:4])
+    shutil.rmtree(base)
+    if code is not None:
+        shutil.rmtree(code)
+    for name, embeddings in load_offline_elsewhere(output, tmp_path).items():
+        torch.testing.assert_close(embeddings, expected, atol=1e-5, rtol=0, msg=name)
+    with pytest.raises(ValueError, match="its encoder runs its own code .* only with trust_remote_code=True") as error:
+        IFCLModel.from_pretrained(str(output))
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.slow
+def test_a_published_folder_with_its_own_code_continues_training_only_when_trusted(
+    own_code_base, pairs_data, tmp_path
+):
+    """Continuing a published IFCL folder whose encoder has its own code: one line naming --trust_remote_code
+    without the flag, before any weights load; trained further with it."""
+    from ifcl.publishing import save_published
+
+    base, _ = own_code_base
+    published = tmp_path / "published"
+    save_published(IFCLModel.from_encoder(str(base), trust_remote_code=True, queue_size=2), str(published))
+    args = objective_run_args(published, pairs_data, tmp_path / "more", "ifcl", "--queue_size", "2", max_steps=2)
+    with pytest.raises(ValueError, match="its encoder runs its own code .*--trust_remote_code") as error:
+        run_ifcl.main(args)
+    assert "\n" not in str(error.value)
+    trainer, _ = run_ifcl.main([*args, "--trust_remote_code"])
+    assert type(trainer.model.encoder).__name__ == "MyBertModel"
+    assert all((tmp_path / "more" / name).is_file() for name in CODE_FILES)
+
+
+@pytest.mark.slow
+def test_ifcl_loss_trains_an_encoder_with_its_own_code(own_code_base, tmp_path):
+    """The sentence-transformers route: ``SentenceTransformer(base, trust_remote_code=True)`` with ``IFCLLoss``
+    trains, and the saved model loads offline with its base gone, embedding as it did."""
+    pytest.importorskip("sentence_transformers")
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
+
+    from ifcl import IFCLLoss
+
+    base, code = own_code_base
+    model = SentenceTransformer(str(base), trust_remote_code=True, device="cpu")
+    loss = IFCLLoss(model, queue_size=0)
+    train = Dataset.from_dict({"sentence": ENGLISH[:8], "fraternal": GERMAN[:8]})
+    args = st_training_args(tmp_path / "st-run", max_steps=2, per_device_train_batch_size=4)
+    trainer = SentenceTransformerTrainer(
+        model=model, args=args, train_dataset=train, loss=loss, data_collator=loss.data_collator(train)
+    )
+    trainer.train()
+    model.save(str(tmp_path / "st"))
+    expected = model.encode(ENGLISH[:4], convert_to_tensor=True)
+    shutil.rmtree(base)
+    if code is not None:
+        shutil.rmtree(code)
+    loaded = SentenceTransformer(str(tmp_path / "st"), trust_remote_code=True, device="cpu")
+    torch.testing.assert_close(loaded.encode(ENGLISH[:4], convert_to_tensor=True), expected, atol=1e-5, rtol=0)
