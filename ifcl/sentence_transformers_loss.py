@@ -39,7 +39,7 @@ from configuration_ifcl import IFCLSettings, SharedSettings, check_setting_types
 from ifcl.data import check_text_dataset, check_text_row, check_training_data_size
 from ifcl.files import check_model_path
 from ifcl.losses import IFCL_CITATION, IFCLTerms, Matryoshka
-from ifcl.model import fit_dropout, load_fraternal
+from ifcl.model import fit_dropout, load_fraternal, scaled_orthogonal_projection
 from ifcl.publishing import public_name
 from ifcl.tokenization import check_vocabulary, fit_tokenizer
 from modeling_ifcl import (
@@ -207,6 +207,8 @@ class IFCLLoss(nn.Module):
         self.fraternal_embeddings, self.fraternal_projection = fraternal_word_table(
             words, table, pad_token_id=pad_token_id, frozen=self.settings.freeze_fraternal_embeddings
         )
+        if self.fraternal_projection is not None:  # at BEL_S's scale from the first step, as IFCLModel's
+            scaled_orthogonal_projection(self.fraternal_projection, words.weight, table)
 
     def data_collator(self, train_dataset: Dataset | IterableDataset, **kwargs: Any) -> IFCLDataCollator:
         """The collator for ``SentenceTransformerTrainer(data_collator=...)``, given the same ``train_dataset``,
