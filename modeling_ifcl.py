@@ -31,16 +31,9 @@ except ImportError:  # imported from a checkout of the project
 
 ALL_LAYER_POOLERS = ("avg_first_last", "avg_top2")  # poolers that read more than the last layer
 FRATERNAL_TOKENIZER = "fraternal_tokenizer"  # the sub-folder of a saved model that holds the fraternal tokenizer
-# The files a tokenizer is read from, any one of them: a fast tokenizer's, a slow one's settings or vocabulary.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "vocab.txt",
-    "vocab.json",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-    "tokenizer.model",
-)
+# A tokenizer is read from a file whose name starts so (tokenizer.json, tokenizer_config.json, vocab.txt, vocab.json)
+# or from a SentencePiece model (spiece.model, sentencepiece.bpe.model, tokenizer.model).
+TOKENIZER_FILE_STARTS = ("tokenizer", "vocab")
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -171,15 +164,8 @@ def twin_views(
         sentences, embedding_output = encode(inputs_embeds, mask)
         pooled += sentences.split(input_ids.shape[0])
         embedding_outputs += embedding_output.split(input_ids.shape[0])
-    fraternal_view = len(pooled) == 3
-    return IFCLTwinsOutput(
-        anchor=pooled[0],
-        identical=pooled[1],
-        fraternal=pooled[2] if fraternal_view else None,
-        anchor_embedding_output=embedding_outputs[0],
-        identical_embedding_output=embedding_outputs[1],
-        fraternal_embedding_output=embedding_outputs[2] if fraternal_view else None,
-    )
+    # anchors, identical twins, fraternal twins (None without them), then their embedding-layer outputs alike
+    return IFCLTwinsOutput(*(pooled + [None])[:3], *(embedding_outputs + [None])[:3])
 
 
 class QueueBuffers(nn.Module):
@@ -277,16 +263,17 @@ def word_table_of(model: nn.Module, name: str) -> nn.Embedding:
 def load_tokenizer(
     name_or_path: str, subfolder: str = "", trust_remote_code: bool = False, **options
 ) -> PreTrainedTokenizerBase:
-    """``AutoTokenizer.from_pretrained``, except that a local folder without any of :data:`TOKENIZER_FILES` is refused
+    """``AutoTokenizer.from_pretrained``, except that a local folder without a tokenizer's file is refused
     (transformers would build a tokenizer from nothing, which reads every word as [UNK]), and a tokenizer JSON file
     that is not valid JSON is named; both as ``OSError`` naming the folder or file. Hub ids load as they are."""
     folder = os.path.join(name_or_path, subfolder) if subfolder else str(name_or_path)
     local = os.path.isdir(folder)
-    if local and not any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES):
+    names = os.listdir(folder) if local else []
+    if local and not any(name.startswith(TOKENIZER_FILE_STARTS) or name.endswith(".model") for name in names):
         raise OSError(
-            f"{folder} holds no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...), and one built from nothing "
-            "would read every word as [UNK]: save the model's tokenizer into it (tokenizer.save_pretrained), e.g. "
-            "its base encoder's."
+            f"{folder} holds no tokenizer files (tokenizer.json, tokenizer_config.json, a vocabulary), and one built "
+            "from nothing would read every word as [UNK]: save the model's tokenizer into it "
+            "(tokenizer.save_pretrained), e.g. its base encoder's."
         )
     try:
         return AutoTokenizer.from_pretrained(
