@@ -69,13 +69,19 @@ def test_merged_weights_embed_like_the_adapters_and_leave_them_unchanged(tmp_pat
 
 
 def lora_trainer(
-    decoder: Path, output: str, lora: bool = True, objective: str = "ifcl", pcl_untied_peer: bool = False, **settings
+    decoder: Path,
+    output: str,
+    lora: bool = True,
+    objective: str = "ifcl",
+    pcl_untied_peer: bool = False,
+    dtype: str = "float32",
+    **settings,
 ) -> IFCLTrainer:
     torch.manual_seed(0)
     peer = {"objective_settings": {"pcl_untied_peer": True}} if pcl_untied_peer else {}
     if objective == "micse":
         peer = {"objective_settings": {"micse_attention_layers": "top2"}}  # the tiny decoder has 2 layers
-    model = IFCLModel.from_encoder(str(decoder), queue_size=2, objective=objective, **peer, **LAST)
+    model = IFCLModel.from_encoder(str(decoder), queue_size=2, objective=objective, dtype=dtype, **peer, **LAST)
     if lora:
         add_lora(model, r=4)
     defaults = {"per_device_train_batch_size": 4, "max_steps": 4, "learning_rate": 1e-2, "logging_steps": 1}
@@ -131,12 +137,14 @@ def test_gradient_checkpointing_with_frozen_tables_trains_as_without_it(tmp_path
         torch.testing.assert_close(value, weights[False][name], atol=1e-6, rtol=0, msg=name)
 
 
-def test_bf16_lora_on_a_bf16_decoder_keeps_float32_losses_and_queue_and_saves_bf16(tmp_path):
+def test_bf16_lora_on_a_decoder_kept_in_bf16_keeps_float32_losses_and_queue_and_saves_bf16(tmp_path):
+    """A decoder saved in bfloat16, kept so (``dtype="auto"``: by default it would train float32 weights), with LoRA
+    under bf16 autocast: the adapters, losses and queue are float32, the published weights bfloat16."""
     from transformers import AutoModel
 
     folder = build_tiny_decoder("gemma3", tmp_path / "gemma3")
     AutoModel.from_pretrained(folder).to(torch.bfloat16).save_pretrained(folder)
-    trainer = lora_trainer(folder, str(tmp_path / "run"), max_steps=2, bf16=True)
+    trainer = lora_trainer(folder, str(tmp_path / "run"), max_steps=2, bf16=True, dtype="auto")
     model = trainer.model
     assert model.encoder.dtype == torch.bfloat16
     trained = [p for p in model.parameters() if p.requires_grad]

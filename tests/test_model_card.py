@@ -64,7 +64,7 @@ def best_checkpoint_args(folder, **kwargs) -> TrainingArguments:
 
 def sentence_transformers_folder(folder: Path, normalize: bool, max_seq_length: int | None = None) -> Path:
     """The files of a folder that tell how ``SentenceTransformer(folder)`` embeds: the Transformer module at the root,
-    pooling, Normalize when wanted, and a truncation length in sentence_bert_config.json."""
+    mean pooling, Normalize when wanted, and a truncation length in sentence_bert_config.json."""
     folder.mkdir(parents=True, exist_ok=True)
     kinds = ["Transformer", "Pooling"] + ["Normalize"] * normalize
     paths = ["", "1_Pooling", "2_Normalize"]
@@ -73,6 +73,8 @@ def sentence_transformers_folder(folder: Path, normalize: bool, max_seq_length: 
         for i, kind in enumerate(kinds)
     ]
     (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir(exist_ok=True)  # mean pooling, as sentence-transformers writes it
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
     if max_seq_length is not None:
         (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length}))
     return folder
@@ -353,7 +355,7 @@ def test_how_to_load_describes_the_folder_with_the_encoder_at_its_root(tmp_path)
     assert 'SentenceTransformer("you/ifcl-tiny")' in text and "0_Transformer" not in text
     # Without weights sentence-transformers cannot load it: the architecture is listed from the folder's files.
     assert "(0): Transformer({'max_seq_length': 256, 'architecture': 'BertModel'})" in card.text
-    assert "(1): Pooling({})" in card.text and "(2): Normalize({})" in card.text
+    assert "(1): Pooling({'pooling_mode_mean_tokens': True})" in card.text and "(2): Normalize({})" in card.text
 
 
 def test_a_base_that_does_not_normalise_gives_encodes_embeddings_in_sentence_transformers(tmp_path):

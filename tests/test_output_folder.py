@@ -266,9 +266,15 @@ def test_resume_with_other_data_names_each_difference_before_any_model_loads(run
     moved = [str(rewritten / train_file.name) if arg == str(train_file) else arg for arg in args]
     with pytest.raises(CheckpointError, match="is read now but was not then"):  # the same content elsewhere
         run_ifcl.main([*moved, *resume])
-    with open(train_file, "a", encoding="utf-8") as handle:
-        handle.write("One more sentence.\tNoch ein Satz.\n")
-    with pytest.raises(CheckpointError, match=re.escape(f"{train_file} has changed since (")):
+    # The file as the checkpoint saw it, before a line was added (the shared file itself stays as it is).
+    recorded = checkpoint / "ifcl_training_data.json"
+    record = json.loads(recorded.read_text(encoding="utf-8"))
+    size = record["files"][str(train_file)]["size"]
+    record["files"][str(train_file)] = {"size": size - 30, "ends_sha256": "0" * 64}
+    recorded.write_text(json.dumps(record), encoding="utf-8")
+    with pytest.raises(
+        CheckpointError, match=re.escape(f"{train_file} has changed since ({size - 30} bytes then, {size} now)")
+    ):
         run_ifcl.main([*args, *resume])
 
 
