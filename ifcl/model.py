@@ -23,7 +23,7 @@ import modeling_ifcl
 from configuration_ifcl import ifcl_config_dict
 from ifcl.files import check_model_path, read_json
 from ifcl.lora import lora_weights, merge_lora
-from ifcl.pooling import POOLER_SETTINGS, base_pooling, choose_poolers
+from ifcl.pooling import POOLER_SETTINGS, BaseFolder, choose_poolers
 from ifcl.tokenization import check_vocabulary, fit_tokenizer, without_processor_class
 from modeling_ifcl import FRATERNAL_TOKENIZER, checked_truncate_dim, load_tokenizer, word_table_of
 
@@ -78,13 +78,14 @@ def fit_dropout(encoder: nn.Module, rate: float) -> str | None:
 TRUST_ADVICE = "it runs only with --trust_remote_code; give it if you trust that code."
 
 
-def check_custom_code(path: str, trust_remote_code: bool, subfolder: str = "") -> None:
+def check_custom_code(path: str, trust_remote_code: bool, subfolder: str = "", config: dict | None = None) -> None:
     """Refuse, without ``trust_remote_code``, a plain model whose config.json names custom code (``auto_map``), before
     any of it is imported: transformers would ask about it or, for a model type it knows, quietly replace it by its
     own class. An IFCL model's config names its remote code too, which this package never needs (its encoder's own
-    code, when it has some, is asked for by :meth:`IFCLModel.from_pretrained`)."""
+    code, when it has some, is asked for by :meth:`IFCLModel.from_pretrained`). ``config``: config.json's content,
+    when already read."""
     try:
-        config = read_json(path, "config.json", subfolder)
+        config = config if config is not None else read_json(path, "config.json", subfolder)
     except (OSError, ValueError):
         return  # not readable here: the loader says why
     if not trust_remote_code and isinstance(config, dict) and config.get("auto_map") and not ifcl_config_dict(config):
@@ -220,6 +221,7 @@ class IFCLModel(modeling_ifcl.IFCLModel):
         trust_remote_code: bool = False,
         attn_implementation: str | None = None,
         dtype: str | torch.dtype = torch.float32,
+        base_folder: BaseFolder | None = None,
         **settings,
     ) -> IFCLModel:
         """An IFCL model to train, built from a pretrained encoder.
@@ -228,7 +230,8 @@ class IFCLModel(modeling_ifcl.IFCLModel):
             encoder_name_or_path: a Hub id or a local folder of any encoder ``AutoModel`` loads.
             fraternal_model_name_or_path: a model of the fraternal language whose word table initialises BEL_F and
                 whose tokenizer reads the fraternal text; without one BEL_F is the encoder's own table.
-            tokenizer, encoder_config: the encoder's, when already read (else read from ``encoder_name_or_path``).
+            tokenizer, encoder_config, base_folder: the encoder's tokenizer, config and files
+                (:class:`ifcl.pooling.BaseFolder`), when already read (else read from ``encoder_name_or_path``).
             trust_remote_code: run the code the encoder and fraternal model ship with (transformers' own classes
                 otherwise, and a model that needs its code is refused; no prompt is ever shown).
             attn_implementation: the encoder's attention (``"sdpa"``, ``"flash_attention_2"``, ...), which it checks;
@@ -248,13 +251,14 @@ class IFCLModel(modeling_ifcl.IFCLModel):
         dtype = checked_dtype(dtype)
         check_model_path("encoder_name_or_path", encoder_name_or_path)
         check_model_path("fraternal_model_name_or_path", fraternal_model_name_or_path)
-        for path in (encoder_name_or_path, fraternal_model_name_or_path):
-            if path is not None:  # refused before any of its code is imported
-                check_custom_code(path, trust_remote_code)
+        folder = base_folder or BaseFolder.read(encoder_name_or_path)  # its files, read once
+        check_custom_code(encoder_name_or_path, trust_remote_code, config=folder.config)  # before any code is imported
+        if fraternal_model_name_or_path is not None:
+            check_custom_code(fraternal_model_name_or_path, trust_remote_code)
         given = {name: settings[name] for name in POOLER_SETTINGS if name in settings}
-        poolers, notes = choose_poolers(encoder_name_or_path, given)
+        poolers, notes = choose_poolers(folder, given)
         settings.update(poolers)
-        base = base_pooling(encoder_name_or_path)
+        base = folder.pooling
         if base is not None:  # its prompt pooled or not, and its default prompt, as the base defines them
             settings = {"include_prompt": base.include_prompt, "default_prompt": base.default_prompt, **settings}
         for level, note in notes:
@@ -298,6 +302,7 @@ class IFCLModel(modeling_ifcl.IFCLModel):
             model.encoder.set_attn_implementation(attn_implementation)
         logger.log(*precision_note(model, encoder_name_or_path, saved_dtype))
         model.name_or_path = encoder_name_or_path  # where its tokenizer and sentence-transformers settings come from
+        model.base_folder = folder  # its files as read, for the run's preparation (ifcl.publishing.adopt_base)
         model._tokenizer, model._fraternal_tokenizer = tokenizer, fraternal_tokenizer
         return model
 

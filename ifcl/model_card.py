@@ -28,8 +28,8 @@ from ifcl.files import read_json
 from ifcl.model import dropout_settings
 from ifcl.objectives import DEFAULT_OBJECTIVE, objective_class, unwrap_model
 from ifcl.plots import plot_training_curves
-from ifcl.pooling import base_pooling, pools_alike
-from ifcl.publishing import looks_like_hub_id, public_name, read_base
+from ifcl.pooling import BaseFolder, pools_alike, read_base
+from ifcl.publishing import looks_like_hub_id, public_name
 from modeling_ifcl import FRATERNAL_TOKENIZER
 
 if TYPE_CHECKING:
@@ -136,6 +136,7 @@ class CardFacts:
     tokenizers: tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase] | None = None
     trained_parameters: tuple[int, int] | None = None  # (trained, all) parameters, as the run's log gives them
     weights_dtype: str | None = None  # the dtype the weights trained in (float32, bfloat16, ...)
+    base_folder: BaseFolder | None = None  # the base's files as the run read them (else read from base_model_path)
     # Derived when the record is built: the objective the config names (IFCL's when none) and its loss as the card
     # names it, how SentenceTransformer(output_dir) embeds (None: no modules.json), the base model as the card names
     # it (its Hub id where known, never a path), and the STS tasks of the results' dev (eval) and test figures.
@@ -289,12 +290,12 @@ POOLER_WORDS = {
 }
 
 
-def pooling_description(config: IFCLConfig, base: str | None) -> str:
+def pooling_description(config: IFCLConfig, base: BaseFolder | str | None) -> str:
     """How the model pools (``eval_pooler_type``) and whether its base pools alike (its sentence-transformers
-    Pooling module, when the base has one)."""
+    Pooling module, when the base has one; ``base``: its files as the run read them, or where to read them)."""
     pooler = config.eval_pooler_type
     text = f"{POOLER_WORDS.get(pooler, pooler)} (`{pooler}`)"
-    own = base_pooling(base) if base else None
+    own = (base if isinstance(base, BaseFolder) else BaseFolder.read(base)).pooling if base else None
     if own is None:
         return text
     if pools_alike(pooler, own):
@@ -702,14 +703,16 @@ def card_metadata(facts: CardFacts) -> ModelCardData:
     )
 
 
-def encoder_code_description(config: IFCLConfig, base: str | None) -> str | None:
+def encoder_code_description(config: IFCLConfig, base: BaseFolder | str | None) -> str | None:
     """For an encoder that runs its own code: its files in the folder and where they came from (the base, or the
     repository its ``auto_map`` named, by its public name); None for transformers' own classes."""
     code = getattr(config, "encoder_code", None)
     if not code:
         return None
     files = ", ".join(f"`{name}.py`" for name in sorted({ref.split(".")[0] for ref in code.values()}))
-    base_map = ((read_json(base, "config.json") if base else None) or {}).get("auto_map") or {}
+    folder = base if isinstance(base, BaseFolder) else BaseFolder.read(base) if base else None
+    base_map = ((folder.config if folder else None) or {}).get("auto_map") or {}
+    base = folder.path if folder else None
     repositories = sorted({ref.split("--")[0] for ref in base_map.values() if isinstance(ref, str) and "--" in ref})
     origin = ", ".join(f"`{public_name(name)}`" for name in repositories) or f"`{public_name(base) or 'its base'}`"
     return f"{files}, copied into this folder from {origin} when the model was trained"
@@ -735,12 +738,14 @@ def model_variables(facts: CardFacts) -> dict[str, Any]:
         "similarities": similarities,
         "examples": EXAMPLES,
         "settings_table": settings_table(config, objective),
-        "pooling": pooling_description(config, facts.base_model_path or facts.base_model),
+        "pooling": pooling_description(config, facts.base_folder or facts.base_model_path or facts.base_model),
         "lora": lora_description(getattr(config, "lora", None), facts.trained_parameters),
         "repo": facts.model_name if "/" in facts.model_name else f"<user>/{facts.model_name}",
         "encoder_model_type": config.encoder_config.get("model_type"),
         "fraternal_tokenizer": config.fraternal_model_name_or_path is not None,
-        "encoder_code": encoder_code_description(config, facts.base_model_path or facts.base_model),
+        "encoder_code": encoder_code_description(
+            config, facts.base_folder or facts.base_model_path or facts.base_model
+        ),
         "train_max_seq_length": config.max_seq_length,
         "sentence_transformers": view,
         "sentence_transformers_versions": SENTENCE_TRANSFORMERS_VERSIONS,

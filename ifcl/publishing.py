@@ -6,7 +6,7 @@ code. The folder itself is the Transformer module, as in sentence-transformers' 
 encoder's config and the weights carry its own names, so nothing is stored twice); then the evaluation pooler
 (``1_Pooling/``), for ``cls`` SimCSE's MLP (``2_Dense/``), and a ``Normalize`` module when the base encoder is a
 sentence-transformers model that normalizes. A sentence-transformers base's truncation length, lowercasing, prompts
-and similarity function carry over (:func:`read_base`, :func:`adopt_base`). sentence-transformers itself is not
+and similarity function carry over (``ifcl.pooling.BaseFolder``, :func:`adopt_base`). sentence-transformers itself is not
 needed to write the view. Published files name models and files by :func:`public_name`, never by a path of the
 training machine.
 """
@@ -27,9 +27,9 @@ import transformers
 from safetensors.torch import save_file
 from tokenizers import normalizers
 
-from ifcl.files import read_json, write_json_atomically
+from ifcl.files import write_json_atomically
 from ifcl.lora import merged_adapters
-from ifcl.pooling import SENTENCE_TRANSFORMERS_POOLING
+from ifcl.pooling import SENTENCE_TRANSFORMERS_POOLING, BaseFolder
 from ifcl.tokenization import fit_tokenizer
 from modeling_ifcl import max_input_length
 
@@ -82,49 +82,17 @@ def public_name(name_or_path: str | None, folder: str | None = None) -> str | No
     return os.path.basename(os.path.normpath(name_or_path)) or None
 
 
-def read_base(name_or_path: str | None) -> dict[str, Any] | None:
-    """How a sentence-transformers model (a folder or Hub repo with a modules.json, an IFCL folder too) embeds beyond
-    its encoder and pooling; None for a plain encoder.
-
-    Returns:
-        ``max_seq_length`` (its sentence_bert_config.json's, or its tokenizer's ``model_max_length`` where
-        sentence-transformers 6 keeps it; None: no limit), ``do_lower_case``, ``normalize`` (a ``Normalize`` module
-        follows the pooling), ``prompts``, ``default_prompt_name``, ``similarity_fn_name``, and ``omitted_modules``:
-        its other modules after the encoder (``Dense``, ``LayerNorm``), which an IFCL model neither holds nor trains.
-    """
-    modules = read_json(name_or_path, "modules.json") if name_or_path else None
-    if not isinstance(modules, list) or not modules:
-        return None
-    kinds = [str(module.get("type", "")).rsplit(".", 1)[-1] for module in modules]
-    folder = modules[0].get("path", "") if kinds[0] == "Transformer" else ""
-    transformer = read_json(name_or_path, "sentence_bert_config.json", folder) or {}
-    settings = read_json(name_or_path, "config_sentence_transformers.json") or {}
-    max_seq_length = transformer.get("max_seq_length")
-    if max_seq_length is None:
-        limit = (read_json(name_or_path, "tokenizer_config.json", folder) or {}).get("model_max_length")
-        max_seq_length = limit if isinstance(limit, int) and limit < 100_000 else None  # huge: no limit
-    is_ifcl = "ifcl" in (read_json(name_or_path, "config.json") or {})  # its Dense module is SimCSE's MLP
-    return {
-        "max_seq_length": max_seq_length,
-        "do_lower_case": bool(transformer.get("do_lower_case", False)),
-        "normalize": "Normalize" in kinds,
-        "prompts": {name: text or "" for name, text in (settings.get("prompts") or {}).items()},
-        "default_prompt_name": settings.get("default_prompt_name"),
-        "similarity_fn_name": settings.get("similarity_fn_name"),
-        "omitted_modules": [] if is_ifcl else [m["type"] for m, kind in zip(modules, kinds) if kind not in KEPT],
-    }
-
-
-KEPT = ("Transformer", "Pooling", "Normalize", "Dropout")
-
-
 def adopt_base(model) -> dict[str, Any] | None:
     """Make ``model`` embed as its sentence-transformers base does, read from ``model.name_or_path`` (the base
     encoder of ``IFCLModel.from_encoder``, or the IFCL folder loaded): its tokenizer truncates at the base's
     ``max_seq_length`` (else at the encoder's own limit, which it is saved with) and lowercases when the base does;
     the config names its base and fraternal model by :func:`public_name`. Returns the facts, also kept as
-    ``model.sentence_transformers_base``; modules the model leaves out are warned about."""
-    base = read_base(model.name_or_path)
+    ``model.sentence_transformers_base``; modules the model leaves out are warned about. The base's files are those
+    ``from_encoder`` read (``model.base_folder``), else read here."""
+    folder = getattr(model, "base_folder", None)
+    if folder is None or folder.path != str(model.name_or_path):
+        folder = BaseFolder.read(model.name_or_path)
+    base = folder.sentence_transformers
     model.sentence_transformers_base = base
     for name in ("encoder_name_or_path", "fraternal_model_name_or_path"):  # published files name no local path
         setattr(model.config, name, public_name(getattr(model.config, name)))
@@ -188,7 +156,7 @@ def save_view(model, folder: str) -> bool:
     if hasattr(model, "sentence_transformers_base"):  # adopt_base's facts, None for a plain encoder: not read again
         base = model.sentence_transformers_base or {}
     else:
-        base = read_base(model.name_or_path) or {}
+        base = BaseFolder.read(model.name_or_path).sentence_transformers or {}
     transformer = {
         "transformer_task": "feature-extraction",
         "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},

@@ -214,6 +214,8 @@ def test_a_model_folder_not_yet_written_is_named_not_taken_for_an_unreachable_hu
     from types import SimpleNamespace
 
     from ifcl.checks import check_model_paths
+    from ifcl.data import local_model_path
+    from ifcl.pooling import BaseFolder
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("ifcl.hub.constants.HF_HUB_OFFLINE", True)
@@ -225,9 +227,9 @@ def test_a_model_folder_not_yet_written_is_named_not_taken_for_an_unreachable_hu
         model_name_or_path="outputs/not-trained-yet", fraternal_model_name_or_path=None, trust_remote_code=False
     )
     with pytest.raises(FileNotFoundError, match=re.escape(expected)):
-        check_model_paths(arguments)
+        check_model_paths(arguments, BaseFolder.read(arguments.model_name_or_path))
     arguments.model_name_or_path = "sentence-transformers/all-MiniLM-L6-v2"  # the embedded default: its PyPI copy
-    check_model_paths(arguments)
+    check_model_paths(arguments, BaseFolder.read(local_model_path(arguments.model_name_or_path)))
 
 
 def test_senteval_year_with_unequal_input_and_gold_files_is_rejected(tmp_path):

@@ -367,7 +367,8 @@ def test_the_script_tokenizes_its_training_text_with_the_tokenizer_of_the_base(t
 
     from ifcl.checks import StartingModel
     from ifcl.objectives import build_objective
-    from ifcl.publishing import read_base, save_published
+    from ifcl.pooling import read_base
+    from ifcl.publishing import save_published
 
     base = cased_lowercasing_base(tiny_encoder_dir, tmp_path / "base")
     settings = {"queue_size": 2, "queue_batch_size": 4, "fraternal_loss_weight": 0.0, "twins_loss_weight": 0.0}

@@ -16,7 +16,8 @@ import torch
 from conftest import ENGLISH, GERMAN
 
 from ifcl.model import IFCLModel
-from ifcl.publishing import adopt_base, read_base, save_published
+from ifcl.pooling import BaseFolder, read_base
+from ifcl.publishing import adopt_base, save_published
 from modeling_ifcl import max_input_length
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
@@ -175,7 +176,7 @@ def test_a_plain_encoders_base_is_read_once_and_the_view_leaves_no_temporary_fil
 
     model = IFCLModel.from_encoder(str(tiny_encoder_dir), queue_size=0)
     assert adopt_base(model) is None and model.sentence_transformers_base is None
-    monkeypatch.setattr(publishing, "read_base", lambda name: pytest.fail(f"{name}'s base read again"))
+    monkeypatch.setattr(BaseFolder, "read", lambda path: pytest.fail(f"{path}'s base read again"))
     save_published(model, tmp_path / "saved")
     assert module_types(tmp_path / "saved") == [publishing.ST_TRANSFORMER, publishing.ST_POOLING]
     assert not [path.name for path in (tmp_path / "saved").rglob("*.tmp-*")]
@@ -366,19 +367,24 @@ def test_a_base_trained_without_pooler_flags_publishes_a_model_that_pools_as_it_
 def test_the_base_pooling_is_the_default_and_a_pooler_set_otherwise_is_warned_about(
     tiny_encoder_dir, tmp_path, caplog
 ):
-    from ifcl.pooling import choose_poolers
+    from ifcl.pooling import BaseFolder, choose_poolers
 
     base = sentence_transformer_base(tiny_encoder_dir, "cls", tmp_path / "cls")
     model = IFCLModel.from_encoder(str(base), queue_size=0)
     assert (model.config.pooler_type, model.config.eval_pooler_type) == ("cls_before_pooler", "cls_before_pooler")
-    poolers, notes = choose_poolers(str(base), {"pooler_type": "cls"})  # SimCSE's MLP over [CLS]: CLS all the same
+    poolers, notes = choose_poolers(
+        BaseFolder.read(str(base)), {"pooler_type": "cls"}
+    )  # SimCSE's MLP over [CLS]: CLS all the same
     assert poolers == {"pooler_type": "cls", "eval_pooler_type": "cls_before_pooler"}
     assert [level for level, _ in notes] == [logging.INFO]
     with caplog.at_level(logging.WARNING):
         model = IFCLModel.from_encoder(str(base), queue_size=0, eval_pooler_type="avg")
     assert model.config.eval_pooler_type == "avg"
     assert f"eval_pooler_type avg is set, but {base} pools with cls_before_pooler (its Pooling module" in caplog.text
-    assert choose_poolers(str(tiny_encoder_dir), {})[0] == {"pooler_type": "avg", "eval_pooler_type": "avg"}
+    assert choose_poolers(BaseFolder.read(str(tiny_encoder_dir)), {})[0] == {
+        "pooler_type": "avg",
+        "eval_pooler_type": "avg",
+    }
 
 
 def test_a_base_that_leaves_its_default_prompt_out_of_the_pooling_embeds_as_it_does_in_every_view(
@@ -423,13 +429,13 @@ def test_a_base_pooling_mode_without_a_pooler_here_is_refused_unless_both_are_se
     tiny_encoder_dir, tmp_path
 ):
     from ifcl.model_card import pooling_description
-    from ifcl.pooling import choose_poolers
+    from ifcl.pooling import BaseFolder, choose_poolers
 
     base = sentence_transformer_base(tiny_encoder_dir, "max", tmp_path / "max")
     with pytest.raises(ValueError, match=r"its Pooling module \(1_Pooling/config.json\) pools with max, which"):
         IFCLModel.from_encoder(str(base), queue_size=0, pooler_type="avg")
     both = {"pooler_type": "avg", "eval_pooler_type": "avg"}
-    poolers, notes = choose_poolers(str(base), both)
+    poolers, notes = choose_poolers(BaseFolder.read(str(base)), both)
     assert poolers == both  # accepted, and said for each: the model pools otherwise than its base
     warned = [note for level, note in notes if level == logging.WARNING]
     assert warned == [
@@ -444,7 +450,7 @@ def test_a_base_pooling_mode_without_a_pooler_here_is_refused_unless_both_are_se
     (base / "1_Pooling" / "config.json").write_text(
         json.dumps({"word_embedding_dimension": 32, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False})
     )
-    assert choose_poolers(str(base), {})[0] == {
+    assert choose_poolers(BaseFolder.read(str(base)), {})[0] == {
         "pooler_type": "cls_before_pooler",
         "eval_pooler_type": "cls_before_pooler",
     }
@@ -491,9 +497,9 @@ def test_evaluate_sts_reads_a_last_token_base_as_training_does(tmp_path):
     last token pools by its last token, as training takes it, not by mean."""
     from conftest import build_tiny_decoder
 
-    from ifcl.pooling import choose_poolers
+    from ifcl.pooling import BaseFolder, choose_poolers
     from ifcl.sts.encoders import load_encoder
 
     base = sentence_transformer_base(build_tiny_decoder("qwen3", tmp_path / "qwen3"), "lasttoken", tmp_path / "base")
     assert load_encoder(str(base), model_type="transformers").pooler_type == "last"
-    assert choose_poolers(str(base), {})[0]["eval_pooler_type"] == "last"
+    assert choose_poolers(BaseFolder.read(str(base)), {})[0]["eval_pooler_type"] == "last"

@@ -142,6 +142,7 @@ def test_custom_code_runs_only_when_trusted_and_nothing_asks(custom_code_dir, sa
     from types import SimpleNamespace
 
     from ifcl.checks import StartingModel, check_model_paths
+    from ifcl.pooling import BaseFolder
     from ifcl.sts.encoders import load_encoder
 
     monkeypatch.setattr("builtins.input", lambda *args: pytest.fail("a prompt was shown"))
@@ -152,7 +153,8 @@ def test_custom_code_runs_only_when_trusted_and_nothing_asks(custom_code_dir, sa
         lambda: check_model_paths(
             SimpleNamespace(
                 model_name_or_path=str(saved_model), fraternal_model_name_or_path=path, trust_remote_code=False
-            )
+            ),
+            BaseFolder.read(str(saved_model)),
         ),
     ):
         with pytest.raises(ValueError, match="--trust_remote_code") as error:
