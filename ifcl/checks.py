@@ -22,7 +22,7 @@ from ifcl.failures import listed
 from ifcl.files import check_model_path
 from ifcl.hub import check_model_reachable
 from ifcl.lora import check_lora_settings, require_peft
-from ifcl.model import TRUST_ADVICE, check_custom_code, dropout_settings
+from ifcl.model import TRUST_ADVICE, check_custom_code, check_own_code_trusted, dropout_settings
 from ifcl.pooling import BaseFolder
 from ifcl.tokenization import check_vocabulary
 from modeling_ifcl import load_tokenizer, max_input_length
@@ -154,10 +154,7 @@ class StartingModel:
             raise ValueError(f"{path}/config.json: {error}") from None
         if saved is not None:
             saved.name_or_path = path  # where an encoder with its own code finds it
-            if saved.encoder_code and not trust_remote_code:
-                raise ValueError(
-                    f"{path}: its encoder runs its own code ({', '.join(saved.encoder_code.values())}): {TRUST_ADVICE}"
-                )
+            check_own_code_trusted(saved, path, trust_remote_code)
         try:
             options = {"trust_remote_code": trust_remote_code}
             encoder_config = saved.build_encoder_config() if saved else AutoConfig.from_pretrained(path, **options)

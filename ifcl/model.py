@@ -94,6 +94,17 @@ def check_custom_code(path: str, trust_remote_code: bool, subfolder: str = "", c
         )
 
 
+def check_own_code_trusted(config: Any, path: str, trust_remote_code: bool, flag: str = "--trust_remote_code") -> None:
+    """``ValueError`` in one line, naming ``flag``, for an IFCL ``config`` whose encoder runs its own code
+    (``encoder_code``, files of the folder at ``path``) without ``trust_remote_code``: loading it would run that code."""
+    code = getattr(config, "encoder_code", None)
+    if code and not trust_remote_code:
+        raise ValueError(
+            f"{path}: its encoder runs its own code ({', '.join(sorted(code.values()))}, in the folder), which runs "
+            f"only with {flag}; give it if you trust that code."
+        )
+
+
 def own_code(encoder: nn.Module) -> dict[str, str] | None:
     """The config and model classes of an encoder that ships its own code (transformers loaded them as dynamic
     modules, ``transformers_modules``), as ``auto_map`` references to the files a saved folder carries
@@ -190,12 +201,8 @@ class IFCLModel(modeling_ifcl.IFCLModel):
         if not isinstance(config, PretrainedConfig):
             saved = read_json(str(pretrained_model_name_or_path), "config.json")
             config = cls.config_class.from_dict(ifcl_config_dict(saved) or {}) if isinstance(saved, dict) else None
-        if getattr(config, "encoder_code", None) and not kwargs.get("trust_remote_code"):
-            raise ValueError(
-                f"{pretrained_model_name_or_path}: its encoder runs its own code "
-                f"({', '.join(sorted(config.encoder_code.values()))}, in the folder), which runs only with "
-                "trust_remote_code=True; give it if you trust that code."
-            )
+        trusted = bool(kwargs.get("trust_remote_code"))
+        check_own_code_trusted(config, str(pretrained_model_name_or_path), trusted, "trust_remote_code=True")
         adapters = lora_weights(pretrained_model_name_or_path, kwargs)
         # The adapted layers' own weights are not in the file under their names (peft's base_layer holds them): not
         # missing, since merge_lora writes them; nothing else is left out of the load report.

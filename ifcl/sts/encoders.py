@@ -21,7 +21,7 @@ from transformers import AutoModel
 
 from configuration_ifcl import POOLER_TYPES, IFCLConfig, ifcl_config_dict
 from ifcl.files import read_json
-from ifcl.model import TRUST_ADVICE, IFCLModel, check_custom_code
+from ifcl.model import IFCLModel, check_custom_code, check_own_code_trusted
 from ifcl.pooling import base_pooling
 from modeling_ifcl import (
     ALL_LAYER_POOLERS,
@@ -258,11 +258,7 @@ def load_encoder(
     try:
         if model_type == "ifcl":
             config = IFCLConfig.from_pretrained(name_or_path)
-            if config.encoder_code and not trust_remote_code:
-                raise ValueError(
-                    f"{name_or_path}: its encoder runs its own code ({', '.join(config.encoder_code.values())}): "
-                    f"{TRUST_ADVICE}"
-                )
+            check_own_code_trusted(config, name_or_path, trust_remote_code)
             tokenizer = load_tokenizer(name_or_path, config=config.build_encoder_config())
             # trust_remote_code reaches only the encoder's own code: the package's IFCLModel, never the folder's
             model = IFCLModel.from_pretrained(name_or_path, config=config, trust_remote_code=trust_remote_code)
