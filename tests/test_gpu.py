@@ -1,7 +1,8 @@
 """On a GPU (marker ``gpu``, skipped without CUDA; ``benchmarks/gpu_check.sh`` runs them): the stacked and two-call
 views, bf16 against float32 on a BERT-base-sized model, the five objectives in bf16, a saved model on CUDA and on the
 CPU, the gradient cache, the sentence-transformers losses with Matryoshka sizes in bf16, LoRA decoders (one with a
-BOS template, resumed and published merged), and CTranslate2 on CUDA.
+BOS template, resumed and published merged), a bf16-saved decoder trained with float32 master weights under bf16, a
+streamed run resumed exactly, and CTranslate2 on CUDA.
 
 ``IFCL_TEST_DEVICE=cpu python -m pytest -m gpu tests/test_gpu.py`` runs the same checks on the CPU, to check the tests
 themselves where there is no GPU; what they measure is then the CPU's.
@@ -255,11 +256,65 @@ def test_a_bos_template_lora_decoder_trains_in_bf16_resumes_and_publishes_merged
         assert losses_by_step(resumed)[step] == pytest.approx(losses_by_step(whole)[step], abs=1e-4), step
     whole.save_model()
     published = AutoModel.from_pretrained(str(tmp_path / "whole"), trust_remote_code=True)
-    checkpoint = AutoModel.from_pretrained(str(tmp_path / "whole" / "checkpoint-4"), trust_remote_code=True)
+    checkpoint = IFCLModel.from_pretrained(str(tmp_path / "whole" / "checkpoint-4"))  # the package merges LoRA
     assert published.tokenizer(sentence)["input_ids"] == checkpoint.tokenizer(sentence)["input_ids"] == expected
     in_process = whole.model.encode(ENGLISH, device=DEVICE)
     for loaded in (published, checkpoint):
         torch.testing.assert_close(loaded.encode(ENGLISH, device=DEVICE), in_process, rtol=0, atol=1e-4)
+
+
+def test_a_bf16_saved_decoder_trains_float32_master_weights_under_bf16(tmp_path):
+    """A tiny Qwen3 saved in bfloat16, as decoders ship: from_encoder loads float32 weights by default, ``--bf16``
+    autocasts over them for 4 steps on :data:`DEVICE` with finite losses, most layer weights move, and the published
+    weights are float32."""
+    from safetensors import safe_open
+    from transformers import AutoModel
+
+    decoder = build_tiny_decoder("qwen3", tmp_path / "qwen3")
+    AutoModel.from_pretrained(decoder).to(torch.bfloat16).save_pretrained(decoder)
+    model = IFCLModel.from_encoder(str(decoder), queue_size=2, **LAST)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    layers = {n: p.detach().clone() for n, p in model.named_parameters() if ".layers." in n and p.requires_grad}
+    settings = {"per_device_train_batch_size": 4, "max_steps": 4, "logging_steps": 1, "learning_rate": 1e-3}
+    trainer = trainer_on_device(model, tmp_path / "run", bf16=True, **settings)
+    trainer.train()
+    assert all(math.isfinite(loss) for loss in losses_by_step(trainer).values())
+    after = dict(model.named_parameters())
+    moved = [(after[n].detach().cpu() != p.cpu()).float().mean().item() for n, p in layers.items()]
+    assert sum(moved) / len(moved) > 0.9, moved
+    trainer.save_model()
+    with safe_open(str(tmp_path / "run" / "model.safetensors"), "pt") as saved:
+        assert {saved.get_slice(name).get_dtype() for name in saved.keys()} == {"F32"}
+
+
+def test_a_streamed_run_resumes_exactly_on_the_device(tiny_encoder_dir, tmp_path):
+    """``run_ifcl.py --streaming`` on :data:`DEVICE` over two shards: stopped in step 4 and resumed from checkpoint-3,
+    it logs the uninterrupted run's losses at steps 4 to 6 (1e-4)."""
+    from conftest import stopped_in_step, write_sts_file
+
+    import run_ifcl
+    from ifcl.failures import Interrupted
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    pairs = [(f"{english} {i}", f"{german} {i}") for i in range(4) for english, german in zip(ENGLISH, GERMAN)]
+    for index in range(2):
+        (shards / f"part-{index}.txt").write_text("".join(f"{s}\t{f}\n" for s, f in pairs[index::2]), "utf-8")
+    write_sts_file(tmp_path / "sts.tsv")
+
+    def args(output: str) -> list[str]:
+        flags = ["--model_name_or_path", str(tiny_encoder_dir), "--train_file", str(shards / "*.txt"), "--streaming"]
+        flags += ["--shuffle_buffer_size", "16", "--output_dir", str(tmp_path / output), "--max_steps", "6"]
+        flags += ["--validation_file", str(tmp_path / "sts.tsv"), "--test_file", str(tmp_path / "sts.tsv")]
+        flags += ["--save_steps", "3", "--eval_steps", "3", "--logging_steps", "1", "--per_device_train_batch_size"]
+        return [*flags, "4", "--queue_size", "2", *(["--use_cpu"] if DEVICE.type == "cpu" else [])]
+
+    whole, _ = run_ifcl.main(args("whole"))
+    with stopped_in_step(4), pytest.raises(Interrupted):
+        run_ifcl.main(args("stopped"))
+    resumed, _ = run_ifcl.main([*args("stopped"), "--resume_from_checkpoint", "last"])
+    for step in (4, 5, 6):
+        assert losses_by_step(resumed)[step] == pytest.approx(losses_by_step(whole)[step], abs=1e-4), step
 
 
 def test_ctranslate2_on_cuda_writes_what_transformers_writes(tiny_marian_dir, sentences_file, tmp_path):
