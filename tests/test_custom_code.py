@@ -156,3 +156,19 @@ def test_ifcl_loss_trains_an_encoder_with_its_own_code(own_code_base, tmp_path):
         shutil.rmtree(code)
     loaded = SentenceTransformer(str(tmp_path / "st"), trust_remote_code=True, device="cpu")
     torch.testing.assert_close(loaded.encode(ENGLISH[:4], convert_to_tensor=True), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["ifcl", "simcse", "pcl"])
+def test_an_encoder_with_its_own_code_trains_with_lora_sizes_and_the_gradient_cache(objective, pairs_data, tmp_path):
+    """Every route of training reaches such an encoder: LoRA adapters in its own layers, Matryoshka sizes and the
+    gradient cache, with IFCL and its peers; the published folder holds the adapters merged and loads with its code."""
+    pytest.importorskip("peft")
+    base = build_own_code_encoder(tmp_path / "base", ENGLISH + GERMAN)
+    extra = ["--trust_remote_code", "--lora_r", "4", "--matryoshka_dims", "32", "16", "--cache_mini_batch_size", "2"]
+    trainer, _ = run_ifcl.main(objective_run_args(base, pairs_data, tmp_path / "run", objective, *extra, max_steps=2))
+    assert type(trainer.model.encoder).__name__ == "MyBertModel"
+    expected = trainer.model.encode(ENGLISH[:4])
+    loaded = IFCLModel.from_pretrained(str(tmp_path / "run"), trust_remote_code=True)
+    assert not [name for name, _ in loaded.named_parameters() if "lora_" in name]
+    torch.testing.assert_close(loaded.encode(ENGLISH[:4]), expected, atol=1e-5, rtol=0)
