@@ -15,7 +15,6 @@ docs/translation.md holds the paper's recipe on SimCSE's 10^6 Wikipedia sentence
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
@@ -40,10 +39,8 @@ from ifcl.arguments import (
     strategy_name,
 )
 from ifcl.checkpoints import (
-    TrainingDataRecord,
     check_resume_lora,
     check_resume_settings,
-    check_training_data,
     interrupted_message,
     planned_fraternal_model,
     training_data_record,
@@ -53,13 +50,12 @@ from ifcl.failures import Interrupted, failures_of_the_run, run_command, write_f
 from ifcl.files import read_json, write_json_atomically
 from ifcl.hub import push_output_folder, take_over_push
 from ifcl.lora import add_lora
-from ifcl.model import TRAINING_DTYPES, IFCLModel, checked_dtype, dtype_name, precision_note
+from ifcl.model import TRAINING_DTYPES, StartingModel, dtype_name
 from ifcl.model_card import precision_description, write_card_and_curves
 from ifcl.objectives import OBJECTIVES, objective_class, settings_classes
 from ifcl.output_folder import RunFolder, plan_output_folder, protected_paths
 from ifcl.pooling import POOLER_SETTINGS, BaseFolder, choose_poolers
 from ifcl.processes import setup_logging, use_all_cpu_cores
-from ifcl.publishing import public_name
 from ifcl.streaming import load_training_text
 from trainer_ifcl import IFCLTrainer, check_cache_mini_batch_size, global_batch_size
 
@@ -94,9 +90,8 @@ class ModelArguments:
     dtype: str = field(
         default="float32",
         metadata={
-            "help": "The weights' dtype while training: float32 (float32 master weights whatever the checkpoint "
-            "holds; --bf16 is autocast over them), auto (the checkpoint's), or bfloat16 / float16 (pure low "
-            "precision, warned about).",
+            "help": "The weights' dtype while training: float32 (master weights, whatever the checkpoint holds), auto "
+            "(the checkpoint's), or bfloat16 / float16 (pure low precision, warned about).",
             "choices": list(TRAINING_DTYPES),
         },
     )
@@ -329,7 +324,7 @@ def main(argv: list[str] | None = None):
     # or an overwrite of what an earlier run wrote.
     output_dir = training_args.output_dir
     training_data = training_data_record(data_args, training_args)
-    run_folder = RunFolder(output_dir, is_main=training_args.should_save)
+    run_folder = RunFolder(output_dir, is_main=training_args.should_save, training_data=training_data)
     try:
         with run_folder.locked():
             plan = plan_output_folder(
@@ -340,12 +335,12 @@ def main(argv: list[str] | None = None):
                 world_size=training_args.world_size,
                 max_steps=training_args.max_steps,
                 stream_buffer=data_args.shuffle_buffer_size if data_args.streaming else None,
+                training_data=training_data,
             )
             if plan.resume is not None:
                 training_args.resume_from_checkpoint = plan.resume.checkpoint
                 check_resume_settings(plan.resume.checkpoint, plan.resume.config, json.loads(planned.to_json_string()))
                 check_resume_lora(plan.resume.checkpoint, plan.resume.config.get("lora"), model_args.lora())
-                check_training_data(plan.resume.checkpoint, training_data)
             push_at_end = take_over_push(training_args)
 
             # 4. Training text and STS sets: dev for --do_eval and the evaluations during training, test for
@@ -360,7 +355,7 @@ def main(argv: list[str] | None = None):
             # 5. The starting model, read once (settings, encoder config, tokenizer) and checked before its weights
             # load: an IFCL model continued (this project's class: no remote code runs), or a plain encoder.
             checks.check_model_paths(model_args, folder)
-            start = checks.StartingModel.read(model_path, model_args.trust_remote_code, folder)
+            start = StartingModel.read(model_path, model_args.trust_remote_code, folder)
             if start.saved is not None:
                 checks.check_continued_model(start, run_args.objective, given_fraternal, planned)
             if do_train:
@@ -374,9 +369,8 @@ def main(argv: list[str] | None = None):
             # The poolers given: the others are the starting model's own (what the planned config resolved).
             model_settings = {k: v for k, v in settings.items() if k not in ("lora", *POOLER_SETTINGS)} | given_poolers
             trust = model_args.trust_remote_code
-            model = load_model(
-                start, model_args.model_name_or_path, fraternal_model, model_settings, trust, model_args.dtype
-            )
+            model = start.load(model_args.model_name_or_path, fraternal_model, model_settings, trust, model_args.dtype)
+            checks.check_finite_weights(model, start.path)
             logger.info(f"Training precision: {precision_description(dtype_name(model.dtype), training_args)}.")
             if model_args.lora() is not None:
                 add_lora(model, **model_args.lora())
@@ -400,7 +394,6 @@ def main(argv: list[str] | None = None):
             with training_args.main_process_first(desc="preparing the output folder"):
                 run_folder.start(plan)
             trainer.add_callback(run_folder)  # each checkpoint joins the run's record
-            trainer.add_callback(TrainingDataRecord(training_data))  # what a resume compares
             sts_sets = {"eval": dev_sts if do_eval else None, "test": test_sts if do_predict else None}
 
             # 7. STS before training, training (or finishing a run whose training had ended), the published model.
@@ -450,45 +443,6 @@ def main(argv: list[str] | None = None):
             with failures_of_the_run():
                 push_output_folder(training_args)
     return trainer, all_metrics
-
-
-def load_model(
-    start: checks.StartingModel,
-    name: str,
-    fraternal_model: str | None,
-    settings: dict,
-    trust_remote_code: bool = False,
-    dtype: str = "float32",
-):
-    """The IFCL model to train, its weights in ``dtype`` (``--dtype``): continued from a saved one with this command's
-    settings (its queue loaded with its own shape, which ``Objective.prepare`` keeps only when unchanged; a LoRA
-    checkpoint's adapters merged; this project's class, no remote code), or built from a plain encoder (its code run
-    only with ``--trust_remote_code``); its weights checked finite."""
-    if start.saved is not None:
-        logger.info(f"{start.path} is an IFCL model: continuing from its encoder, fraternal table and queue.")
-        config = copy.deepcopy(start.saved)  # its lora, if any, merges a checkpoint's adapters as it loads
-        config.update({k: v for k, v in settings.items() if k not in ("queue_size", "queue_batch_size")})
-        saved_dtype = config.encoder_config.get("dtype")
-        model = IFCLModel.from_pretrained(  # trust_remote_code reaches only an encoder's own code, never IFCL's
-            start.path, config=config, trust_remote_code=trust_remote_code, dtype=checked_dtype(dtype)
-        )
-        logger.log(*precision_note(model, start.path, saved_dtype))
-        model.config.lora = None  # the weights are merged: adapters, if any, are this run's (add_lora)
-        model._tokenizer = start.tokenizer
-    else:
-        model = IFCLModel.from_encoder(
-            start.path,
-            fraternal_model,
-            tokenizer=start.tokenizer,
-            encoder_config=start.encoder_config,
-            base_folder=start.folder,
-            trust_remote_code=trust_remote_code,
-            dtype=dtype,
-            **settings,
-        )
-    model.config.encoder_name_or_path = public_name(name)  # the card's base (``name`` as given), never a path
-    checks.check_finite_weights(model, start.path)
-    return model
 
 
 def evaluate_sts(trainer, sts_sets: dict, task: str, prefix: str = "") -> dict[str, float]:

@@ -16,14 +16,12 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from transformers import TrainerCallback
 from transformers.trainer_callback import TrainerState
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from configuration_ifcl import ifcl_config_dict
 from ifcl.data import DEFAULT_TRANS_DE_EN
 from ifcl.failures import listed
-from ifcl.files import STREAM_STATE_FILE, TRAINING_DATA_FILE, read_json, write_json_atomically
+from ifcl.files import STREAM_STATE_FILE, TRAINING_DATA_FILE, read_json
 from ifcl.lora import resolved_alpha
 from ifcl.publishing import public_name
 
@@ -155,13 +153,19 @@ def checkpoint_problem(
 
 
 def resume_point(
-    resume: str, folder: str, world_size: int, max_steps: int, stream_buffer: int | None = None
+    resume: str,
+    folder: str,
+    world_size: int,
+    max_steps: int,
+    stream_buffer: int | None = None,
+    training_data: dict[str, Any] | None = None,
 ) -> ResumePoint:
     """The checkpoint ``--resume_from_checkpoint`` names, checked for resuming a run of ``max_steps`` steps: a
     folder, or ``last``, the newest checkpoint of ``folder`` that can be resumed from (newer broken ones, a save cut
     short by a kill or a full disk, are named and skipped), then against the run's stream (:func:`check_stream`;
-    ``stream_buffer``: its ``--shuffle_buffer_size``, None without ``--streaming``). Raises :class:`CheckpointError`
-    naming the broken file or the setting."""
+    ``stream_buffer``: its ``--shuffle_buffer_size``, None without ``--streaming``) and the training data it reads
+    (:func:`check_training_data`; ``training_data``: its :func:`training_data_record`, None: not compared). Raises
+    :class:`CheckpointError` naming the broken file or the setting."""
     last = resume == "last"
     skipped = []
     for checkpoint in checkpoint_folders(folder) if last else [resume]:
@@ -173,6 +177,8 @@ def resume_point(
         problem, finished = checkpoint_problem(checkpoint, world_size, max_steps, stream_buffer is not None)
         if problem is None:
             check_stream(checkpoint, stream_buffer)
+            if training_data is not None:
+                check_training_data(checkpoint, training_data)
             config = read_json(checkpoint, "config.json")
             saved = ifcl_config_dict(config) if isinstance(config, dict) else None
             return ResumePoint(checkpoint, saved or {}, finished)
@@ -333,7 +339,8 @@ def trained_without_streaming(checkpoint: str) -> bool:
 
 
 def check_training_data(checkpoint: str, wanted: dict[str, Any]) -> None:
-    """The training data this command reads (``wanted``, :func:`training_data_record`) is what ``checkpoint`` read:
+    """The training data this command reads (``wanted``, :func:`training_data_record`) is what ``checkpoint`` read
+    (its :data:`TRAINING_DATA_FILE`, which ``ifcl.output_folder.RunFolder`` writes into each checkpoint):
     each flag and file that differs is named in one :class:`CheckpointError`, since a resume would read on in other
     rows or another order. A checkpoint without a record (of an earlier version) is not compared."""
     path = os.path.join(checkpoint, TRAINING_DATA_FILE)
@@ -370,16 +377,3 @@ def check_training_data(checkpoint: str, wanted: dict[str, Any]) -> None:
             + ". A resume reads on in the same rows and order only: resume with the checkpoint's data and flags, or "
             "train anew in another --output_dir."
         )
-
-
-class TrainingDataRecord(TrainerCallback):
-    """Writes the run's :func:`training_data_record` into each checkpoint (:data:`TRAINING_DATA_FILE`), which a resume
-    compares with its own (:func:`check_training_data`)."""
-
-    def __init__(self, record: dict[str, Any]) -> None:
-        self.record = record
-
-    def on_save(self, args, state, control, **kwargs) -> None:
-        checkpoint = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-        if state.is_world_process_zero and os.path.isdir(checkpoint):
-            write_json_atomically(os.path.join(checkpoint, TRAINING_DATA_FILE), self.record)

@@ -7,14 +7,12 @@ import glob
 import json
 import math
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase, TrainingArguments
+from transformers import TrainingArguments
 from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
 
-from configuration_ifcl import IFCLConfig
 from ifcl.arguments import strategy_name
 from ifcl.checkpoints import weights_problem
 from ifcl.data import SHUFFLE_BUFFER_SIZE, local_model_path
@@ -22,10 +20,9 @@ from ifcl.failures import listed
 from ifcl.files import check_model_path
 from ifcl.hub import check_model_reachable
 from ifcl.lora import check_lora_settings, require_peft
-from ifcl.model import TRUST_ADVICE, check_custom_code, check_own_code_trusted, dropout_settings
+from ifcl.model import StartingModel, check_custom_code, dropout_settings
 from ifcl.pooling import BaseFolder
-from ifcl.tokenization import check_vocabulary
-from modeling_ifcl import load_tokenizer, max_input_length
+from modeling_ifcl import max_input_length
 
 
 def check_training_settings(training_args: TrainingArguments) -> None:
@@ -126,50 +123,6 @@ def check_model_paths(model_args, folder: BaseFolder) -> None:
         if folder.saved is None:
             check_model_reachable("--fraternal_model_name_or_path", fraternal)
         check_custom_code(fraternal, model_args.trust_remote_code)
-
-
-@dataclass
-class StartingModel:
-    """The model a run starts from, read once before any weights load, for the checks and the loader: its folder or
-    Hub id, its encoder's config and tokenizer, and, for an IFCL model this project saved, its config."""
-
-    path: str
-    encoder_config: PretrainedConfig
-    tokenizer: PreTrainedTokenizerBase
-    saved: IFCLConfig | None = None
-    folder: BaseFolder | None = None
-
-    @classmethod
-    def read(cls, path: str, trust_remote_code: bool = False, folder: BaseFolder | None = None) -> StartingModel:
-        """Read ``path``'s files (``folder`` when already read: :class:`BaseFolder`; a folder, or a Hub id from the
-        cache when offline), its encoder's config and its tokenizer (a folder without one is refused:
-        ``load_tokenizer``); a plain model's own code runs only with ``trust_remote_code`` (:func:`check_custom_code`),
-        an IFCL model's never, its encoder's own code only with ``trust_remote_code``."""
-        folder = folder or BaseFolder.read(path)  # a config.json that cannot be read: AutoConfig says why
-        check_custom_code(path, trust_remote_code, config=folder.config)
-        saved_dict = folder.saved
-        try:
-            saved = IFCLConfig.from_dict(saved_dict) if saved_dict is not None else None
-        except (TypeError, ValueError) as error:  # a setting of the wrong type or value
-            raise ValueError(f"{path}/config.json: {error}") from None
-        if saved is not None:
-            saved.name_or_path = path  # where an encoder with its own code finds it
-            check_own_code_trusted(saved, path, trust_remote_code)
-        try:
-            options = {"trust_remote_code": trust_remote_code}
-            encoder_config = saved.build_encoder_config() if saved else AutoConfig.from_pretrained(path, **options)
-            # Given the encoder's config, AutoTokenizer does not read config.json (an IFCL model's needs remote code).
-            tokenizer = load_tokenizer(path, config=encoder_config, **options)
-        except OSError as error:
-            reason = str(error).splitlines()[0]
-            named = reason if reason.startswith(path) else f"{path}: its config or tokenizer cannot be read ({reason})"
-            raise OSError(named) from None
-        except ValueError as error:
-            if "trust_remote_code" not in str(error):
-                raise
-            raise ValueError(f"{path} loads with custom code (auto_map): {TRUST_ADVICE}") from None
-        check_vocabulary(tokenizer, getattr(encoder_config, "vocab_size", None), path)
-        return cls(path, encoder_config, tokenizer, saved, folder)
 
 
 def check_max_seq_length(start: StartingModel, max_seq_length: int, objective_class) -> None:

@@ -8,9 +8,11 @@ BEL_S's scale), loading a LoRA run's checkpoint merged, and saving the folder wi
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import shutil
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,10 +22,11 @@ from transformers.dynamic_module_utils import custom_object_save
 from transformers.utils import logging
 
 import modeling_ifcl
-from configuration_ifcl import ifcl_config_dict
+from configuration_ifcl import IFCLConfig, ifcl_config_dict
 from ifcl.files import check_model_path, read_json
 from ifcl.lora import lora_weights, merge_lora
-from ifcl.pooling import POOLER_SETTINGS, BaseFolder, choose_poolers
+from ifcl.pooling import BaseFolder, base_settings
+from ifcl.publishing import public_name
 from ifcl.tokenization import check_vocabulary, fit_tokenizer, without_processor_class
 from modeling_ifcl import FRATERNAL_TOKENIZER, checked_truncate_dim, load_tokenizer, word_table_of
 
@@ -94,10 +97,11 @@ def check_custom_code(path: str, trust_remote_code: bool, subfolder: str = "", c
         )
 
 
-def check_own_code_trusted(config: Any, path: str, trust_remote_code: bool, flag: str = "--trust_remote_code") -> None:
-    """``ValueError`` in one line, naming ``flag``, for an IFCL ``config`` whose encoder runs its own code
-    (``encoder_code``, files of the folder at ``path``) without ``trust_remote_code``: loading it would run that code."""
-    code = getattr(config, "encoder_code", None)
+def check_own_code_trusted(
+    code: dict[str, str] | None, path: str, trust_remote_code: bool, flag: str = "--trust_remote_code"
+) -> None:
+    """``ValueError`` in one line, naming ``flag``, for an IFCL model whose encoder runs its own code (``code``: its
+    config's ``encoder_code``, files of the folder at ``path``) without ``trust_remote_code``: loading would run it."""
     if code and not trust_remote_code:
         raise ValueError(
             f"{path}: its encoder runs its own code ({', '.join(sorted(code.values()))}, in the folder), which runs "
@@ -152,10 +156,14 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def load_fraternal(
-    name_or_path: str, trust_remote_code: bool = False, dtype: str | torch.dtype = torch.float32
-) -> tuple[torch.Tensor, PreTrainedTokenizerBase]:
+    name_or_path: str | None, trust_remote_code: bool = False, dtype: str | torch.dtype = torch.float32
+) -> tuple[torch.Tensor | None, PreTrainedTokenizerBase | None]:
     """BEL_F's starting table, the fraternal model's word table (checked as the encoder's is) in ``dtype``, and its
-    tokenizer (read first: a folder without one is refused before any weights load)."""
+    tokenizer (read first: a folder without one, or with code not trusted, is refused before any weights load);
+    (None, None) without a fraternal model."""
+    if name_or_path is None:
+        return None, None
+    check_custom_code(name_or_path, trust_remote_code)
     tokenizer = load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
     config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     check_vocabulary(tokenizer, getattr(config, "vocab_size", None), name_or_path)
@@ -197,12 +205,12 @@ class IFCLModel(modeling_ifcl.IFCLModel):
         step: the adapters merged into their layers (W + B·A·alpha/r, ``ifcl.lora.merge_lora``), as a published
         folder holds them; no peft is needed."""
         checked_truncate_dim(kwargs.get("truncate_dim"))  # its type, before anything is read
-        config = kwargs.get("config")
-        if not isinstance(config, PretrainedConfig):
-            saved = read_json(str(pretrained_model_name_or_path), "config.json")
-            config = cls.config_class.from_dict(ifcl_config_dict(saved) or {}) if isinstance(saved, dict) else None
-        trusted = bool(kwargs.get("trust_remote_code"))
-        check_own_code_trusted(config, str(pretrained_model_name_or_path), trusted, "trust_remote_code=True")
+        path, config = str(pretrained_model_name_or_path), kwargs.get("config")
+        if isinstance(config, PretrainedConfig):
+            code = getattr(config, "encoder_code", None)
+        else:  # config.json's settings, read before any of the encoder's code could run
+            code = (ifcl_config_dict(read_json(path, "config.json") or {}) or {}).get("encoder_code")
+        check_own_code_trusted(code, path, bool(kwargs.get("trust_remote_code")), "trust_remote_code=True")
         adapters = lora_weights(pretrained_model_name_or_path, kwargs)
         # The adapted layers' own weights are not in the file under their names (peft's base_layer holds them): not
         # missing, since merge_lora writes them; nothing else is left out of the load report.
@@ -249,7 +257,7 @@ class IFCLModel(modeling_ifcl.IFCLModel):
                 (:func:`precision_note`).
             settings: :class:`IFCLConfig` fields (``fusion_rate``, ``queue_size``, ``pooler_type``, ...). The
                 poolers not given are the encoder's own: those of its sentence-transformers Pooling module (CLS,
-                last token or mean), else ``avg`` (:func:`choose_poolers`, which logs where each came from).
+                last token or mean), else ``avg`` (``ifcl.pooling.base_settings``, which logs where each came from).
 
         Returns:
             The model, with the encoder's tokenizer (and the fraternal one) attached.
@@ -260,28 +268,16 @@ class IFCLModel(modeling_ifcl.IFCLModel):
         check_model_path("fraternal_model_name_or_path", fraternal_model_name_or_path)
         folder = base_folder or BaseFolder.read(encoder_name_or_path)  # its files, read once
         check_custom_code(encoder_name_or_path, trust_remote_code, config=folder.config)  # before any code is imported
-        if fraternal_model_name_or_path is not None:
-            check_custom_code(fraternal_model_name_or_path, trust_remote_code)
-        given = {name: settings[name] for name in POOLER_SETTINGS if name in settings}
-        poolers, notes = choose_poolers(folder, given)
-        settings.update(poolers)
-        base = folder.pooling
-        if base is not None:  # its prompt pooled or not, and its default prompt, as the base defines them
-            settings = {"include_prompt": base.include_prompt, "default_prompt": base.default_prompt, **settings}
-        for level, note in notes:
-            logger.log(level, note)
+        settings = base_settings(folder, settings)
         tokenizer = tokenizer or load_tokenizer(encoder_name_or_path, trust_remote_code=trust_remote_code)
-        for change in fit_tokenizer(tokenizer, "last" in poolers.values()):
+        for change in fit_tokenizer(tokenizer, "last" in (settings["pooler_type"], settings["eval_pooler_type"])):
             logger.info(f"{encoder_name_or_path}: {change}.")
         encoder_config = encoder_config or AutoConfig.from_pretrained(
             encoder_name_or_path, trust_remote_code=trust_remote_code
         )
         check_vocabulary(tokenizer, getattr(encoder_config, "vocab_size", None), encoder_name_or_path)
-        fraternal_table = fraternal_tokenizer = None
-        if fraternal_model_name_or_path is not None:  # checked, then loaded, before the encoder's weights load
-            fraternal_table, fraternal_tokenizer = load_fraternal(
-                fraternal_model_name_or_path, trust_remote_code, dtype
-            )
+        # checked, then loaded, before the encoder's weights load
+        fraternal_table, fraternal_tokenizer = load_fraternal(fraternal_model_name_or_path, trust_remote_code, dtype)
         saved_dtype = getattr(encoder_config, "dtype", None)  # before from_pretrained sets it to the loaded one
         encoder = AutoModel.from_pretrained(
             encoder_name_or_path, config=encoder_config, trust_remote_code=trust_remote_code, dtype=dtype
@@ -351,3 +347,86 @@ class IFCLModel(modeling_ifcl.IFCLModel):
             repo_id = hub.pop("repo_id", os.path.basename(os.path.normpath(save_directory)))
             options = {name: kwargs[name] for name in ("token", "max_shard_size") if name in kwargs}
             self.push_to_hub(repo_id, **options, **hub)
+
+
+@dataclass
+class StartingModel:
+    """The model a run starts from, read once before any weights load, for the checks (``ifcl.checks``) and the
+    loader (:meth:`load`): its folder or Hub id, its encoder's config and tokenizer, for an IFCL model this project
+    saved its config, and its files as read (:class:`BaseFolder`)."""
+
+    path: str
+    encoder_config: PretrainedConfig
+    tokenizer: PreTrainedTokenizerBase
+    saved: IFCLConfig | None = None
+    folder: BaseFolder | None = None
+
+    @classmethod
+    def read(cls, path: str, trust_remote_code: bool = False, folder: BaseFolder | None = None) -> StartingModel:
+        """Read ``path``'s files (``folder`` when already read: :class:`BaseFolder`; a folder, or a Hub id from the
+        cache when offline), its encoder's config and its tokenizer (a folder without one is refused:
+        ``load_tokenizer``); a plain model's own code runs only with ``trust_remote_code`` (:func:`check_custom_code`),
+        an IFCL model's never, its encoder's own code only with ``trust_remote_code``."""
+        folder = folder or BaseFolder.read(path)  # a config.json that cannot be read: AutoConfig says why
+        check_custom_code(path, trust_remote_code, config=folder.config)
+        saved_dict = folder.saved
+        try:
+            saved = IFCLConfig.from_dict(saved_dict) if saved_dict is not None else None
+        except (TypeError, ValueError) as error:  # a setting of the wrong type or value
+            raise ValueError(f"{path}/config.json: {error}") from None
+        if saved is not None:
+            saved.name_or_path = path  # where an encoder with its own code finds it
+            check_own_code_trusted(saved.encoder_code, path, trust_remote_code)
+        try:
+            options = {"trust_remote_code": trust_remote_code}
+            encoder_config = saved.build_encoder_config() if saved else AutoConfig.from_pretrained(path, **options)
+            # Given the encoder's config, AutoTokenizer does not read config.json (an IFCL model's needs remote code).
+            tokenizer = load_tokenizer(path, config=encoder_config, **options)
+        except OSError as error:
+            reason = str(error).splitlines()[0]
+            named = reason if reason.startswith(path) else f"{path}: its config or tokenizer cannot be read ({reason})"
+            raise OSError(named) from None
+        except ValueError as error:
+            if "trust_remote_code" not in str(error):
+                raise
+            raise ValueError(f"{path} loads with custom code (auto_map): {TRUST_ADVICE}") from None
+        check_vocabulary(tokenizer, getattr(encoder_config, "vocab_size", None), path)
+        return cls(path, encoder_config, tokenizer, saved, folder)
+
+    def load(
+        self,
+        name: str,
+        fraternal_model: str | None,
+        settings: dict[str, Any],
+        trust_remote_code: bool = False,
+        dtype: str = "float32",
+    ) -> IFCLModel:
+        """The IFCL model to train from it, its weights in ``dtype`` (``run_ifcl.py --dtype``): continued from a saved
+        one with ``settings`` (its queue loaded with its own shape, which ``Objective.prepare`` keeps only when
+        unchanged; a LoRA checkpoint's adapters merged; this package's class, so no IFCL remote code runs), or built
+        from a plain encoder (:meth:`IFCLModel.from_encoder`; its code runs only with ``trust_remote_code``). Its
+        config names its base by ``name`` as given (``public_name``), never by a path."""
+        if self.saved is not None:
+            logger.info(f"{self.path} is an IFCL model: continuing from its encoder, fraternal table and queue.")
+            config = copy.deepcopy(self.saved)  # its lora, if any, merges a checkpoint's adapters as it loads
+            config.update({k: v for k, v in settings.items() if k not in ("queue_size", "queue_batch_size")})
+            saved_dtype = config.encoder_config.get("dtype")
+            model = IFCLModel.from_pretrained(  # trust_remote_code reaches only an encoder's own code, never IFCL's
+                self.path, config=config, trust_remote_code=trust_remote_code, dtype=checked_dtype(dtype)
+            )
+            logger.log(*precision_note(model, self.path, saved_dtype))
+            model.config.lora = None  # the weights are merged: adapters, if any, are this run's (add_lora)
+            model._tokenizer = self.tokenizer
+        else:
+            model = IFCLModel.from_encoder(
+                self.path,
+                fraternal_model,
+                tokenizer=self.tokenizer,
+                encoder_config=self.encoder_config,
+                base_folder=self.folder,
+                trust_remote_code=trust_remote_code,
+                dtype=dtype,
+                **settings,
+            )
+        model.config.encoder_name_or_path = public_name(name)
+        return model

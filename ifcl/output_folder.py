@@ -14,14 +14,17 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ifcl.failures import listed
 from ifcl.files import (
     LOCK_FILE,
     RUN_IN_PROGRESS_FILE,
     RUN_RECORD_FILE,
+    TRAINING_DATA_FILE,
     exclusive_lock,
     read_json,
     write_json_atomically,
@@ -154,12 +157,13 @@ def plan_output_folder(
     world_size: int = 1,
     max_steps: int = -1,
     stream_buffer: int | None = None,
+    training_data: dict[str, Any] | None = None,
 ) -> OutputPlan:
     """Decide, reading only, what the run does to ``folder``: resume its unfinished run (``resume``: a checkpoint, or
     ``last``), delete what an earlier run recorded (``overwrite``, unless the folder holds what the run reads,
     ``protected``: option -> local path, or is the working folder), or start in a folder without a run
     (``stream_buffer``: a streamed run's ``--shuffle_buffer_size``, whose checkpoints keep each process's stream
-    state; None: not streamed). Raises
+    state; None: not streamed; ``training_data``: what the run reads, which a resume compares). Raises
     :class:`OutputFolderError` (or ``checkpoints.CheckpointError``) when the run would lose anything."""
     record = RunRecord.read(folder)
     owned = record.owned_entries(folder) if record is not None else set()
@@ -171,7 +175,7 @@ def plan_output_folder(
                 "there is nothing to resume. Evaluate it with evaluate_sts.py, train on from it with "
                 f"--model_name_or_path {folder} --output_dir NEW_FOLDER, or train anew with --overwrite_output_dir."
             )
-        point = resume_point(resume, folder, world_size, max_steps, stream_buffer)
+        point = resume_point(resume, folder, world_size, max_steps, stream_buffer, training_data)
         if record is None:  # resuming a checkpoint from elsewhere into this folder
             refuse_unrecorded_files(folder, {name for name in present if is_run_output(name)})
         return OutputPlan(resume=point, record=record if owned else None)
@@ -213,11 +217,14 @@ def refuse_unrecorded_files(folder: str, unrecorded: set[str]) -> None:
 
 class RunFolder(TrainerCallback):
     """The output folder of one run: its lock, its record, and the deletion of an earlier run's entries; as a Trainer
-    callback, it records each checkpoint once it is saved. Only the main process (``is_main``) locks and writes."""
+    callback, it records each checkpoint once it is saved, and writes into it what the run reads
+    (``training_data``, ``ifcl.checkpoints.training_data_record``; None: nothing), which a resume compares. Only the
+    main process (``is_main``) locks and writes."""
 
-    def __init__(self, folder: str, is_main: bool = True) -> None:
+    def __init__(self, folder: str, is_main: bool = True, training_data: dict[str, Any] | None = None) -> None:
         self.folder = folder
         self.is_main = is_main
+        self.training_data = training_data
         self.record: RunRecord | None = None  # set by start()
 
     @contextlib.contextmanager
@@ -286,6 +293,9 @@ class RunFolder(TrainerCallback):
         write_json_atomically(os.path.join(self.folder, RUN_IN_PROGRESS_FILE), asdict(self.record))
 
     def on_save(self, args, state, control, **kwargs) -> None:
+        checkpoint = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        if self.is_main and self.training_data is not None and os.path.isdir(checkpoint):
+            write_json_atomically(os.path.join(checkpoint, TRAINING_DATA_FILE), self.training_data)
         self.note_written()
 
     def finish(self) -> None:

@@ -12,6 +12,8 @@ from typing import Any
 from configuration_ifcl import POOLER_TYPES, ifcl_config_dict
 from ifcl.files import read_json
 
+logger = logging.getLogger(__name__)
+
 # How sentence-transformers' Pooling module names each pooler (``cls``: SimCSE's MLP after [CLS], a Dense module);
 # avg_first_last and avg_top2 read more than the last layer and have none.
 SENTENCE_TRANSFORMERS_POOLING = {"avg": "mean", "cls_before_pooler": "cls", "cls": "cls", "last": "lasttoken"}
@@ -178,6 +180,18 @@ def choose_poolers(folder: BaseFolder, given: dict[str, str]) -> tuple[dict[str,
                 )
             )
     return chosen, notes
+
+
+def base_settings(folder: BaseFolder, settings: dict[str, Any]) -> dict[str, Any]:
+    """A model's ``settings`` (``IFCLConfig`` fields) with what its base decides: the poolers not given
+    (:func:`choose_poolers`, whose notes are logged) and, for a sentence-transformers base, whether its prompt's tokens
+    are pooled and its default prompt, unless given."""
+    poolers, notes = choose_poolers(folder, {name: settings[name] for name in POOLER_SETTINGS if name in settings})
+    for level, note in notes:
+        logger.log(level, note)
+    base = folder.pooling
+    own = {"include_prompt": base.include_prompt, "default_prompt": base.default_prompt} if base else {}
+    return {**own, **settings, **poolers}
 
 
 def pools_alike(pooler: str, base: BasePooling) -> bool:

@@ -102,7 +102,7 @@ def test_a_tokenizer_with_more_ids_than_the_word_table_is_one_line_before_any_we
 
     from transformers import AutoModel, AutoTokenizer
 
-    from ifcl.checks import StartingModel
+    from ifcl.model import StartingModel
 
     folder = tmp_path / "grown"
     shutil.copytree(tiny_encoder_dir, folder)

@@ -360,19 +360,19 @@ def cased_lowercasing_base(tiny_encoder_dir: Path, folder: Path) -> Path:
 
 
 def test_the_script_tokenizes_its_training_text_with_the_tokenizer_of_the_base(tiny_encoder_dir, tmp_path):
-    """``load_model`` gives the tokenizer the base's lowercasing and truncation before the training text is tokenized,
+    """``StartingModel.load`` gives the tokenizer the base's lowercasing and truncation before the training text is tokenized,
     so the script trains on the tokens it evaluates and publishes with, as the Python API does; an IFCL folder
     continued takes its base's facts too."""
     from datasets import Dataset
 
-    from ifcl.checks import StartingModel
+    from ifcl.model import StartingModel
     from ifcl.objectives import build_objective
     from ifcl.pooling import read_base
     from ifcl.publishing import save_published
 
     base = cased_lowercasing_base(tiny_encoder_dir, tmp_path / "base")
     settings = {"queue_size": 2, "queue_batch_size": 4, "fraternal_loss_weight": 0.0, "twins_loss_weight": 0.0}
-    model = run_ifcl.load_model(StartingModel.read(str(base)), str(base), None, settings)
+    model = StartingModel.read(str(base)).load(str(base), None, settings)
     text = Dataset.from_dict({"sentence": [sentence.upper() for sentence in ENGLISH[:4]]})
     features = build_objective(model).prepare(model, 4, text, on_the_fly=True)
     lowercased = model.tokenizer([sentence.lower() for sentence in ENGLISH[:4]])["input_ids"]
@@ -381,7 +381,7 @@ def test_the_script_tokenizes_its_training_text_with_the_tokenizer_of_the_base(t
 
     save_published(model, tmp_path / "published")
     folder = tmp_path / "published"
-    continued = run_ifcl.load_model(StartingModel.read(str(folder)), str(folder), None, settings)
+    continued = StartingModel.read(str(folder)).load(str(folder), None, settings)
     build_objective(continued).prepare(continued, 4)
     assert continued.sentence_transformers_base == read_base(str(folder))
     assert continued.tokenizer.model_max_length == 20

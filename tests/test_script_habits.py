@@ -270,7 +270,7 @@ def test_a_continued_model_holds_the_saved_weights_and_starts_an_empty_queue(fin
 
     from configuration_ifcl import IFCLSettings
     from ifcl import queue as ring
-    from ifcl.checks import StartingModel
+    from ifcl.model import StartingModel
     from ifcl.objectives import build_objective
     from ifcl.objectives.ifcl import IFCLObjective
 
@@ -279,7 +279,7 @@ def test_a_continued_model_holds_the_saved_weights_and_starts_an_empty_queue(fin
     assert start.saved is not None and start.saved.queue_size == 2 and start.saved.queue_batch_size == 4
     weights = load_file(str(folder_a / "model.safetensors"))
     settings = {"queue_size": 2, "queue_batch_size": 4, "fusion_rate": 0.3, "max_seq_length": 16}
-    model = run_ifcl.load_model(start, str(folder_a), None, settings)
+    model = start.load(str(folder_a), None, settings)
     state = model.state_dict()
     assert model.config.fusion_rate == 0.3 and model.config.max_seq_length == 16  # this command's settings
     # A published model leaves its run's queue out (checkpoints keep it): continuing starts it empty.
@@ -290,14 +290,14 @@ def test_a_continued_model_holds_the_saved_weights_and_starts_an_empty_queue(fin
     assert not model.get_input_embeddings().weight.requires_grad  # frozen as the config says, for training
 
     # Another queue and global batch: the queue starts empty, shaped for them, when the run is prepared.
-    model = run_ifcl.load_model(start, str(folder_a), None, {"queue_size": 3, "queue_batch_size": 8})
+    model = start.load(str(folder_a), None, {"queue_size": 3, "queue_batch_size": 8})
     IFCLObjective(model, IFCLSettings(queue_size=3)).prepare(model, global_batch=8)
     assert model.config.queue_size == 3 and model.config.queue_batch_size == 8
     assert tuple(model.queue.embeddings.shape[:2]) == (3, 8) and ring.size(model.queue) == 0
 
 
 def test_plain_encoders_are_not_taken_for_ifcl_models(tiny_encoder_dir, tmp_path):
-    from ifcl.checks import StartingModel
+    from ifcl.model import StartingModel
 
     assert StartingModel.read(str(tiny_encoder_dir)).saved is None
     with pytest.raises(OSError, match="owner/not-in-the-cache"):  # offline: the encoder's config cannot be read

@@ -141,7 +141,8 @@ def test_custom_code_runs_only_when_trusted_and_nothing_asks(custom_code_dir, sa
     code is never needed."""
     from types import SimpleNamespace
 
-    from ifcl.checks import StartingModel, check_model_paths
+    from ifcl.checks import check_model_paths
+    from ifcl.model import StartingModel
     from ifcl.pooling import BaseFolder
     from ifcl.sts.encoders import load_encoder
 

@@ -258,7 +258,7 @@ def load_encoder(
     try:
         if model_type == "ifcl":
             config = IFCLConfig.from_pretrained(name_or_path)
-            check_own_code_trusted(config, name_or_path, trust_remote_code)
+            check_own_code_trusted(config.encoder_code, name_or_path, trust_remote_code)
             tokenizer = load_tokenizer(name_or_path, config=config.build_encoder_config())
             # trust_remote_code reaches only the encoder's own code: the package's IFCLModel, never the folder's
             model = IFCLModel.from_pretrained(name_or_path, config=config, trust_remote_code=trust_remote_code)
