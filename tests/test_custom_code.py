@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,9 +13,9 @@ import torch
 from conftest import (
     ENGLISH,
     GERMAN,
-    ROOT,
     build_own_code_encoder,
     objective_run_args,
+    run_script,
     st_training_args,
     stopped_in_step,
 )
@@ -49,19 +47,11 @@ print(json.dumps({name: embeddings.tolist() for name, embeddings in rows.items()
 
 def load_offline_elsewhere(folder: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
     """``folder``'s embeddings of four sentences through the three loaders, in a fresh process, offline, with an empty
-    transformers modules cache (as on another machine)."""
-    modules = tmp_path / "empty-modules-cache"
-    modules.mkdir(exist_ok=True)
-    env = {"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(modules), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    env["PYTHONPATH"] = str(ROOT)
-    result = subprocess.run(
-        [sys.executable, "-c", LOADERS, str(folder), json.dumps(ENGLISH[:4])],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=300,
-    )
+    transformers modules cache (its HOME is ``tmp_path``'s new folder, as on another machine)."""
+    (tmp_path / "elsewhere").mkdir()
+    script = tmp_path / "elsewhere" / "load_three_ways.py"
+    script.write_text(LOADERS, encoding="utf-8")
+    result = run_script(str(script), str(folder), json.dumps(ENGLISH[:4]), cwd=tmp_path / "elsewhere")
     assert result.returncode == 0, result.stderr[-3000:]
     return {name: torch.tensor(rows) for name, rows in json.loads(result.stdout.splitlines()[-1]).items()}
 
