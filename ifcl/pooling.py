@@ -158,11 +158,7 @@ def choose_poolers(folder: BaseFolder, given: dict[str, str]) -> tuple[dict[str,
         source = f"the pooler {name_or_path} was trained with (its config.json)"
     else:
         if base is not None and base.pooler is None and set(given) != set(POOLER_SETTINGS):
-            raise ValueError(
-                f"{name_or_path}: its Pooling module ({base.file}) pools with {base.name}, which this project has no "
-                f"pooler for; choose pooler_type and eval_pooler_type ({', '.join(POOLER_TYPES)}), knowing that the "
-                "model will then embed otherwise than its base."
-            )
+            raise no_pooler_for(base, name_or_path, "pooler_type and eval_pooler_type")
         own = dict.fromkeys(POOLER_SETTINGS, base.pooler if base and base.pooler else "avg")
         source = f"as its base pools (its Pooling module, {base.file})" if base and base.pooler else "the default"
     chosen = {name: given.get(name, own[name]) for name in POOLER_SETTINGS}
@@ -180,6 +176,16 @@ def choose_poolers(folder: BaseFolder, given: dict[str, str]) -> tuple[dict[str,
                 )
             )
     return chosen, notes
+
+
+def no_pooler_for(base: BasePooling, name_or_path: str, flags: str) -> ValueError:
+    """The one-line refusal of a base whose Pooling module pools in a way this project has no pooler for (max,
+    weightedmean, several modes, a missing file), naming the ``flags`` that choose one."""
+    return ValueError(
+        f"{name_or_path}: its Pooling module ({base.file}) pools with {base.name}, which this project has no pooler "
+        f"for; choose {flags} ({', '.join(POOLER_TYPES)}), knowing that the model will then embed otherwise than its "
+        "base."
+    )
 
 
 def base_settings(folder: BaseFolder, settings: dict[str, Any]) -> dict[str, Any]:

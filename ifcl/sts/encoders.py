@@ -22,7 +22,7 @@ from transformers import AutoModel
 from configuration_ifcl import POOLER_TYPES, IFCLConfig, ifcl_config_dict
 from ifcl.files import read_json
 from ifcl.model import IFCLModel, check_custom_code, check_own_code_trusted
-from ifcl.pooling import base_pooling
+from ifcl.pooling import base_pooling, no_pooler_for
 from modeling_ifcl import (
     ALL_LAYER_POOLERS,
     embed_sorted_by_length,
@@ -289,10 +289,7 @@ def load_encoder(
             return LoadedEncoder(SentenceTransformerEncoder(model), model_type, None)
         base = base_pooling(name_or_path) if pooler_type is None else None
         if base is not None and base.pooler is None:
-            raise ValueError(
-                f"{name_or_path}: its Pooling module ({base.file}) pools with {base.name}, which --model_type "
-                f"transformers has no pooler for; choose --pooler_type ({', '.join(POOLER_TYPES)})."
-            )
+            raise no_pooler_for(base, name_or_path, "--pooler_type")
         encoder = TransformersEncoder.from_pretrained(
             name_or_path,
             pooler_type or (base.pooler if base else None) or "avg",
