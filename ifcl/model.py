@@ -198,6 +198,14 @@ class IFCLModel(modeling_ifcl.IFCLModel):
     # A LoRA checkpoint's adapters, which from_pretrained merges into their layers itself.
     _keys_to_ignore_on_load_unexpected = [r"\.lora_(A|B|embedding_A|embedding_B)\.", r"\.base_layer\."]
 
+    def set_fraternal_table(self, table: torch.Tensor | None = None) -> None:
+        """The published model's BEL_F and projection; given the fraternal model's ``table``, the projection to BEL_S's
+        width starts at BEL_S's scale (:func:`scaled_orthogonal_projection`), so the fraternal language is present
+        from the first step."""
+        super().set_fraternal_table(table)
+        if self.fraternal_projection is not None and table is not None:
+            scaled_orthogonal_projection(self.fraternal_projection, self.get_input_embeddings().weight, table)
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *model_args, **kwargs) -> IFCLModel:
         """The published model's ``from_pretrained`` (``truncate_dim``, ``attn_implementation``), and a checkpoint of a
@@ -297,10 +305,6 @@ class IFCLModel(modeling_ifcl.IFCLModel):
             **settings,
         )
         model = cls(config, encoder=encoder, fraternal_table=fraternal_table)
-        if model.fraternal_projection is not None and fraternal_table is not None:
-            scaled_orthogonal_projection(
-                model.fraternal_projection, encoder.get_input_embeddings().weight, fraternal_table
-            )
         if attn_implementation is not None:
             model.encoder.set_attn_implementation(attn_implementation)
         logger.log(*precision_note(model, encoder_name_or_path, saved_dtype))
