@@ -3,6 +3,7 @@ interpreter: test_sentence_transformers_view.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import pytest
@@ -20,6 +21,33 @@ def tokens(model: IFCLModel, english: list[str], german: list[str]):
     sentence = model.tokenizer(english, padding=True, return_tensors="pt")
     fraternal = model.fraternal_tokenizer(german, padding=True, return_tensors="pt")
     return sentence, fraternal
+
+
+def test_the_projection_of_a_narrower_fraternal_table_starts_at_bel_s_scale(
+    model, tiny_encoder_dir, tiny_fraternal_dir
+):
+    """BEL_F's projection (24 → 32 wide) starts orthogonal and scaled so that the projected table has BEL_S's mean and
+    mean variance per dimension, in IFCLModel and IFCLLoss alike: the fraternal twins are not a fraction of the
+    anchors' scale at the first step."""
+    words = model.get_input_embeddings().weight.detach()
+    losses = [model]
+    if importlib.util.find_spec("sentence_transformers") is not None:
+        from sentence_transformers import SentenceTransformer
+
+        from ifcl import IFCLLoss
+
+        loss = IFCLLoss(
+            SentenceTransformer(str(tiny_encoder_dir), device="cpu"),
+            fraternal_model_name_or_path=str(tiny_fraternal_dir),
+        )
+        losses.append(loss)
+    for owner in losses:
+        projected = owner.fraternal_projection(owner.fraternal_embeddings.weight).detach()
+        torch.testing.assert_close(projected.mean(dim=0), words.mean(dim=0), atol=1e-4, rtol=0)
+        torch.testing.assert_close(projected.var(dim=0).mean(), words.var(dim=0).mean(), atol=0, rtol=1e-3)
+        weight = owner.fraternal_projection.weight.detach()
+        gram = weight.T @ weight  # an orthogonal map, scaled: Wᵀ W is a multiple of the identity
+        torch.testing.assert_close(gram, torch.eye(24) * gram.diagonal().mean(), atol=1e-4, rtol=0)
 
 
 def test_fraternal_table_comes_from_the_fraternal_model(model, tiny_fraternal_dir):
