@@ -3,7 +3,6 @@ settings it was trained with, and how far its training went (docs/reliability.md
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import logging
@@ -19,7 +18,7 @@ from safetensors import safe_open
 from transformers.trainer_callback import TrainerState
 
 from configuration_ifcl import ifcl_config_dict
-from ifcl.data import DEFAULT_TRANS_DE_EN
+from ifcl.data import DEFAULT_TRANS_DE_EN, shard_paths
 from ifcl.failures import listed
 from ifcl.files import STREAM_STATE_FILE, TRAINING_DATA_FILE, read_json
 from ifcl.lora import resolved_alpha
@@ -293,8 +292,7 @@ def training_files(data_args) -> list[str]:
     now), or trans-de-en's when neither it nor ``--dataset_name`` is given."""
     if data_args.train_file is None:
         return [] if data_args.dataset_name is not None else [DEFAULT_TRANS_DE_EN]
-    pattern = os.path.expanduser(data_args.train_file)
-    return sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+    return shard_paths(data_args.train_file)
 
 
 def file_fingerprint(path: str) -> dict[str, Any] | None:

@@ -173,7 +173,7 @@ def check_data_arguments(data_args) -> None:
         raise ValueError(f"--sts_score_range takes two finite numbers LOW HIGH with LOW < HIGH, got {low_high}.")
     for name in ("train_file", "validation_file", "test_file"):
         path = getattr(data_args, name)
-        if path is None or (name == "train_file" and data_args.streaming):  # shards: ifcl.streaming.shard_paths
+        if path is None or (name == "train_file" and data_args.streaming):  # shards: ifcl.data.shard_paths
             continue
         if not os.path.isfile(path):
             several = " (--streaming reads several shards through a pattern)" if glob.has_magic(path) else ""

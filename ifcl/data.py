@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import errno
+import glob
 import hashlib
 import importlib.util
 import itertools
@@ -400,6 +401,31 @@ def load_train_dataset(
     if dataset is None or not len(dataset):
         raise format_error(path, "no training rows")
     return dataset
+
+
+STREAM_EXTENSIONS = (".txt", ".csv", ".json", ".jsonl", ".parquet")
+
+
+def shard_paths(patterns: str | Sequence[str]) -> list[str]:
+    """The files ``patterns`` name (a path, a glob, or a list of them), sorted, all of one extension a stream reads;
+    ``FileNotFoundError`` naming a pattern that matches no file, ``DataFormatError`` naming another extension."""
+    paths = []
+    for pattern in [patterns] if isinstance(patterns, str) else patterns:
+        matched = sorted(glob.glob(os.path.expanduser(pattern))) if glob.has_magic(pattern) else [pattern]
+        matched = [path for path in matched if os.path.isfile(path)]
+        if not matched:
+            raise FileNotFoundError(f"--train_file {pattern}: no such file (nor files that the pattern matches).")
+        paths += matched
+    extensions = sorted({os.path.splitext(path)[1].lower() for path in paths})
+    unknown = [extension for extension in extensions if extension not in STREAM_EXTENSIONS]
+    if unknown or len(extensions) > 1:
+        example = next(path for path in paths if os.path.splitext(path)[1].lower() == (unknown or extensions)[0])
+        raise format_error(
+            example,
+            f"the shards of a stream are all {', '.join(STREAM_EXTENSIONS)} files of one kind; found "
+            f"{', '.join(extension or '(none)' for extension in extensions)}",
+        )
+    return paths
 
 
 # Rows a stream holds to shuffle (run_ifcl.py --shuffle_buffer_size; ifcl.streaming), as Python strings.

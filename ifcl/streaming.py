@@ -13,7 +13,6 @@ A stream is read once: one that ends before the run's last step ends the run, sa
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import logging
 import os
@@ -40,6 +39,7 @@ from ifcl.data import (
     load_train_dataset,
     load_trans_de_en_dataset,
     parse_train_txt_line,
+    shard_paths,
     wanted_columns,
 )
 from ifcl.files import STREAM_STATE_FILE, write_json_atomically
@@ -47,33 +47,9 @@ from ifcl.hub import hub_reachable
 
 logger = logging.getLogger(__name__)
 
-STREAM_EXTENSIONS = (".txt", ".csv", ".json", ".jsonl", ".parquet")
-
 
 class StreamEnded(ValueError):
     """A stream that ended before the training it was to feed."""
-
-
-def shard_paths(patterns: str | Sequence[str]) -> list[str]:
-    """The files ``patterns`` name (a path, a glob, or a list of them), sorted, all of one extension a stream reads;
-    ``FileNotFoundError`` naming a pattern that matches no file, ``DataFormatError`` naming another extension."""
-    paths = []
-    for pattern in [patterns] if isinstance(patterns, str) else patterns:
-        matched = sorted(glob.glob(os.path.expanduser(pattern))) if glob.has_magic(pattern) else [pattern]
-        matched = [path for path in matched if os.path.isfile(path)]
-        if not matched:
-            raise FileNotFoundError(f"--train_file {pattern}: no such file (nor files that the pattern matches).")
-        paths += matched
-    extensions = sorted({os.path.splitext(path)[1].lower() for path in paths})
-    unknown = [extension for extension in extensions if extension not in STREAM_EXTENSIONS]
-    if unknown or len(extensions) > 1:
-        example = next(path for path in paths if os.path.splitext(path)[1].lower() == (unknown or extensions)[0])
-        raise format_error(
-            example,
-            f"the shards of a stream are all {', '.join(STREAM_EXTENSIONS)} files of one kind; found "
-            f"{', '.join(extension or '(none)' for extension in extensions)}",
-        )
-    return paths
 
 
 def read_shards(shards: list[str], columns: dict[str, str]) -> Iterator[dict[str, str]]:

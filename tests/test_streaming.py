@@ -15,10 +15,10 @@ import torch
 from conftest import ENGLISH, GERMAN, cpu_training_args, launch, losses_by_step, stopped_in_step, write_sts_file
 
 import run_ifcl
-from ifcl.data import DataFormatError
+from ifcl.data import DataFormatError, shard_paths
 from ifcl.failures import Interrupted, RunFailure
 from ifcl.files import STREAM_STATE_FILE
-from ifcl.streaming import TrainingStream, shard_paths
+from ifcl.streaming import TrainingStream
 
 COLUMNS = {"sentence": "sentence", "fraternal": "fraternal"}
 PAIRS = [(f"{english} {i}", f"{german} {i}") for i in range(10) for english, german in zip(ENGLISH, GERMAN)]
