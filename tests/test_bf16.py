@@ -67,22 +67,30 @@ def saved_in_bf16(encoder: Path, folder: Path) -> Path:
     return folder
 
 
-def test_a_base_saved_in_bf16_trains_float32_weights_unless_another_dtype_is_asked(tiny_encoder_dir, tmp_path, caplog):
-    """Loading follows the checkpoint's dtype since transformers 5; a model to train is loaded in float32 (master
-    weights) by default, ``dtype`` is honoured, and pure low precision is warned about with what it costs."""
+@pytest.mark.parametrize("family", ["bert", "qwen3"])
+def test_a_base_saved_in_bf16_trains_float32_weights_unless_another_dtype_is_asked(
+    family, tiny_encoder_dir, tmp_path, caplog
+):
+    """Loading follows the checkpoint's dtype since transformers 5, and decoders ship in bfloat16; a model to train
+    is loaded in float32 (master weights) by default, ``dtype`` is honoured, and pure low precision is warned about
+    with what it costs."""
     import logging
+
+    from conftest import LAST, build_tiny_decoder
 
     from ifcl.model import IFCLModel
 
-    base = saved_in_bf16(tiny_encoder_dir, tmp_path / "bf16")
+    encoder = tiny_encoder_dir if family == "bert" else build_tiny_decoder("qwen3", tmp_path / "qwen3")
+    base = saved_in_bf16(encoder, tmp_path / "bf16")
+    poolers = LAST if family == "qwen3" else {}
     with caplog.at_level(logging.INFO):
-        model = IFCLModel.from_encoder(str(base), queue_size=0)
+        model = IFCLModel.from_encoder(str(base), queue_size=0, **poolers)
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     assert "training float32 weights (its checkpoint holds bfloat16)" in caplog.text
-    assert IFCLModel.from_encoder(str(base), queue_size=0, dtype=torch.float16).dtype == torch.float16
+    assert IFCLModel.from_encoder(str(base), queue_size=0, dtype=torch.float16, **poolers).dtype == torch.float16
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        kept = IFCLModel.from_encoder(str(base), queue_size=0, dtype="auto")
+        kept = IFCLModel.from_encoder(str(base), queue_size=0, dtype="auto", **poolers)
     assert kept.dtype == torch.bfloat16 and "training in pure bfloat16" in caplog.text
     with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16, auto"):
         IFCLModel.from_encoder(str(base), dtype="int8")

@@ -56,11 +56,22 @@ def load_offline_elsewhere(folder: Path, tmp_path: Path) -> dict[str, torch.Tens
     return {name: torch.tensor(rows) for name, rows in json.loads(result.stdout.splitlines()[-1]).items()}
 
 
-@pytest.fixture(params=["own folder", "another repository"])
+@pytest.fixture(params=["own folder", "another repository", "sentence-transformers folder"])
 def own_code_base(request, tmp_path) -> tuple[Path, Path | None]:
-    """The base, and the folder its auto_map points at when that is another one (None: its own)."""
+    """The base, and the folder its auto_map points at when that is another one (None: its own). As gte v1.5 ships,
+    the sentence-transformers folder adds modules.json with a CLS Pooling module of its own."""
     code = tmp_path / "code" if request.param == "another repository" else None
-    return build_own_code_encoder(tmp_path / "base", ENGLISH + GERMAN, code), code
+    base = build_own_code_encoder(tmp_path / "base", ENGLISH + GERMAN, code)
+    if request.param == "sentence-transformers folder":
+        modules = [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        ]
+        (base / "modules.json").write_text(json.dumps(modules), encoding="utf-8")
+        (base / "1_Pooling").mkdir()
+        pooling = {"word_embedding_dimension": 32, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}
+        (base / "1_Pooling" / "config.json").write_text(json.dumps(pooling), encoding="utf-8")
+    return base, code
 
 
 @pytest.mark.slow
@@ -86,6 +97,8 @@ def test_an_encoder_with_its_own_code_trains_and_its_folder_loads_offline_withou
             "AutoConfig": "configuration_ifcl.IFCLConfig",
             "AutoModel": "modeling_ifcl.IFCLModel",
         }
+        own_pooler = "cls_before_pooler" if (base / "modules.json").exists() else "avg"  # the base's own pooling kept
+        assert config["ifcl"]["eval_pooler_type"] == own_pooler
     card = (output / "README.md").read_text(encoding="utf-8")
     assert "The encoder runs its own code: `configuration_mybert.py`, `modeling_mybert.py`, copied into" in card
     assert f'SentenceTransformer("<user>/{output.name}", trust_remote_code=True)' in card
@@ -118,6 +131,10 @@ def test_a_published_folder_with_its_own_code_continues_training_only_when_trust
     trainer, _ = run_ifcl.main([*args, "--trust_remote_code"])
     assert type(trainer.model.encoder).__name__ == "MyBertModel"
     assert all((tmp_path / "more" / name).is_file() for name in CODE_FILES)
+    checkpoint = next((tmp_path / "more").glob("checkpoint-*"))  # a checkpoint as the model to start from
+    again = objective_run_args(checkpoint, pairs_data, tmp_path / "again", "ifcl", "--queue_size", "2", max_steps=2)
+    trainer, _ = run_ifcl.main([*again, "--trust_remote_code"])
+    assert type(trainer.model.encoder).__name__ == "MyBertModel"
 
 
 @pytest.mark.slow
