@@ -44,11 +44,6 @@ class BasePooling:
         return self.pooler or " + ".join(self.modes) or f"a mode unknown here ({self.file} is missing)"
 
 
-def base_pooling(name_or_path: str) -> BasePooling | None:
-    """How ``name_or_path`` pools as a sentence-transformers model; None for a model without a Pooling module."""
-    return BaseFolder.read(name_or_path).pooling
-
-
 def read_base(name_or_path: str | None) -> dict[str, Any] | None:
     """How a sentence-transformers model (a folder or Hub repo with a modules.json, an IFCL folder too) embeds beyond
     its encoder and pooling (:attr:`BaseFolder.sentence_transformers`); None for a plain encoder."""
@@ -117,12 +112,14 @@ class BaseFolder:
     sentence_bert_config.json's, or its tokenizer's ``model_max_length`` where sentence-transformers 6 keeps it;
     None: no limit), ``do_lower_case``, ``normalize`` (a ``Normalize`` module follows the pooling), ``prompts``,
     ``default_prompt_name``, ``similarity_fn_name``, and ``omitted_modules``: its other modules after the encoder
-    (``Dense``, ``LayerNorm``), which an IFCL model neither holds nor trains (None: a plain encoder)."""
+    (``Dense``, ``LayerNorm``), which an IFCL model neither holds nor trains (None: a plain encoder);
+    ``transformer_folder``: the sub-folder of its Transformer module's files ('' for the folder itself)."""
 
     path: str
     config: dict | None
     pooling: BasePooling | None
     sentence_transformers: dict[str, Any] | None
+    transformer_folder: str = ""
 
     @classmethod
     def read(cls, path: str) -> BaseFolder:
@@ -137,7 +134,16 @@ class BaseFolder:
         settings = (read_json(path, "config_sentence_transformers.json") or {}) if modules else {}
         is_ifcl = config is not None and ifcl_config_dict(config) is not None
         facts = sentence_transformers_facts(path, modules, settings, is_ifcl)
-        return cls(str(path), config, pooling_of(path, modules, settings), facts)
+        transformer = next((m for m in modules if str(m.get("type", "")).endswith("Transformer")), {})
+        return cls(str(path), config, pooling_of(path, modules, settings), facts, transformer.get("path", ""))
+
+    @property
+    def kind(self) -> str:
+        """``ifcl`` (an IFCL model this project saved), ``sentence-transformers`` (a modules.json) or
+        ``transformers``."""
+        if self.saved is not None:
+            return "ifcl"
+        return "transformers" if self.sentence_transformers is None else "sentence-transformers"
 
     @property
     def saved(self) -> dict | None:

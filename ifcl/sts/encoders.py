@@ -19,10 +19,9 @@ from torch.nn import functional as F
 from tqdm.auto import tqdm
 from transformers import AutoModel
 
-from configuration_ifcl import POOLER_TYPES, IFCLConfig, ifcl_config_dict
-from ifcl.files import read_json
+from configuration_ifcl import POOLER_TYPES, IFCLConfig
 from ifcl.model import IFCLModel, check_custom_code, check_own_code_trusted
-from ifcl.pooling import base_pooling, no_pooler_for
+from ifcl.pooling import BaseFolder, no_pooler_for
 from modeling_ifcl import (
     ALL_LAYER_POOLERS,
     embed_sorted_by_length,
@@ -196,23 +195,6 @@ class IFCLEncoder(Encoder):
 # ---------------------------------------------------------------------------------------------------- loading
 
 
-def detect_model_type(name_or_path: str) -> str:
-    """``ifcl`` (config.json holds IFCL's settings), ``sentence-transformers`` (modules.json) or ``transformers``."""
-    config = read_json(name_or_path, "config.json")
-    if isinstance(config, dict) and ifcl_config_dict(config) is not None:
-        return "ifcl"
-    if read_json(name_or_path, "modules.json") is not None:
-        return "sentence-transformers"
-    return "transformers"
-
-
-def sentence_transformers_module(name_or_path: str, kind: str) -> dict[str, Any] | None:
-    """The ``modules.json`` entry of a sentence-transformers model's first module of ``kind`` (``Transformer``,
-    ``Pooling``), or None."""
-    modules = read_json(name_or_path, "modules.json") or []
-    return next((module for module in modules if str(module.get("type", "")).endswith(kind)), None)
-
-
 @dataclass
 class LoadedEncoder:
     """An encoder ready for :class:`STSEvaluator`, with what it is."""
@@ -241,8 +223,9 @@ def load_encoder(
         raise ValueError(f"--model_type must be one of {MODEL_TYPES}, got {model_type!r}.")
     if pooler_type is not None and pooler_type not in POOLER_TYPES:
         raise ValueError(f"--pooler_type must be one of {POOLER_TYPES}, got {pooler_type!r}.")
+    folder = BaseFolder.read(name_or_path)  # config.json and the sentence-transformers files, read once
     if model_type == "auto":
-        model_type = detect_model_type(name_or_path)
+        model_type = folder.kind
     if model_type == "sentence-transformers":
         try:
             import sentence_transformers  # noqa: F401
@@ -251,9 +234,8 @@ def load_encoder(
                 f"{name_or_path} is a sentence-transformers model, and sentence-transformers cannot be imported "
                 f"({error}): pip install sentence-transformers, or read its encoder with --model_type transformers."
             ) from None
-    transformer = sentence_transformers_module(name_or_path, "Transformer") or {}
     if model_type != "ifcl":  # an IFCL model's own code never runs
-        check_custom_code(name_or_path, trust_remote_code, transformer.get("path", ""))
+        check_custom_code(name_or_path, trust_remote_code, folder.transformer_folder)
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         if model_type == "ifcl":
@@ -281,13 +263,13 @@ def load_encoder(
                     f"--pooler_type {pooler_type} is ignored: the sentence-transformers model pools itself."
                 )
             if os.path.isdir(name_or_path):  # its tokenizer checked as the others' are
-                load_tokenizer(name_or_path, transformer.get("path", ""), trust_remote_code)
+                load_tokenizer(name_or_path, folder.transformer_folder, trust_remote_code)
             model = SentenceTransformer(name_or_path, device=str(device), trust_remote_code=trust_remote_code)
             if max_length is not None:
                 model.max_seq_length = max_length
             model.to(dtype=dtype).eval()
             return LoadedEncoder(SentenceTransformerEncoder(model), model_type, None)
-        base = base_pooling(name_or_path) if pooler_type is None else None
+        base = folder.pooling if pooler_type is None else None
         if base is not None and base.pooler is None:
             raise no_pooler_for(base, name_or_path, "--pooler_type")
         encoder = TransformersEncoder.from_pretrained(
@@ -297,7 +279,7 @@ def load_encoder(
             device,
             dtype,
             trust_remote_code,
-            subfolder=transformer.get("path", ""),
+            subfolder=folder.transformer_folder,
         )
         return LoadedEncoder(encoder, model_type, encoder.pooler_type)
     except Exception as error:
