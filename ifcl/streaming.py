@@ -36,6 +36,7 @@ from ifcl.data import (
     check_text_row,
     format_error,
     iter_lines,
+    json_lines,
     load_train_dataset,
     load_trans_de_en_dataset,
     parse_train_txt_line,
@@ -96,7 +97,8 @@ def builders_quiet() -> Iterator[None]:
 def table_rows(shard: str, wanted: list[str]) -> Iterator[dict[str, Any]]:
     """The rows of a CSV, JSON Lines or Parquet shard, streamed by datasets' own builder (:data:`TABLE_BUILDERS`),
     its columns checked for ``wanted``; a shard the builder cannot parse is named in one line: for JSON Lines, with
-    its first line that is not a JSON object; else with the builder's words (CSV's name the line)."""
+    its first line that is not a JSON object (:func:`json_lines`); else with the builder's words (CSV's name the
+    line)."""
     builder = TABLE_BUILDERS[os.path.splitext(shard)[1].lower()]
     try:
         with builders_quiet():
@@ -108,24 +110,11 @@ def table_rows(shard: str, wanted: list[str]) -> Iterator[dict[str, Any]]:
     except DataFormatError:
         raise
     except (pyarrow.ArrowException, ValueError) as error:
-        line = first_line_not_an_object(shard) if builder == "json" else None
-        if line is not None:
-            raise format_error(shard, "invalid JSON (expected JSON Lines: one object per line)", line) from None
+        if builder == "json":
+            for _ in json_lines(shard, ()):  # names the first line that is not a JSON object
+                pass
         kind = {"csv": "CSV", "json": "JSON Lines", "parquet": "Parquet"}[builder]
         raise format_error(shard, f"cannot be read as {kind} ({str(error).splitlines()[0]})") from None
-
-
-def first_line_not_an_object(shard: str) -> int | None:
-    """The number of the first line of a JSON Lines file that is not a JSON object (blank lines aside), or None."""
-    for number, line in iter_lines(shard):
-        if line.strip():
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError:
-                return number
-            if not isinstance(value, dict):
-                return number
-    return None
 
 
 def file_source(patterns: str | Sequence[str], columns: dict[str, str]) -> datasets.IterableDataset:
