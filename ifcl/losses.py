@@ -205,11 +205,6 @@ class IFCLTerms(nn.Module):
         self.fraternal_loss_weight = fraternal_loss_weight
         self.twins_loss_weight = twins_loss_weight
 
-    def at_sizes(self, matryoshka: Matryoshka | None) -> IFCLTerms:
-        """These terms, with their weights and temperature, over ``matryoshka``'s sizes."""
-        temperature = self.identical_loss.temperature
-        return IFCLTerms(temperature, self.fraternal_loss_weight, self.twins_loss_weight, matryoshka)
-
     def weight(self, term: str) -> float:
         """The weight of a term of Eq. 9 by its logged name (ℓ^I's is 1)."""
         weights = {"loss_fraternal": self.fraternal_loss_weight, "loss_twins": self.twins_loss_weight}
