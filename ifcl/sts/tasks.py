@@ -7,15 +7,24 @@ docs/evaluation.md.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import datasets
 
-from ifcl.data import STSB_INSTALL_HINT, DataFormatError, load_sts_file, load_stsb, stsb_path
+from ifcl.data import (
+    STSB_INSTALL_HINT,
+    DataFormatError,
+    header_rows,
+    iter_lines,
+    json_lines,
+    load_sts_file,
+    load_stsb,
+    stsb_path,
+)
 from ifcl.hub import hub_reachable
 
 logger = logging.getLogger(__name__)
@@ -115,12 +124,6 @@ def normalise_whitespace(sentence: str) -> str:
     return " ".join(sentence.split())
 
 
-def read_lines(path: str) -> list[str]:
-    """Lines of a UTF-8 file without line endings (a leading byte-order mark dropped)."""
-    with open(path, encoding="utf-8-sig") as handle:
-        return [line.rstrip("\r\n") for line in handle]
-
-
 def read_senteval_sts_year(folder: str, subsets: Sequence[str]) -> tuple[list[str], list[str], list[float], dict]:
     """SentEval's ``STS.input.<subset>.txt`` (sentence1<TAB>sentence2) and ``STS.gs.<subset>.txt`` (one gold score a
     line, empty where a pair has none) of every subset, concatenated, and the pairs kept per subset."""
@@ -134,7 +137,7 @@ def read_senteval_sts_year(folder: str, subsets: Sequence[str]) -> tuple[list[st
                     f"{path}: missing; SentEval's layout needs STS.input.<subset>.txt and STS.gs.<subset>.txt for "
                     f"each of {', '.join(subsets)}"
                 )
-        inputs, golds = read_lines(input_path), read_lines(gold_path)
+        inputs, golds = [line for _, line in iter_lines(input_path)], [line for _, line in iter_lines(gold_path)]
         if len(inputs) != len(golds):
             raise DataFormatError(f"{input_path} has {len(inputs)} lines but {gold_path} has {len(golds)}")
         kept = len(scores)
@@ -154,13 +157,19 @@ def read_senteval_sts_year(folder: str, subsets: Sequence[str]) -> tuple[list[st
     return sentences1, sentences2, scores, pairs_per_subset
 
 
-def read_tab_columns(
-    path: str, columns: tuple[int, int, int], skip_header: bool = False, normalise: bool = True
-) -> Columns:
-    """Tab-separated lines; ``columns`` are the 0-based fields of sentence1, sentence2 and the score."""
+def score_of(path: str, line_number: int, value: Any) -> float:
+    """A pair's score as a number; DataFormatError naming the line for one that is not."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise DataFormatError(f"{path}: line {line_number}: score is not a number: {value!r}") from None
+
+
+def read_tab_columns(path: str, columns: tuple[int, int, int]) -> Columns:
+    """Tab-separated lines (C-STS-B's); ``columns`` are the 0-based fields of sentence1, sentence2 and the score."""
     sentences1, sentences2, scores = [], [], []
-    for line_number, line in enumerate(read_lines(path), start=1):
-        if (skip_header and line_number == 1) or not line.strip():
+    for line_number, line in iter_lines(path):
+        if not line.strip():
             continue
         fields = line.strip().split("\t")
         if len(fields) <= max(columns):
@@ -169,41 +178,34 @@ def read_tab_columns(
                 f"found {len(fields)}"
             )
         first, second, score = (fields[i] for i in columns)
-        try:
-            scores.append(float(score))
-        except ValueError:
-            raise DataFormatError(f"{path}: line {line_number}: score is not a number: {score!r}") from None
-        sentences1.append(normalise_whitespace(first) if normalise else first.strip())
-        sentences2.append(normalise_whitespace(second) if normalise else second.strip())
+        scores.append(score_of(path, line_number, score))
+        sentences1.append(first.strip())
+        sentences2.append(second.strip())
     return sentences1, sentences2, scores
 
 
 def read_sick(path: str) -> Columns:
     """SICK's ``pair_ID sentence_A sentence_B relatedness_score ...`` (tab-separated, one header line)."""
-    header = read_lines(path)[:1]
-    names = header[0].strip().split("\t") if header else []
-    wanted = ("sentence_A", "sentence_B", "relatedness_score")
-    if not all(name in names for name in wanted):
-        raise DataFormatError(f"{path}: line 1: expected a header with {list(wanted)}, found {names}")
-    return read_tab_columns(path, tuple(names.index(name) for name in wanted), skip_header=True)
+    lines = ((number, line.split("\t")) for number, line in iter_lines(path))
+    rows = [
+        (number, row) for number, row in header_rows(path, lines, ("sentence_A", "sentence_B", "relatedness_score"))
+    ]
+    return (
+        [normalise_whitespace(row["sentence_A"] or "") for _, row in rows],
+        [normalise_whitespace(row["sentence_B"] or "") for _, row in rows],
+        [score_of(path, number, row["relatedness_score"]) for number, row in rows],
+    )
 
 
 def read_simclue(path: str) -> Columns:
     """SimCLUE's JSON lines ``{"sentence1": ..., "sentence2": ..., "label": "0" | "1"}``."""
     sentences1, sentences2, scores = [], [], []
-    for line_number, line in enumerate(read_lines(path), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            sentences1.append(record["sentence1"].strip())
-            sentences2.append(record["sentence2"].strip())
-            scores.append(float(record["label"]))
-        except (json.JSONDecodeError, KeyError, AttributeError, TypeError, ValueError) as error:
-            raise DataFormatError(
-                f"{path}: line {line_number}: expected a JSON object with sentence1, sentence2 and a 0/1 label "
-                f"({type(error).__name__}: {error})"
-            ) from None
+    for line_number, row in json_lines(path, ("sentence1", "sentence2", "label")):
+        if not isinstance(row["sentence1"], str) or not isinstance(row["sentence2"], str):
+            raise DataFormatError(f"{path}: line {line_number}: sentence1 and sentence2 must be strings")
+        sentences1.append(row["sentence1"].strip())
+        sentences2.append(row["sentence2"].strip())
+        scores.append(score_of(path, line_number, row["label"]))
     return sentences1, sentences2, scores
 
 
@@ -233,7 +235,7 @@ ORIGINAL_LAYOUTS: dict[str, tuple[str, Callable[[str], tuple]]] = {
     "sickr": ("SICK/SICK_test_annotated.txt", read_sick),
     "cstsb": (
         "senteval_cn/STS-B/STS-B.test.data",
-        functools.partial(read_tab_columns, columns=(0, 1, 2), normalise=False),
+        functools.partial(read_tab_columns, columns=(0, 1, 2)),
     ),
     "simclue": ("SimCLUE/test_public.json", read_simclue),
 }
