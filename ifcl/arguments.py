@@ -31,6 +31,15 @@ class ScriptArgumentParser(HfArgumentParser):
         raise ValueError(message)
 
 
+def check_at_least(settings: Any, minimum: int, *names: str) -> None:
+    """``ValueError`` naming the flag for the first of ``names`` (attributes of ``settings``) that is set and below
+    ``minimum``."""
+    for name in names:
+        value = getattr(settings, name)
+        if value is not None and value < minimum:
+            raise ValueError(f"--{name} must be ≥ {minimum}, got {value}.")
+
+
 def command_line(argv: list[str], parser: HfArgumentParser) -> tuple[list[str], str]:
     """``argv`` as given, or, when its first word is a ``.json`` file of arguments (an object of names and values),
     the command line that file stands for followed by the rest of ``argv`` (whose flags win: ``args.json

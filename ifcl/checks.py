@@ -13,7 +13,7 @@ import torch
 from transformers import TrainingArguments
 from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
 
-from ifcl.arguments import strategy_name
+from ifcl.arguments import check_at_least, strategy_name
 from ifcl.checkpoints import weights_problem
 from ifcl.data import SHUFFLE_BUFFER_SIZE, local_model_path
 from ifcl.failures import listed
@@ -28,12 +28,8 @@ from modeling_ifcl import max_input_length
 def check_training_settings(training_args: TrainingArguments) -> None:
     """Sizes and rates that the Trainer would only reject late, or unclearly; loggers; sharding; ``--hub_strategy``
     other than end; a push or a resume without training (``--do_train``)."""
-    for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
-        value = getattr(training_args, name)
-        if value < 1:
-            raise ValueError(f"--{name} must be ≥ 1, got {value}.")
-    if training_args.dataloader_num_workers < 0:
-        raise ValueError(f"--dataloader_num_workers must be ≥ 0, got {training_args.dataloader_num_workers}.")
+    check_at_least(training_args, 1, "per_device_train_batch_size", "gradient_accumulation_steps")
+    check_at_least(training_args, 0, "dataloader_num_workers")
     if not math.isfinite(training_args.learning_rate) or training_args.learning_rate < 0:
         raise ValueError(f"--learning_rate must be a finite number ≥ 0, got {training_args.learning_rate}.")
     if training_args.do_train and training_args.max_steps == 0:
@@ -178,12 +174,8 @@ def check_data_arguments(data_args) -> None:
         if not os.path.isfile(path):
             several = " (--streaming reads several shards through a pattern)" if glob.has_magic(path) else ""
             raise FileNotFoundError(f"--{name} {path}: no such file{several}.")
-    if data_args.max_seq_length < 1:
-        raise ValueError(f"--max_seq_length must be ≥ 1, got {data_args.max_seq_length}.")
-    if data_args.max_train_samples is not None and data_args.max_train_samples < 1:
-        raise ValueError(f"--max_train_samples must be ≥ 1, got {data_args.max_train_samples}.")
-    if data_args.shuffle_buffer_size < 0:
-        raise ValueError(f"--shuffle_buffer_size must be ≥ 0, got {data_args.shuffle_buffer_size}.")
+    check_at_least(data_args, 1, "max_seq_length", "max_train_samples")
+    check_at_least(data_args, 0, "shuffle_buffer_size")
     if not data_args.streaming and data_args.shuffle_buffer_size != SHUFFLE_BUFFER_SIZE:
         raise ValueError(
             f"--shuffle_buffer_size {data_args.shuffle_buffer_size} without --streaming: it sizes a stream's shuffle "

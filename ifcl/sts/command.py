@@ -23,7 +23,7 @@ import torch
 from transformers import HfArgumentParser
 
 from configuration_ifcl import POOLER_TYPES
-from ifcl.arguments import command_line
+from ifcl.arguments import check_at_least, command_line
 from ifcl.data import load_train_dataset
 from ifcl.failures import failures_of_the_run, run_command
 from ifcl.files import RUN_IN_PROGRESS_FILE, check_model_path, write_json_atomically
@@ -97,10 +97,7 @@ class ModelArguments:
             )
         check_model_path("--model_name_or_path", self.model_name_or_path)
         check_model_reachable("--model_name_or_path", self.model_name_or_path)
-        if self.max_seq_length is not None and self.max_seq_length < 1:
-            raise ValueError(f"--max_seq_length must be ≥ 1, got {self.max_seq_length}.")
-        if self.truncate_dim is not None and self.truncate_dim < 1:
-            raise ValueError(f"--truncate_dim must be ≥ 1, got {self.truncate_dim}.")
+        check_at_least(self, 1, "max_seq_length", "truncate_dim")
 
 
 @dataclass
@@ -145,8 +142,7 @@ class EvaluationArguments:
     def __post_init__(self) -> None:
         if self.bf16 and self.fp16:
             raise ValueError("--bf16 and --fp16 exclude each other.")
-        if self.batch_size < 1:
-            raise ValueError(f"--batch_size must be ≥ 1, got {self.batch_size}.")
+        check_at_least(self, 1, "batch_size")
 
 
 @dataclass
@@ -169,10 +165,7 @@ class MutualInformationArguments:
     def __post_init__(self) -> None:
         if self.mutual_information is not None and not os.path.isfile(self.mutual_information):
             raise FileNotFoundError(f"--mutual_information {self.mutual_information}: no such file.")
-        if self.mi_batch_size < 2:
-            raise ValueError(f"--mi_batch_size must be ≥ 2, got {self.mi_batch_size}.")
-        if self.mi_task_batch_size is not None and self.mi_task_batch_size < 2:
-            raise ValueError(f"--mi_task_batch_size must be ≥ 2, got {self.mi_task_batch_size}.")
+        check_at_least(self, 2, "mi_batch_size", "mi_task_batch_size")
         if self.mi_temperature <= 0:
             raise ValueError(f"--mi_temperature must be > 0, got {self.mi_temperature}.")
 
