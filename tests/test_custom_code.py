@@ -14,6 +14,7 @@ from conftest import (
     ENGLISH,
     GERMAN,
     build_own_code_encoder,
+    launch,
     objective_run_args,
     run_script,
     st_training_args,
@@ -179,3 +180,24 @@ def test_an_encoder_with_its_own_code_trains_with_lora_sizes_and_the_gradient_ca
     loaded = IFCLModel.from_pretrained(str(tmp_path / "run"), trust_remote_code=True)
     assert not [name for name, _ in loaded.named_parameters() if "lora_" in name]
     torch.testing.assert_close(loaded.encode(ENGLISH[:4]), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_an_encoder_with_its_own_code_trains_in_two_processes(pairs_data, tmp_path, monkeypatch):
+    """``accelerate launch --num_processes 2 run_ifcl.py --trust_remote_code``: both processes import the encoder's
+    code into an empty modules cache at once, train it with gathered candidates, and the published folder carries
+    the code and loads through AutoModel and IFCLModel alike."""
+    from transformers import AutoModel
+
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))  # empty, as on a fresh machine
+    base = build_own_code_encoder(tmp_path / "base", ENGLISH + GERMAN)
+    output = tmp_path / "run"
+    result = launch([*objective_run_args(base, pairs_data, output, "ifcl", "--trust_remote_code")], processes=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert all((output / name).is_file() for name in (*CODE_FILES, "modeling_ifcl.py"))
+    state = json.loads((output / "trainer_state.json").read_text(encoding="utf-8"))
+    assert state["global_step"] == 4
+    expected = IFCLModel.from_pretrained(str(output), trust_remote_code=True).encode(ENGLISH[:4])
+    assert type(IFCLModel.from_pretrained(str(output), trust_remote_code=True).encoder).__name__ == "MyBertModel"
+    loaded = AutoModel.from_pretrained(str(output), trust_remote_code=True).encode(ENGLISH[:4])
+    torch.testing.assert_close(loaded, expected, atol=1e-5, rtol=0)
