@@ -574,6 +574,22 @@ def check_training_data_size(num_rows: int, global_batch: int, queue_size: int) 
 # ---------------------------------------------------------------------------------------------------- STS files
 
 
+def sts_score(path: str, value: Any, line: int) -> float:
+    """An STS pair's score as a finite number; DataFormatError naming the file and ``line`` for a missing one or one
+    that is not."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise format_error(path, "missing score", line)
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise format_error(path, f"score is not a number: {value!r}", line)
+    try:
+        score = float(value)
+    except ValueError:
+        raise format_error(path, f"score is not a number: {value!r}", line) from None
+    if not math.isfinite(score):
+        raise format_error(path, f"score is not a finite number: {value!r}", line)
+    return score
+
+
 class _StsRows:
     """The validated STS rows of one file."""
 
@@ -589,23 +605,10 @@ class _StsRows:
             if not isinstance(value, str) or not value.strip():
                 raise format_error(self.path, f"missing or empty {name}", line)
             self.columns[name].append(value.strip())
-        value = self._score(score, line)
+        value = sts_score(self.path, score, line)
         if self.score_range is not None and not self.score_range[0] <= value <= self.score_range[1]:
             self.outside_range.append(line)
         self.columns["score"].append(value)
-
-    def _score(self, value: Any, line: int) -> float:
-        if value is None or (isinstance(value, str) and not value.strip()):
-            raise format_error(self.path, "missing score", line)
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise format_error(self.path, f"score is not a number: {value!r}", line)
-        try:
-            score = float(value)
-        except ValueError:
-            raise format_error(self.path, f"score is not a number: {value!r}", line) from None
-        if not math.isfinite(score):
-            raise format_error(self.path, f"score is not a finite number: {value!r}", line)
-        return score
 
     def dataset(self) -> datasets.Dataset:
         scores = self.columns["score"]

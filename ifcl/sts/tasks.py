@@ -11,7 +11,6 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import datasets
 
@@ -23,6 +22,7 @@ from ifcl.data import (
     json_lines,
     load_sts_file,
     load_stsb,
+    sts_score,
     stsb_path,
 )
 from ifcl.hub import hub_reachable
@@ -147,22 +147,11 @@ def read_senteval_sts_year(folder: str, subsets: Sequence[str]) -> tuple[list[st
             fields = pair.split("\t")
             if len(fields) < 2:
                 raise DataFormatError(f"{input_path}: line {line_number}: expected sentence1<TAB>sentence2")
-            try:
-                scores.append(float(gold))
-            except ValueError:
-                raise DataFormatError(f"{gold_path}: line {line_number}: score is not a number: {gold!r}") from None
+            scores.append(sts_score(gold_path, gold, line_number))
             sentences1.append(normalise_whitespace(fields[0]))
             sentences2.append(normalise_whitespace(fields[1]))
         pairs_per_subset[subset] = len(scores) - kept
     return sentences1, sentences2, scores, pairs_per_subset
-
-
-def score_of(path: str, line_number: int, value: Any) -> float:
-    """A pair's score as a number; DataFormatError naming the line for one that is not."""
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise DataFormatError(f"{path}: line {line_number}: score is not a number: {value!r}") from None
 
 
 def read_tab_columns(path: str, columns: tuple[int, int, int]) -> Columns:
@@ -178,7 +167,7 @@ def read_tab_columns(path: str, columns: tuple[int, int, int]) -> Columns:
                 f"found {len(fields)}"
             )
         first, second, score = (fields[i] for i in columns)
-        scores.append(score_of(path, line_number, score))
+        scores.append(sts_score(path, score, line_number))
         sentences1.append(first.strip())
         sentences2.append(second.strip())
     return sentences1, sentences2, scores
@@ -193,7 +182,7 @@ def read_sick(path: str) -> Columns:
     return (
         [normalise_whitespace(row["sentence_A"] or "") for _, row in rows],
         [normalise_whitespace(row["sentence_B"] or "") for _, row in rows],
-        [score_of(path, number, row["relatedness_score"]) for number, row in rows],
+        [sts_score(path, row["relatedness_score"], number) for number, row in rows],
     )
 
 
@@ -205,7 +194,7 @@ def read_simclue(path: str) -> Columns:
             raise DataFormatError(f"{path}: line {line_number}: sentence1 and sentence2 must be strings")
         sentences1.append(row["sentence1"].strip())
         sentences2.append(row["sentence2"].strip())
-        scores.append(score_of(path, line_number, row["label"]))
+        scores.append(sts_score(path, row["label"], line_number))
     return sentences1, sentences2, scores
 
 
