@@ -136,7 +136,7 @@ class CardFacts:
     tokenizers: tuple[PreTrainedTokenizerBase, PreTrainedTokenizerBase] | None = None
     trained_parameters: tuple[int, int] | None = None  # (trained, all) parameters, as the run's log gives them
     weights_dtype: str | None = None  # the dtype the weights trained in (float32, bfloat16, ...)
-    base_folder: BaseFolder | None = None  # the base's files as the run read them (else read from base_model_path)
+    base_folder: BaseFolder | None = None  # the base's files as the run read them (else read here, once)
     # Derived when the record is built: the objective the config names (IFCL's when none) and its loss as the card
     # names it, how SentenceTransformer(output_dir) embeds (None: no modules.json), the base model as the card names
     # it (its Hub id where known, never a path), and the STS tasks of the results' dev (eval) and test figures.
@@ -153,6 +153,8 @@ class CardFacts:
         self.base_model = self.base_model or self.config.encoder_name_or_path
         if self.base_model_path is None and self.base_model and os.path.isdir(self.base_model):
             self.base_model_path = self.base_model  # a local folder: its card gives license, language and Hub id
+        if self.base_folder is None and (self.base_model_path or self.base_model):  # read once, for every part
+            self.base_folder = BaseFolder.read(self.base_model_path or self.base_model)
         self.datasets = [self.datasets] if isinstance(self.datasets, str) else list(self.datasets or [])
         self.sts_sources = self.sts_sources or {}
         if not hasattr(self.train_text, "__len__"):  # a stream has no rows left to quote, nor a size
@@ -290,12 +292,12 @@ POOLER_WORDS = {
 }
 
 
-def pooling_description(config: IFCLConfig, base: BaseFolder | str | None) -> str:
+def pooling_description(config: IFCLConfig, base: BaseFolder | None) -> str:
     """How the model pools (``eval_pooler_type``) and whether its base pools alike (its sentence-transformers
-    Pooling module, when the base has one; ``base``: its files as the run read them, or where to read them)."""
+    Pooling module, when the base has one; ``base``: its files, None when unknown)."""
     pooler = config.eval_pooler_type
     text = f"{POOLER_WORDS.get(pooler, pooler)} (`{pooler}`)"
-    own = (base if isinstance(base, BaseFolder) else BaseFolder.read(base)).pooling if base else None
+    own = base.pooling if base else None
     if own is None:
         return text
     if pools_alike(pooler, own):
@@ -703,14 +705,14 @@ def card_metadata(facts: CardFacts) -> ModelCardData:
     )
 
 
-def encoder_code_description(config: IFCLConfig, base: BaseFolder | str | None) -> str | None:
-    """For an encoder that runs its own code: its files in the folder and where they came from (the base, or the
-    repository its ``auto_map`` named, by its public name); None for transformers' own classes."""
+def encoder_code_description(config: IFCLConfig, folder: BaseFolder | None) -> str | None:
+    """For an encoder that runs its own code: its files in the folder and where they came from (the base, whose
+    files ``folder`` holds, or the repository its ``auto_map`` named, by its public name); None for transformers' own
+    classes."""
     code = getattr(config, "encoder_code", None)
     if not code:
         return None
     files = ", ".join(f"`{name}.py`" for name in sorted({ref.split(".")[0] for ref in code.values()}))
-    folder = base if isinstance(base, BaseFolder) else BaseFolder.read(base) if base else None
     base_map = ((folder.config if folder else None) or {}).get("auto_map") or {}
     base = folder.path if folder else None
     repositories = sorted({ref.split("--")[0] for ref in base_map.values() if isinstance(ref, str) and "--" in ref})
@@ -738,14 +740,12 @@ def model_variables(facts: CardFacts) -> dict[str, Any]:
         "similarities": similarities,
         "examples": EXAMPLES,
         "settings_table": settings_table(config, objective),
-        "pooling": pooling_description(config, facts.base_folder or facts.base_model_path or facts.base_model),
+        "pooling": pooling_description(config, facts.base_folder),
         "lora": lora_description(getattr(config, "lora", None), facts.trained_parameters),
         "repo": facts.model_name if "/" in facts.model_name else f"<user>/{facts.model_name}",
         "encoder_model_type": config.encoder_config.get("model_type"),
         "fraternal_tokenizer": config.fraternal_model_name_or_path is not None,
-        "encoder_code": encoder_code_description(
-            config, facts.base_folder or facts.base_model_path or facts.base_model
-        ),
+        "encoder_code": encoder_code_description(config, facts.base_folder),
         "train_max_seq_length": config.max_seq_length,
         "sentence_transformers": view,
         "sentence_transformers_versions": SENTENCE_TRANSFORMERS_VERSIONS,

@@ -444,7 +444,7 @@ def test_a_base_pooling_mode_without_a_pooler_here_is_refused_unless_both_are_se
         for name in ("pooler_type", "eval_pooler_type")
     ]
     model = IFCLModel.from_encoder(str(base), queue_size=0, **both)
-    card_pooling = pooling_description(model.config, str(base))
+    card_pooling = pooling_description(model.config, BaseFolder.read(str(base)))
     assert "its base pools otherwise (`max`, its Pooling module), and this run chose `avg`" in card_pooling
     # sentence-transformers before 6 wrote one flag per mode
     (base / "1_Pooling" / "config.json").write_text(
