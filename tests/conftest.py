@@ -79,15 +79,34 @@ CANTONESE = [
 
 
 def build_tokenizer(sentences: list[str], vocab_size: int = 200):
-    """A BERT-style WordPiece fast tokenizer trained on ``sentences``."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    """A BERT-style WordPiece fast tokenizer of ``sentences``: BERT's normalizer, pre-tokenizer, decoder and
+    [CLS]/[SEP] template over a vocabulary of ``vocab_size`` as WordPiece training makes one (the special tokens,
+    every character alone and as a ``##`` continuation, the words, most frequent first, then their endings as ``##``
+    pieces). Built, not trained: the trainer breaks ties between equally frequent merges differently in each process,
+    so the fixtures' vocabulary, and every figure of the tiny models, changed from run to run."""
+    from collections import Counter
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tokenizer.train_from_iterator(sentences, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special))
+    normalizer, pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    words = Counter(
+        word
+        for sentence in sentences
+        for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(sentence))
+    )
+    characters = sorted({character for word in words for character in word})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *characters, *(f"##{c}" for c in characters)]
+    frequent = [word for word, _ in sorted(words.items(), key=lambda item: (-item[1], item[0]))]  # then a-z
+    endings = [f"##{word[i:]}" for word in frequent for i in range(1, len(word) - 1)]  # "##ing", "##ng"
+    for piece in (*frequent, *endings):
+        if len(vocab) >= vocab_size:
+            break
+        if piece not in vocab:
+            vocab.append(piece)
+    tokenizer = Tokenizer(models.WordPiece({token: i for i, token in enumerate(vocab)}, unk_token="[UNK]"))
+    tokenizer.normalizer, tokenizer.pre_tokenizer = normalizer, pre_tokenizer
+    tokenizer.decoder = decoders.WordPiece()
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
