@@ -217,7 +217,7 @@ class IFCLLoss(nn.Module):
         ``IterableDataset``, which cannot be read ahead, by its columns when it names them, then row by row as each
         batch is collated. Each batch keeps only the columns ``sentence`` and ``fraternal``, taken by name (other
         columns are left out), the fraternal one tokenized by the fraternal model's tokenizer. ``kwargs``:
-        ``SentenceTransformerDataCollator``'s.
+        ``SentenceTransformerDataCollator``'s. A stream wants ``accelerator_config={"dispatch_batches": False}``.
 
         The set is required: sentence-transformers hands a collator rows without their indices, and builds its card
         statistics from the set (stopping at a None) before the first batch."""

@@ -461,13 +461,13 @@ def test_the_cached_loss_trains_with_sentence_transformers_trainer(tiny_encoder_
 
 # ---------------------------------------------------------------- several processes (DDP through the trainer)
 
-ST_RUNS = ["IFCLLoss", "CachedIFCLLoss", "IFCLLoss with sizes", "CachedIFCLLoss with sizes"]
+ST_RUNS = ["IFCLLoss", "CachedIFCLLoss", "IFCLLoss with sizes", "CachedIFCLLoss with sizes", "IFCLLoss on a stream"]
 
 
 @pytest.fixture(scope="module")
 def distributed_runs(tmp_path_factory) -> dict[str, tuple]:
     """``tests/distributed_st_loss.py`` under ``accelerate launch`` (gloo on the CPU), dropout off, so that the
-    only randomness is the data order: the four losses of its ``RUNS`` trained three steps in one process with
+    only randomness is the data order: the five runs of its ``RUNS`` trained three steps in one process with
     batch 4 (``one``), and in two processes with batch 2 each, with ``gather_across_devices`` (``gathered``) and
     without (``own``). Each run: the finished process and what each rank saved."""
     folder = tmp_path_factory.mktemp("st_ddp")

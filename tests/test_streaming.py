@@ -306,7 +306,10 @@ def test_the_trainer_and_ifcl_loss_take_a_datasets_stream(tiny_encoder_dir, tmp_
     transformer = Transformer(str(tiny_encoder_dir), max_seq_length=16)
     st_model = SentenceTransformer(modules=[transformer, Pooling(32, "mean")])
     loss = IFCLLoss(st_model, queue_size=2)
-    st_args = st_training_args(tmp_path / "st", per_device_train_batch_size=4, max_steps=3)
+    # Each process reads its own batches of a stream, as docs/training.md says (accelerate before 1.13 cannot join
+    # sentence-transformers' batches even in one process).
+    dispatch = {"accelerator_config": {"dispatch_batches": False}}
+    st_args = st_training_args(tmp_path / "st", per_device_train_batch_size=4, max_steps=3, **dispatch)
     SentenceTransformerTrainer(
         model=st_model, args=st_args, train_dataset=stream, loss=loss, data_collator=loss.data_collator(stream)
     ).train()
