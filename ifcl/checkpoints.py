@@ -20,9 +20,8 @@ from transformers.trainer_callback import TrainerState
 from configuration_ifcl import ifcl_config_dict
 from ifcl.data import DEFAULT_TRANS_DE_EN, shard_paths
 from ifcl.failures import listed
-from ifcl.files import STREAM_STATE_FILE, TRAINING_DATA_FILE, read_json
+from ifcl.files import STREAM_STATE_FILE, TRAINING_DATA_FILE, public_name, read_json
 from ifcl.lora import resolved_alpha
-from ifcl.publishing import public_name
 
 logger = logging.getLogger(__name__)
 

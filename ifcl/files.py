@@ -1,5 +1,6 @@
 """The files the scripts share: the one JSON reader of a model folder or Hub repo (``read_json``), the check of a
-model path (``check_model_path``), atomic writes (strict JSON) and the one lock."""
+model path (``check_model_path``), how published files name a model or file (``public_name``), atomic writes
+(strict JSON) and the one lock."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import fcntl
 import json
 import math
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,17 +32,25 @@ __all__ = [
     "atomic_path",
     "check_model_path",
     "exclusive_lock",
+    "looks_like_hub_id",
+    "public_model_name",
+    "public_name",
     "read_json",
     "without_nan",
     "write_json_atomically",
 ]
 
 
+def looks_local(path: str) -> bool:
+    """Whether ``path`` can only be a local path, never a Hub id: it starts with ``.``, ``/`` or ``~``, or holds more
+    than one ``/``."""
+    return path.startswith((".", "/", "~")) or path.count("/") > 1
+
+
 def read_json(name_or_path: str, filename: str, subfolder: str = "") -> Any:
     """A JSON file of a folder or Hub repo (the Hub's cache offline), or None when there is none to read (a local
     folder that does not exist included: ``check_model_path`` names it where it matters)."""
-    looks_local = str(name_or_path).startswith((".", "/", "~")) or str(name_or_path).count("/") > 1
-    if looks_local and not os.path.isdir(os.path.expanduser(str(name_or_path))):
+    if looks_local(str(name_or_path)) and not os.path.isdir(os.path.expanduser(str(name_or_path))):
         return None
     path = cached_file(
         name_or_path,
@@ -59,9 +69,8 @@ def check_model_path(option: str, path: str | None) -> None:
     """Name a model path that is neither a folder here nor a Hub id (``name`` or ``owner/name``), and a folder that
     holds no model: neither a config.json nor a sentence-transformers modules.json (an empty folder, another kind of
     files)."""
-    looks_local = path is not None and (path.startswith((".", "/", "~")) or path.count("/") > 1)
     folder = os.path.expanduser(path) if path is not None else ""
-    if looks_local and not os.path.isdir(folder):
+    if path is not None and looks_local(path) and not os.path.isdir(folder):
         raise FileNotFoundError(f"{option} {path}: no such folder (and not a Hub id of the form owner/name).")
     if os.path.isdir(folder) and not any(
         os.path.isfile(os.path.join(folder, f)) for f in ("config.json", "modules.json")
@@ -71,6 +80,44 @@ def check_model_path(option: str, path: str | None) -> None:
             f"{'it is empty' if not os.listdir(folder) else 'it holds ' + ', '.join(sorted(os.listdir(folder))[:3])}"
             "): give the folder a model was saved to (save_pretrained), or a Hub id."
         )
+
+
+def public_model_name(folder: str) -> str:
+    """A local model folder by the Hub id its own card loads itself by (``from_pretrained('owner/name')`` or
+    ``SentenceTransformer('owner/name')`` with the card's title as name, as the PyPI all-MiniLM-L6-v2's card does),
+    else by the folder's name."""
+    folder_name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
+    card = os.path.join(folder, "README.md")
+    if os.path.isfile(card):
+        with open(card, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        title = re.search(r"^# +(\S+)\s*$", text, flags=re.MULTILINE)
+        names = {title.group(1) if title else None, folder_name}
+        for hub_id in re.findall(r"(?:from_pretrained|SentenceTransformer)\(\s*['\"]([\w.-]+/[\w.-]+)['\"]", text):
+            if hub_id.split("/")[1] in names:
+                return hub_id
+    return folder_name
+
+
+def looks_like_hub_id(name: str | None) -> bool:
+    """True for ``owner/name`` ids, False for local paths (which the Hub metadata must not name)."""
+    return (
+        bool(name) and not os.path.exists(os.path.expanduser(name)) and name.count("/") == 1 and not looks_local(name)
+    )
+
+
+def public_name(name_or_path: str | None, folder: str | None = None) -> str | None:
+    """How a published file names a model or file, never by the training machine's path: a Hub id as it is; a local
+    model folder (``folder``, else ``name_or_path`` itself) as :func:`public_model_name` does; any other path by its
+    base name."""
+    if not name_or_path:
+        return None
+    if looks_like_hub_id(name_or_path):
+        return name_or_path
+    local = folder if folder and os.path.isdir(folder) else name_or_path
+    if os.path.isdir(local):
+        return public_model_name(local)
+    return os.path.basename(os.path.normpath(name_or_path)) or None
 
 
 def without_nan(value: Any) -> Any:

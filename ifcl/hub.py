@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 from huggingface_hub import HfApi, constants, get_token, try_to_load_from_cache
 from transformers import TrainingArguments
 
-from ifcl.files import LOCK_FILE, RUN_IN_PROGRESS_FILE, RUN_RECORD_FILE
+from ifcl.files import LOCK_FILE, RUN_IN_PROGRESS_FILE, RUN_RECORD_FILE, looks_like_hub_id
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def check_model_reachable(option: str, path: str) -> None:
     """``FileNotFoundError`` in one line for a model ``path`` of the form ``owner/name`` that is no folder here, is not
     in the Hub's cache, and cannot be fetched because the Hub cannot be reached: most often a folder a run has not
     written yet (``outputs/my-run``), which transformers would otherwise report as a failed Hub connection."""
-    if os.path.exists(os.path.expanduser(path)) or path.count("/") != 1 or path.startswith((".", "/", "~")):
+    if not looks_like_hub_id(path):
         return
     try:
         if any(isinstance(try_to_load_from_cache(path, name), str) for name in ("config.json", "modules.json")):

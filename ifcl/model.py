@@ -23,10 +23,9 @@ from transformers.utils import logging
 
 import modeling_ifcl
 from configuration_ifcl import IFCLConfig, ifcl_config_dict
-from ifcl.files import check_model_path, read_json
+from ifcl.files import check_model_path, public_name, read_json
 from ifcl.lora import lora_weights, merge_lora
 from ifcl.pooling import BaseFolder, base_settings
-from ifcl.publishing import public_name
 from ifcl.tokenization import check_vocabulary, fit_tokenizer, without_processor_class
 from modeling_ifcl import FRATERNAL_TOKENIZER, checked_truncate_dim, load_tokenizer, word_table_of
 

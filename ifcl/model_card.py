@@ -24,12 +24,11 @@ from transformers.utils import logging as transformers_logging
 
 from configuration_ifcl import IFCLConfig, ModelSettings, SharedSettings
 from ifcl.arguments import strategy_name
-from ifcl.files import read_json
+from ifcl.files import looks_like_hub_id, public_name, read_json
 from ifcl.model import dropout_settings
 from ifcl.objectives import DEFAULT_OBJECTIVE, objective_class, unwrap_model
 from ifcl.plots import plot_training_curves
 from ifcl.pooling import BaseFolder, pools_alike, read_base
-from ifcl.publishing import looks_like_hub_id, public_name
 from modeling_ifcl import FRATERNAL_TOKENIZER
 
 if TYPE_CHECKING:

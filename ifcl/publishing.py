@@ -1,14 +1,14 @@
-"""What a published folder holds beyond the model's weights, config and remote code: the tokenizers and
-the sentence-transformers view, written by ``IFCLTrainer.save_model`` or :func:`save_published`.
+"""What a published folder holds beyond the model's weights, config and remote code: the tokenizers and the
+sentence-transformers view, written by ``IFCLTrainer.save_model`` or :func:`save_published`.
 
 The sentence-transformers view lets ``SentenceTransformer(folder)`` embed like ``IFCLModel.encode`` without remote
-code. The folder itself is the Transformer module, as in sentence-transformers' own published models (config.json is the
-encoder's config and the weights carry its own names, so nothing is stored twice); then the evaluation pooler
+code. The folder itself is the Transformer module, as in sentence-transformers' own published models (config.json is
+the encoder's config and the weights carry its own names, so nothing is stored twice); then the evaluation pooler
 (``1_Pooling/``), for ``cls`` SimCSE's MLP (``2_Dense/``), and a ``Normalize`` module when the base encoder is a
 sentence-transformers model that normalizes. A sentence-transformers base's truncation length, lowercasing, prompts
-and similarity function carry over (``ifcl.pooling.BaseFolder``, :func:`adopt_base`). sentence-transformers itself is not
-needed to write the view. Published files name models and files by :func:`public_name`, never by a path of the
-training machine.
+and similarity function carry over (``ifcl.pooling.BaseFolder``, :func:`adopt_base`). sentence-transformers itself is
+not needed to write the view. Published files name models and files by ``ifcl.files.public_name``, never by a path of
+the training machine.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import metadata
@@ -27,7 +26,7 @@ import transformers
 from safetensors.torch import save_file
 from tokenizers import normalizers
 
-from ifcl.files import write_json_atomically
+from ifcl.files import public_name, write_json_atomically
 from ifcl.lora import merged_adapters
 from ifcl.pooling import SENTENCE_TRANSFORMERS_POOLING, BaseFolder
 from ifcl.tokenization import fit_tokenizer
@@ -44,42 +43,6 @@ ST_NORMALIZE = "sentence_transformers.base.modules.normalize.Normalize"
 # them out. An objective's own modules (heads, peer network, momentum encoder) and IFCL's hippocampus queue (a
 # loaded model starts it empty).
 TRAINING_ONLY = ("training_objective", "queue")
-
-
-def public_model_name(folder: str) -> str:
-    """A local model folder by the Hub id its own card loads itself by (``from_pretrained('owner/name')`` or
-    ``SentenceTransformer('owner/name')`` with the card's title as name, as the PyPI all-MiniLM-L6-v2's card does),
-    else by the folder's name."""
-    folder_name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
-    card = os.path.join(folder, "README.md")
-    if os.path.isfile(card):
-        with open(card, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-        title = re.search(r"^# +(\S+)\s*$", text, flags=re.MULTILINE)
-        names = {title.group(1) if title else None, folder_name}
-        for hub_id in re.findall(r"(?:from_pretrained|SentenceTransformer)\(\s*['\"]([\w.-]+/[\w.-]+)['\"]", text):
-            if hub_id.split("/")[1] in names:
-                return hub_id
-    return folder_name
-
-
-def looks_like_hub_id(name: str | None) -> bool:
-    """True for ``owner/name`` ids, False for local paths (which the Hub metadata must not name)."""
-    return bool(name) and not os.path.exists(name) and name.count("/") == 1 and not name.startswith((".", "/"))
-
-
-def public_name(name_or_path: str | None, folder: str | None = None) -> str | None:
-    """How a published file names a model or file, never by the training machine's path: a Hub id as it is; a local
-    model folder (``folder``, else ``name_or_path`` itself) as :func:`public_model_name` does; any other path by its
-    base name."""
-    if not name_or_path:
-        return None
-    if looks_like_hub_id(name_or_path):
-        return name_or_path
-    local = folder if folder and os.path.isdir(folder) else name_or_path
-    if os.path.isdir(local):
-        return public_model_name(local)
-    return os.path.basename(os.path.normpath(name_or_path)) or None
 
 
 def adopt_base(model) -> dict[str, Any] | None:

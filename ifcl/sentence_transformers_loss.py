@@ -37,10 +37,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 import ifcl.queue as ring
 from configuration_ifcl import IFCLSettings, SharedSettings, check_setting_types
 from ifcl.data import check_text_dataset, check_text_row, check_training_data_size
-from ifcl.files import check_model_path
+from ifcl.files import check_model_path, public_name
 from ifcl.losses import IFCL_CITATION, IFCLTerms, Matryoshka
 from ifcl.model import fit_dropout, load_fraternal, scaled_orthogonal_projection
-from ifcl.publishing import public_name
 from ifcl.tokenization import check_vocabulary, fit_tokenizer
 from modeling_ifcl import (
     IFCLTwinsOutput,
