@@ -27,8 +27,8 @@ from ifcl.arguments import strategy_name
 from ifcl.files import looks_like_hub_id, public_name, read_json
 from ifcl.model import dropout_settings
 from ifcl.objectives import DEFAULT_OBJECTIVE, objective_class, unwrap_model
-from ifcl.plots import plot_training_curves
 from ifcl.pooling import BaseFolder, pools_alike, read_base
+from ifcl.reports import markdown_table, plot_training_curves, score_text
 from modeling_ifcl import FRATERNAL_TOKENIZER
 
 if TYPE_CHECKING:
@@ -212,19 +212,8 @@ def sts_source_name(task: str, source: str | None) -> str:
     return os.path.basename(source) if source else task
 
 
-def markdown_table(header: list[str], rows: list[list[Any]], align: str | list[str] = "---") -> str:
-    """A Markdown table of cells as they are to show; ``align``: the separator of every column, or of each."""
-    aligns = [align] * len(header) if isinstance(align, str) else align
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(aligns) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
-
-
 def results_table(results: dict[str, Any], tasks: list[str]) -> str:
     """Markdown table of the STS figures × 100 before and after training, per task, split and metric."""
-
-    def figure(value: float | None) -> str:
-        return "–" if value is None else f"{value:.2f}"
-
     rows = []
     for task in tasks:
         for split, label in (("eval", "dev"), ("test", "test")):
@@ -232,7 +221,7 @@ def results_table(results: dict[str, Any], tasks: list[str]) -> str:
                 after = results.get(f"{split}_{task}_{name}")
                 before = results.get(f"init_{split}_{task}_{name}")
                 if after is not None or before is not None:
-                    rows.append([task, label, metric_type, figure(before), figure(after)])
+                    rows.append([task, label, metric_type, score_text(before), score_text(after)])
     return markdown_table(["STS set", "split", "metric", "before training", "after training"], rows)
 
 
@@ -247,7 +236,7 @@ def matryoshka_table(results: dict[str, Any], tasks: list[str], config: IFCLConf
     for size in sizes:
         suffix = "" if size == width else f"_{size}"
         figures = [results.get(f"{split}_{task}_spearman{suffix}") for task in tasks for split in ("eval", "test")]
-        rows.append([size, *("–" if value is None else f"{value:.2f}" for value in figures)])
+        rows.append([size, *map(score_text, figures)])
     header = [f"{task} {label}" for task in tasks for label in ("dev", "test")]
     return markdown_table(["dimensions", *header], rows)
 

@@ -29,7 +29,7 @@ from ifcl.model_card import (
     initial_evaluation,
     write_model_card,
 )
-from ifcl.plots import plot_training_curves
+from ifcl.reports import plot_training_curves
 
 RESULTS = {"eval_stsb_spearman": 87.31, "test_stsb_spearman": 82.74, "init_test_stsb_spearman": 82.03}
 BUILTIN = {"eval": BUILTIN_STSB, "test": BUILTIN_STSB}

@@ -144,7 +144,7 @@ def test_each_objective_logs_the_loss_terms_it_declares(tiny_encoder_dir, name):
 
 
 def test_training_curves_draw_the_objectives_own_loss_terms(tmp_path):
-    from ifcl.plots import plot_training_curves
+    from ifcl.reports import plot_training_curves
 
     history = [{"step": s, "loss": 1.0 / s, "loss_contrastive": 1.0 / s} for s in (1, 2, 3)]
     history.append({"step": 3, "eval_stsb_spearman": 70.0})

@@ -10,7 +10,6 @@ import glob
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import sys
@@ -29,6 +28,7 @@ from ifcl.failures import failures_of_the_run, run_command
 from ifcl.files import RUN_IN_PROGRESS_FILE, check_model_path, write_json_atomically
 from ifcl.hub import check_model_reachable
 from ifcl.processes import log_to_stdout
+from ifcl.reports import markdown_table, scatter_plot, score_text
 from ifcl.sts.encoders import (
     MODEL_TYPES,
     MutualInformationEvaluator,
@@ -282,10 +282,6 @@ def remove_results(output_dir: str) -> list[str]:
     return removed
 
 
-def format_score(value: float | None) -> str:
-    return "–" if value is None or math.isnan(value) else f"{value:.2f}"
-
-
 def english_average(results: dict[str, dict[str, Any]]) -> float | None:
     """Mean Spearman of the seven English tasks, only when all seven were evaluated (Table 1's Avg.)."""
     if not all(name in results for name in ENGLISH_TASKS):
@@ -296,53 +292,26 @@ def english_average(results: dict[str, dict[str, Any]]) -> float | None:
 def markdown_tables(label: str, results: dict[str, dict[str, Any]]) -> str:
     """sts_results.md: Spearman × 100 in the layouts of docs/evaluation.md; a set with a note gets a footnote."""
 
-    def row(cells: list[str]) -> str:
-        return "| " + " | ".join(cells) + " |"
-
-    def table(columns: list[str], cells: list[str]) -> list[str]:
-        return [row(["Model", *columns]), row(["---"] * (len(columns) + 1)), row([label, *cells])]
+    def table(columns: list[str], cells: list[str]) -> str:
+        return markdown_table(["Model", *columns], [[label, *cells]])
 
     def cell(name: str) -> str:
         marker = "*" if results.get(name, {}).get("note") else ""
-        return format_score(results[name]["spearman"]) + marker if name in results else "–"
+        return score_text(results[name]["spearman"]) + marker if name in results else "–"
 
-    lines: list[str] = []
+    tables: list[str] = []
     if any(name in results for name in ENGLISH_TASKS):
         columns = [TASK_TITLES[name] for name in ENGLISH_TASKS] + ["Avg."]
-        lines += table(columns, [cell(name) for name in ENGLISH_TASKS] + [format_score(english_average(results))])
+        tables.append(table(columns, [cell(name) for name in ENGLISH_TASKS] + [score_text(english_average(results))]))
     if any(name in results for name in CHINESE_TASKS):
-        lines += [""] + table([TASK_TITLES[name] for name in CHINESE_TASKS], [cell(name) for name in CHINESE_TASKS])
+        tables.append(table([TASK_TITLES[name] for name in CHINESE_TASKS], [cell(name) for name in CHINESE_TASKS]))
     others = [name for name, result in results.items() if result["table"] == "other"]
     if others:
-        lines += [""] + table(others, [cell(name) for name in others])
+        tables.append(table(others, [cell(name) for name in others]))
     notes = [f"\\* {result['title']}: {result['note']}." for result in results.values() if result.get("note")]
     if notes:
-        lines += [""] + notes
-    return "\n".join(lines) + "\n"
-
-
-def scatter_plot(path: str, data: STSData, similarities: np.ndarray, spearman: float, label: str) -> None:
-    """Predicted cosine against gold score with the Spearman in the title (the paper's Fig. 4b)."""
-    # matplotlib takes about a second to import: only when a plot is drawn
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt  # after the backend is chosen
-
-    gold = np.asarray(data.scores, dtype=np.float64)
-    figure, axes = plt.subplots(figsize=(5.5, 4.5), dpi=120)
-    axes.scatter(gold, similarities, s=6, alpha=0.35, color="tab:blue", linewidths=0)
-    low, high = float(gold.min()), float(gold.max())
-    if high > low:  # the gold scores rescaled to [0, 1]: the ground-truth line of Fig. 4b
-        axes.plot([low, high], [0.0, 1.0], color="gray", linewidth=1, label="gold rescaled to [0, 1]")
-        axes.legend(loc="lower right", fontsize=8)
-    axes.set_xlabel("gold score")
-    axes.set_ylabel("predicted cosine similarity")
-    axes.set_title(f"{data.title}: Spearman {format_score(spearman)}\n{label}", fontsize=10)
-    axes.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+        tables.append("\n".join(notes))
+    return "\n\n".join(tables) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------------- MI
@@ -399,7 +368,8 @@ def evaluate_sts_set(encoder, data: STSData, eval_args, output_dir: str, label: 
         result["pairs_per_subset"] = data.details
     if eval_args.scatter_plots:
         plot_name = f"scatter_{safe_file_name(data.name)}.png"
-        scatter_plot(os.path.join(output_dir, plot_name), data, evaluation.similarities, evaluation.spearman, label)
+        title = f"{data.title}: Spearman {score_text(evaluation.spearman)}\n{label}"
+        scatter_plot(os.path.join(output_dir, plot_name), data.scores, evaluation.similarities, title)
         result["scatter_plot"] = plot_name
     logger.info(
         f"{data.title}: Spearman {evaluation.spearman:.2f}, Pearson {evaluation.pearson:.2f} "
@@ -540,15 +510,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def format_mutual_information(mi_results: dict[str, Any]) -> str:
     """The Table 4 figures as a Markdown table."""
     task = mi_results.get("task_relevant") or {}
-    cells = [
-        format_score(mi_results["mi_identical"]),
-        format_score(mi_results["mi_fraternal"]),
-        format_score(task.get("mi_task")),
-    ]
+    figures = [mi_results["mi_identical"], mi_results["mi_fraternal"], task.get("mi_task")]
+    table = markdown_table(["MI(h, h+)", "MI(h, h-)", "MI_task"], [list(map(score_text, figures))])
     return (
         f"\nMutual information, Eq. 10 (N = {mi_results['batch_size']}, τ = {mi_results['temperature']}, "
-        f"{mi_results['num_batches']} batches; at most log N = {mi_results['upper_bound']:.2f})\n\n"
-        "| MI(h, h+) | MI(h, h-) | MI_task |\n|---|---|---|\n| " + " | ".join(cells) + " |\n"
+        f"{mi_results['num_batches']} batches; at most log N = {mi_results['upper_bound']:.2f})\n\n{table}\n"
     )
 
 

@@ -1,9 +1,36 @@
-"""Training curves of a run as a PNG: the loss terms and the STS dev Spearman against the optimizer step."""
+"""What a run shows its reader: figures as text, Markdown tables, and plots as PNG files (the training curves of a
+run, an STS set's scatter plot). Used by the model card and ``evaluate_sts.py``."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
+
+
+def score_text(value: float | None) -> str:
+    """A figure as its tables show it, two decimals; "–" where there is none (not measured, or NaN)."""
+    return "–" if value is None or math.isnan(value) else f"{value:.2f}"
+
+
+def markdown_table(header: list[str], rows: list[list[Any]], align: str | list[str] = "---") -> str:
+    """A Markdown table of cells as they are to show; ``align``: the separator of every column, or of each."""
+    aligns = [align] * len(header) if isinstance(align, str) else align
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(aligns) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files (the Agg backend)."""
+    # matplotlib takes about a second to import: only when a plot is drawn
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # after the backend is chosen
+
+    return plt
 
 
 def logged_points(log_history: list[dict[str, Any]], name: str) -> tuple[list[int], list[float]]:
@@ -31,12 +58,7 @@ def plot_training_curves(
     if not panels:
         return []
 
-    # matplotlib takes about a second to import: only when a plot is drawn
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # after the backend is chosen
-
+    plt = pyplot()
     figure, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
     panel = iter(axes[0])
     if curves:
@@ -62,3 +84,23 @@ def plot_training_curves(
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return list(curves)
+
+
+def scatter_plot(path: str, gold_scores: Sequence[float], similarities: np.ndarray, title: str) -> None:
+    """An STS set's predicted cosines against its gold scores, with the gold scores rescaled to [0, 1] as the line
+    of a perfect model (the paper's Fig. 4b)."""
+    plt = pyplot()
+    gold = np.asarray(gold_scores, dtype=np.float64)
+    figure, axes = plt.subplots(figsize=(5.5, 4.5), dpi=120)
+    axes.scatter(gold, similarities, s=6, alpha=0.35, color="tab:blue", linewidths=0)
+    low, high = float(gold.min()), float(gold.max())
+    if high > low:
+        axes.plot([low, high], [0.0, 1.0], color="gray", linewidth=1, label="gold rescaled to [0, 1]")
+        axes.legend(loc="lower right", fontsize=8)
+    axes.set_xlabel("gold score")
+    axes.set_ylabel("predicted cosine similarity")
+    axes.set_title(title, fontsize=10)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
