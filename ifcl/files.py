@@ -102,7 +102,7 @@ def public_model_name(folder: str) -> str:
 def looks_like_hub_id(name: str | None) -> bool:
     """True for ``owner/name`` ids, False for local paths (which the Hub metadata must not name)."""
     return (
-        bool(name) and not os.path.exists(os.path.expanduser(name)) and name.count("/") == 1 and not looks_local(name)
+        bool(name) and not looks_local(name) and name.count("/") == 1 and not os.path.exists(os.path.expanduser(name))
     )
 
 
