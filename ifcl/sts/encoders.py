@@ -147,6 +147,29 @@ class TransformersEncoder(Encoder):
 class SentenceTransformerEncoder(Encoder):
     """A sentence-transformers model (a folder with ``modules.json``); its own progress bar has no name to take."""
 
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        max_length: int | None = None,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        trust_remote_code: bool = False,
+        subfolder: str = "",
+    ) -> SentenceTransformerEncoder:
+        """``SentenceTransformer`` of a folder or Hub id, in eval mode on ``device``; a local folder's tokenizer (in
+        ``subfolder``, its Transformer module's) is checked first, as the other kinds' are."""
+        # sentence-transformers is an optional extra (ifcl[sentence-transformers])
+        from sentence_transformers import SentenceTransformer
+
+        if os.path.isdir(name_or_path):
+            load_tokenizer(name_or_path, subfolder, trust_remote_code)
+        model = SentenceTransformer(name_or_path, device=str(device), trust_remote_code=trust_remote_code)
+        if max_length is not None:
+            model.max_seq_length = max_length
+        model.to(dtype=dtype).eval()
+        return cls(model)
+
     def embed(self, sentences: list[str], batch_size: int, show_progress_bar: bool, description: str) -> torch.Tensor:
         embeddings = self.model.encode(
             sentences, batch_size=batch_size, convert_to_tensor=True, show_progress_bar=show_progress_bar
@@ -168,6 +191,34 @@ class SentenceTransformerEncoder(Encoder):
 class IFCLEncoder(Encoder):
     """An :class:`IFCLModel`: ``encode`` is the model's own (what the Trainer evaluates with), truncated at
     ``max_length`` (``--max_seq_length``); ``twins`` is the training forward (``return_twins=True``)."""
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        pooler_type: str | None = None,
+        max_length: int | None = None,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        trust_remote_code: bool = False,
+    ) -> IFCLEncoder:
+        """This project's own :class:`IFCLModel` (the ``.py`` files saved beside the weights never run) with its
+        tokenizer, read first, in eval mode on ``device``; ``pooler_type`` replaces its evaluation pooler.
+        ``trust_remote_code`` reaches only the encoder's own code, which the folder's config names."""
+        config = IFCLConfig.from_pretrained(name_or_path)
+        check_own_code_trusted(config.encoder_code, name_or_path, trust_remote_code)
+        tokenizer = load_tokenizer(name_or_path, config=config.build_encoder_config())
+        model = IFCLModel.from_pretrained(name_or_path, config=config, trust_remote_code=trust_remote_code)
+        model._tokenizer = tokenizer
+        if pooler_type is not None and pooler_type != model.config.eval_pooler_type:
+            if pooler_type == "cls" and model.mlp is None:
+                raise ValueError(
+                    f"{name_or_path}: pooler 'cls' is SimCSE's MLP, which this IFCL model does not have (it was "
+                    f"trained with pooler {model.config.pooler_type!r}); choose another --pooler_type."
+                )
+            model.config.eval_pooler_type = pooler_type
+        model.to(device=device, dtype=dtype).eval()
+        return cls(model, max_length)
 
     def embed(self, sentences: list[str], batch_size: int, show_progress_bar: bool, description: str) -> torch.Tensor:
         return self.model.encode(
@@ -213,12 +264,11 @@ def load_encoder(
     dtype: torch.dtype | None = None,
     trust_remote_code: bool = False,
 ) -> LoadedEncoder:
-    """The encoder of a folder or Hub id: an IFCL model (with this project's own :class:`IFCLModel`: the ``.py`` files
-    saved beside its weights never run), a sentence-transformers model or a plain encoder, with ``pooler_type`` and
-    ``model_type`` as docs/evaluation.md tells. The settings, the package a sentence-transformers model needs, custom
-    code without ``trust_remote_code`` (refused) and the tokenizer (read first: a folder without one, or with a
-    damaged one, is refused) are checked before any weights load; a damaged weights file ends in one ``OSError`` line.
-    """
+    """The encoder of a folder or Hub id, loaded by its kind's ``from_pretrained``: an IFCL model, a
+    sentence-transformers model or a plain encoder, with ``pooler_type`` and ``model_type`` as docs/evaluation.md
+    tells. The settings, the package a sentence-transformers model needs, custom code without ``trust_remote_code``
+    (refused) and the tokenizer (read first: a folder without one, or with a damaged one, is refused) are checked
+    before any weights load; a damaged weights file ends in one ``OSError`` line."""
     if model_type not in MODEL_TYPES:
         raise ValueError(f"--model_type must be one of {MODEL_TYPES}, got {model_type!r}.")
     if pooler_type is not None and pooler_type not in POOLER_TYPES:
@@ -239,36 +289,19 @@ def load_encoder(
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         if model_type == "ifcl":
-            config = IFCLConfig.from_pretrained(name_or_path)
-            check_own_code_trusted(config.encoder_code, name_or_path, trust_remote_code)
-            tokenizer = load_tokenizer(name_or_path, config=config.build_encoder_config())
-            # trust_remote_code reaches only the encoder's own code: the package's IFCLModel, never the folder's
-            model = IFCLModel.from_pretrained(name_or_path, config=config, trust_remote_code=trust_remote_code)
-            model._tokenizer = tokenizer
-            if pooler_type is not None and pooler_type != model.config.eval_pooler_type:
-                if pooler_type == "cls" and model.mlp is None:
-                    raise ValueError(
-                        f"{name_or_path}: pooler 'cls' is SimCSE's MLP, which this IFCL model does not have (it was "
-                        f"trained with pooler {model.config.pooler_type!r}); choose another --pooler_type."
-                    )
-                model.config.eval_pooler_type = pooler_type
-            model.to(device=device, dtype=dtype).eval()
-            return LoadedEncoder(IFCLEncoder(model, max_length), model_type, model.config.eval_pooler_type)
+            encoder = IFCLEncoder.from_pretrained(
+                name_or_path, pooler_type, max_length, device, dtype, trust_remote_code
+            )
+            return LoadedEncoder(encoder, model_type, encoder.model.config.eval_pooler_type)
         if model_type == "sentence-transformers":
-            # sentence-transformers is an optional extra (ifcl[sentence-transformers])
-            from sentence_transformers import SentenceTransformer
-
             if pooler_type is not None:
                 logger.warning(
                     f"--pooler_type {pooler_type} is ignored: the sentence-transformers model pools itself."
                 )
-            if os.path.isdir(name_or_path):  # its tokenizer checked as the others' are
-                load_tokenizer(name_or_path, folder.transformer_folder, trust_remote_code)
-            model = SentenceTransformer(name_or_path, device=str(device), trust_remote_code=trust_remote_code)
-            if max_length is not None:
-                model.max_seq_length = max_length
-            model.to(dtype=dtype).eval()
-            return LoadedEncoder(SentenceTransformerEncoder(model), model_type, None)
+            encoder = SentenceTransformerEncoder.from_pretrained(
+                name_or_path, max_length, device, dtype, trust_remote_code, subfolder=folder.transformer_folder
+            )
+            return LoadedEncoder(encoder, model_type, None)
         base = folder.pooling if pooler_type is None else None
         if base is not None and base.pooler is None:
             raise no_pooler_for(base, name_or_path, "--pooler_type")
