@@ -35,7 +35,6 @@ from ifcl.arguments import (
     describe_this_script,
     fit_best_model_selection,
     given_setting_names,
-    refuse_other_objectives_settings,
     strategy_name,
 )
 from ifcl.checkpoints import (
@@ -271,7 +270,7 @@ def parse_arguments(argv: list[str]) -> Arguments:
     model_args, data_args, run_args, ifcl, shared, *peers, training_args = parser.parse_dict(values)
     for name, wanted in steps.items():
         setattr(training_args, name, wanted)
-    refuse_other_objectives_settings(run_args.objective, given)
+    checks.refuse_other_objectives_settings(run_args.objective, given)
     wanted = objective_class(run_args.objective).settings_class
     objective_settings = next((s for s in (ifcl, *peers) if wanted is not None and isinstance(s, wanted)), None)
     return Arguments(

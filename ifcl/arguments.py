@@ -1,17 +1,14 @@
-"""How ``run_ifcl.py`` reads its arguments where it differs from a stock ``HfArgumentParser``; docs/training.md gives
-each difference with its reason."""
+"""How the scripts read their arguments where they differ from a stock ``HfArgumentParser`` (docs/training.md gives
+each difference with its reason), and the checks of a value that every settings class makes alike."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
-from dataclasses import fields
 from typing import Any
 
 from transformers import HfArgumentParser
-
-from ifcl.objectives import OBJECTIVES
 
 STEP_FLAGS = ("do_train", "do_eval", "do_predict")
 
@@ -31,13 +28,34 @@ class ScriptArgumentParser(HfArgumentParser):
         raise ValueError(message)
 
 
+def check_within(settings: Any, name: str, interval: str, meaning: str = "") -> None:
+    """``ValueError`` naming the flag (and its ``meaning``, such as "λ of Eq. 10") when ``settings.name`` is set and not
+    a finite number in ``interval``, written as in mathematics: "[0, 1]", "(0, 1)", "[1, inf)"."""
+    value = getattr(settings, name)
+    low, high = (float(bound) for bound in interval[1:-1].split(","))
+    if value is None or (
+        math.isfinite(value)
+        and (value > low if interval[0] == "(" else value >= low)
+        and (value < high if interval[-1] == ")" else value <= high)
+    ):
+        return
+    flag = f"--{name} ({meaning})" if meaning else f"--{name}"
+    wanted = f"in {interval}" if math.isfinite(high) else f"{'>' if interval[0] == '(' else '≥'} {low:g}"
+    number = "" if math.isfinite(value) else "a finite number "
+    raise ValueError(f"{flag} must be {number}{wanted}, got {value}.")
+
+
+def check_choice(settings: Any, name: str, choices: tuple[str, ...]) -> None:
+    """``ValueError`` naming the flag when ``settings.name`` is not one of ``choices``."""
+    if getattr(settings, name) not in choices:
+        raise ValueError(f"--{name} must be one of {', '.join(choices)}, got {getattr(settings, name)!r}.")
+
+
 def check_at_least(settings: Any, minimum: int, *names: str) -> None:
     """``ValueError`` naming the flag for the first of ``names`` (attributes of ``settings``) that is set and below
     ``minimum``."""
     for name in names:
-        value = getattr(settings, name)
-        if value is not None and value < minimum:
-            raise ValueError(f"--{name} must be ≥ {minimum}, got {value}.")
+        check_within(settings, name, f"[{minimum}, inf)")
 
 
 def command_line(argv: list[str], parser: HfArgumentParser) -> tuple[list[str], str]:
@@ -82,22 +100,6 @@ def given_setting_names(argv: list[str]) -> set[str]:
             name = token[2:].split("=", 1)[0].replace("-", "_")
             names.add(name[3:] if name.startswith("no_") else name)
     return names
-
-
-def refuse_other_objectives_settings(objective: str, given: set[str]) -> None:
-    """Stop with a message when a setting of another objective than ``objective`` is given: it would be ignored."""
-    owners = {}
-    for name, cls in OBJECTIVES.items():
-        owners.update(dict.fromkeys(cls.own_arguments, name))
-        if cls.settings_class is not None:
-            owners.update({f.name: name for f in fields(cls.settings_class)})
-    foreign = sorted(name for name in given if owners.get(name, objective) != objective)
-    if foreign:
-        listed = ", ".join(f"--{name} (--objective {owners[name]})" for name in foreign)
-        raise ValueError(
-            f"{listed}: a setting of another objective than --objective {objective}, which would ignore it. "
-            "Remove it, or choose the objective it belongs to."
-        )
 
 
 def chosen_steps(values: dict[str, Any], given: set[str]) -> dict[str, bool]:

@@ -7,13 +7,14 @@ import glob
 import json
 import math
 import os
+from dataclasses import fields
 from typing import Any
 
 import torch
 from transformers import TrainingArguments
 from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
 
-from ifcl.arguments import check_at_least, strategy_name
+from ifcl.arguments import check_at_least, check_within, strategy_name
 from ifcl.checkpoints import weights_problem
 from ifcl.data import SHUFFLE_BUFFER_SIZE, local_model_path
 from ifcl.failures import listed
@@ -21,6 +22,7 @@ from ifcl.files import check_model_path
 from ifcl.hub import check_model_reachable
 from ifcl.lora import check_lora_settings, require_peft
 from ifcl.model import StartingModel, check_custom_code, dropout_settings
+from ifcl.objectives import OBJECTIVES
 from ifcl.pooling import BaseFolder
 from modeling_ifcl import max_input_length
 
@@ -30,8 +32,7 @@ def check_training_settings(training_args: TrainingArguments) -> None:
     other than end; a push or a resume without training (``--do_train``)."""
     check_at_least(training_args, 1, "per_device_train_batch_size", "gradient_accumulation_steps")
     check_at_least(training_args, 0, "dataloader_num_workers")
-    if not math.isfinite(training_args.learning_rate) or training_args.learning_rate < 0:
-        raise ValueError(f"--learning_rate must be a finite number ≥ 0, got {training_args.learning_rate}.")
+    check_within(training_args, "learning_rate", "[0, inf)")
     if training_args.do_train and training_args.max_steps == 0:
         raise ValueError(
             "--max_steps 0 trains no step: give a number of steps ≥ 1, or -1 to train --num_train_epochs."
@@ -220,8 +221,7 @@ def check_lora_arguments(model_args) -> None:
         if given:
             raise ValueError(f"{' and '.join(given)} given without --lora_r: set --lora_r (e.g. 16) to train LoRA.")
         return
-    if r < 0:
-        raise ValueError(f"--lora_r must be ≥ 0 (0: no LoRA), got {r}.")
+    check_within(model_args, "lora_r", "[0, inf)", "0: no LoRA")
     lora = model_args.lora()
     check_lora_settings(lora["r"], lora["alpha"], lora["dropout"])
     try:
@@ -258,3 +258,19 @@ def check_continued_model(start: StartingModel, objective: str, fraternal_model:
     problem = weights_problem(weights, values=False) if os.path.isfile(weights) else None
     if problem is not None:
         raise OSError(f"{weights} {problem}: save or copy the model again, or train from a sound copy.")
+
+
+def refuse_other_objectives_settings(objective: str, given: set[str]) -> None:
+    """Stop with a message when a setting of another objective than ``objective`` is given: it would be ignored."""
+    owners = {}
+    for name, cls in OBJECTIVES.items():
+        owners.update(dict.fromkeys(cls.own_arguments, name))
+        if cls.settings_class is not None:
+            owners.update({f.name: name for f in fields(cls.settings_class)})
+    foreign = sorted(name for name in given if owners.get(name, objective) != objective)
+    if foreign:
+        listed = ", ".join(f"--{name} (--objective {owners[name]})" for name in foreign)
+        raise ValueError(
+            f"{listed}: a setting of another objective than --objective {objective}, which would ignore it. "
+            "Remove it, or choose the objective it belongs to."
+        )

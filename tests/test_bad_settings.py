@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from types import SimpleNamespace
 
 import pytest
 from conftest import ENGLISH, GERMAN, cpu_training_args, launch, run_script, write_sts_file
+
+from ifcl.arguments import check_choice, check_within
 
 
 @pytest.fixture(scope="module")
@@ -425,3 +428,30 @@ def test_the_trainer_checks_the_cache_size_type_before_any_work(tiny_model, tmp_
         TypeError, match=re.escape("--cache_mini_batch_size must be a whole number of sentences, got 2.5")
     ):
         IFCLTrainer(model=tiny_model, args=args, cache_mini_batch_size=2.5)
+
+
+@pytest.mark.parametrize(
+    ("value", "interval", "message"),
+    [
+        (0.0, "(0, 1]", "--rate must be in (0, 1], got 0.0."),
+        (1.0, "(0, 1)", "--rate must be in (0, 1), got 1.0."),
+        (-0.5, "[0, 1]", "--rate must be in [0, 1], got -0.5."),
+        (0, "[1, inf)", "--rate must be ≥ 1, got 0."),
+        (0.0, "(0, inf)", "--rate must be > 0, got 0.0."),
+        (float("nan"), "[0, 1]", "--rate must be a finite number in [0, 1], got nan."),
+        (float("inf"), "[0, inf)", "--rate must be a finite number ≥ 0, got inf."),
+    ],
+)
+def test_a_value_outside_its_interval_is_named_with_the_interval(value, interval, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        check_within(SimpleNamespace(rate=value), "rate", interval)
+
+
+@pytest.mark.parametrize(("value", "interval"), [(0.0, "[0, 1]"), (1.0, "(0, 1]"), (5, "[1, inf)"), (None, "(0, 1)")])
+def test_a_value_inside_its_interval_or_unset_passes(value, interval):
+    check_within(SimpleNamespace(rate=value), "rate", interval)
+
+
+def test_a_choice_outside_its_choices_is_named_with_them():
+    with pytest.raises(ValueError, match=re.escape("--unit must be one of word, token, got 'char'.")):
+        check_choice(SimpleNamespace(unit="char"), "unit", ("word", "token"))

@@ -330,7 +330,7 @@ def test_after_bf16_training_the_process_embeds_as_its_published_folder(tmp_path
     "flags, message",
     [
         (["--lora_alpha", "8"], "--lora_alpha given without --lora_r"),
-        (["--lora_r", "-1"], "--lora_r must be ≥ 0"),
+        (["--lora_r", "-1"], "--lora_r (0: no LoRA) must be ≥ 0"),
         (["--lora_r", "4", "--lora_dropout", "1"], "--lora_dropout must be a number in [0, 1)"),
     ],
 )

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ifcl.arguments import check_choice, check_within
 from ifcl.losses import float32_region, info_nce, widened
 
 from .base import Embeddings, Gather, Objective, ObjectiveOutput, Paper, no_gather, pad_features, unwrap_model
@@ -97,29 +98,15 @@ class ConIsISettings:
     )
 
     def __post_init__(self) -> None:
-        if self.conisi_strategy not in STRATEGIES:
-            raise ValueError(
-                f"--conisi_strategy must be one of {', '.join(STRATEGIES)}, got {self.conisi_strategy!r}."
-            )
-        if not 0.0 <= self.conisi_lambda <= 1.0:
-            raise ValueError(f"--conisi_lambda (λ, Eq. 10) must be in [0, 1], got {self.conisi_lambda}.")
-        if not 0.0 < self.conisi_subword_share <= 1.0:
-            raise ValueError(f"--conisi_subword_share must be in (0, 1], got {self.conisi_subword_share}.")
-        if not 0.0 <= self.conisi_random_token_rate <= 1.0:
-            raise ValueError(f"--conisi_random_token_rate must be in [0, 1], got {self.conisi_random_token_rate}.")
-        if not 0.0 < self.conisi_antonym_share <= 1.0:
-            raise ValueError(f"--conisi_antonym_share must be in (0, 1], got {self.conisi_antonym_share}.")
-        if self.conisi_antonym_fallback not in ANTONYM_FALLBACKS:
-            raise ValueError(
-                f"--conisi_antonym_fallback must be one of {', '.join(ANTONYM_FALLBACKS)}, "
-                f"got {self.conisi_antonym_fallback!r}."
-            )
+        check_choice(self, "conisi_strategy", STRATEGIES)
+        check_within(self, "conisi_lambda", "[0, 1]", "λ of Eq. 10")
+        check_within(self, "conisi_subword_share", "(0, 1]")
+        check_within(self, "conisi_random_token_rate", "[0, 1]")
+        check_within(self, "conisi_antonym_share", "(0, 1]")
+        check_choice(self, "conisi_antonym_fallback", ANTONYM_FALLBACKS)
         if not self.conisi_wordnet_path:
             raise ValueError("--conisi_wordnet_path must name a folder (Debian's wordnet-base: /usr/share/wordnet).")
-        if self.conisi_batchnorm not in BATCHNORM_STATISTICS:
-            raise ValueError(
-                f"--conisi_batchnorm must be one of {', '.join(BATCHNORM_STATISTICS)}, got {self.conisi_batchnorm!r}."
-            )
+        check_choice(self, "conisi_batchnorm", BATCHNORM_STATISTICS)
 
 
 class ConIsIHead(nn.Module):

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 import ifcl.queue as ring
+from ifcl.arguments import check_within
 from ifcl.losses import Matryoshka, float32_region, info_nce, over_sizes, widened
 from modeling_ifcl import ALL_LAYER_POOLERS, QueueBuffers, pool_hidden_states
 
@@ -132,22 +133,13 @@ class MiCSESettings:
     )
 
     def __post_init__(self) -> None:
-        if self.micse_attention_weight < 0:
-            raise ValueError(f"micse_attention_weight (λ of Eq. 5) must be ≥ 0, got {self.micse_attention_weight}.")
+        check_within(self, "micse_attention_weight", "[0, inf)", "λ of Eq. 5")
         parse_attention_layers(self.micse_attention_layers)
-        if self.micse_heads_per_group < 1:
-            raise ValueError(f"micse_heads_per_group must be ≥ 1, got {self.micse_heads_per_group}.")
-        if self.micse_num_samples < 2:
-            raise ValueError(
-                f"micse_num_samples (m of Eq. 3) must be ≥ 2, as a correlation needs two values; got "
-                f"{self.micse_num_samples}."
-            )
-        if self.micse_queue_size < 0:
-            raise ValueError(f"micse_queue_size (|Q| of Eq. 2) must be ≥ 0, got {self.micse_queue_size}.")
-        if not 0.0 <= self.micse_momentum <= 1.0:
-            raise ValueError(f"micse_momentum (EMA factor) must lie in [0, 1], got {self.micse_momentum}.")
-        if not 0.0 <= self.micse_momentum_dropout < 1.0:
-            raise ValueError(f"micse_momentum_dropout must lie in [0, 1), got {self.micse_momentum_dropout}.")
+        check_within(self, "micse_heads_per_group", "[1, inf)")
+        check_within(self, "micse_num_samples", "[2, inf)", "m of Eq. 3: a correlation needs two values")
+        check_within(self, "micse_queue_size", "[0, inf)", "|Q| of Eq. 2")
+        check_within(self, "micse_momentum", "[0, 1]", "the EMA factor")
+        check_within(self, "micse_momentum_dropout", "[0, 1)")
 
 
 def check_heads_per_group(num_heads: int, heads_per_group: int) -> None:

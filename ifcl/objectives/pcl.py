@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ifcl.arguments import check_choice, check_within
 from ifcl.losses import Matryoshka, float32_region, over_sizes, widened
 from modeling_ifcl import max_input_length
 
@@ -86,8 +87,7 @@ class PCLSettings:
     )
 
     def __post_init__(self) -> None:
-        if self.pcl_num_positives < 1:
-            raise ValueError(f"pcl_num_positives (K) must be at least 1; got {self.pcl_num_positives}.")
+        check_within(self, "pcl_num_positives", "[1, inf)", "K")
         names = self.augmentation_cycle
         if not names:
             raise ValueError("pcl_augmentations must name at least one augmentation.")
@@ -97,16 +97,11 @@ class PCLSettings:
                 f"pcl_augmentations: unknown augmentation(s) {', '.join(map(repr, unknown))}; "
                 f"choose from {', '.join(AUGMENTATIONS)}."
             )
-        if self.pcl_augmentation_unit not in ("word", "token"):
-            raise ValueError(f"pcl_augmentation_unit must be 'word' or 'token'; got {self.pcl_augmentation_unit!r}.")
-        if not 0.0 < self.pcl_repetition_ratio <= 1.0:
-            raise ValueError(f"pcl_repetition_ratio must be in (0, 1]; got {self.pcl_repetition_ratio}.")
-        if not 0.0 < self.pcl_deletion_ratio < 1.0:
-            raise ValueError(f"pcl_deletion_ratio must be in (0, 1); got {self.pcl_deletion_ratio}.")
-        if self.pcl_beta < 0.0:
-            raise ValueError(f"pcl_beta (β of Eq. 6) must be >= 0; got {self.pcl_beta}.")
-        if self.pcl_cooperation_weight < 0.0:
-            raise ValueError(f"pcl_cooperation_weight must be >= 0; got {self.pcl_cooperation_weight}.")
+        check_choice(self, "pcl_augmentation_unit", ("word", "token"))
+        check_within(self, "pcl_repetition_ratio", "(0, 1]")
+        check_within(self, "pcl_deletion_ratio", "(0, 1)")
+        check_within(self, "pcl_beta", "[0, inf)", "β of Eq. 6")
+        check_within(self, "pcl_cooperation_weight", "[0, inf)")
         if self.pcl_beta == 0.0 and self.pcl_cooperation_weight == 0.0:
             raise ValueError("pcl_beta and pcl_cooperation_weight are both 0: PCL would have no loss left.")
 

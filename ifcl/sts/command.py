@@ -22,7 +22,7 @@ import torch
 from transformers import HfArgumentParser
 
 from configuration_ifcl import POOLER_TYPES
-from ifcl.arguments import check_at_least, command_line
+from ifcl.arguments import check_at_least, check_within, command_line
 from ifcl.data import load_train_dataset
 from ifcl.failures import failures_of_the_run, run_command
 from ifcl.files import RUN_IN_PROGRESS_FILE, check_model_path, write_json_atomically
@@ -166,8 +166,7 @@ class MutualInformationArguments:
         if self.mutual_information is not None and not os.path.isfile(self.mutual_information):
             raise FileNotFoundError(f"--mutual_information {self.mutual_information}: no such file.")
         check_at_least(self, 2, "mi_batch_size", "mi_task_batch_size")
-        if self.mi_temperature <= 0:
-            raise ValueError(f"--mi_temperature must be > 0, got {self.mi_temperature}.")
+        check_within(self, "mi_temperature", "(0, inf)")
 
 
 def parse_arguments(argv: list[str]) -> tuple[ModelArguments, EvaluationArguments, MutualInformationArguments]:
