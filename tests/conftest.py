@@ -4,6 +4,7 @@ helpers the test modules share (no test module imports from another)."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -415,12 +416,20 @@ def run_script(script: str, *args: str, cwd: Path, input: str | None = None) -> 
     )
 
 
+def free_port() -> int:
+    """A port no process listens on now, for the rendezvous of several processes: torchrun's default, 29500, is taken
+    while another test run launches its own, and port 0 makes torchrun wait."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def launch(args: list[str], processes: int = 1, script: str = "run_ifcl.py") -> subprocess.CompletedProcess:
     """``accelerate launch`` on CPU. Several CPU processes go through torchrun (``--multi_gpu`` with
     ``--use_cpu``): accelerate's own ``--cpu --num_processes 2`` starts one process unless mpirun is set up."""
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes)]
     if processes > 1:
-        command += ["--multi_gpu"]
+        command += ["--multi_gpu", "--main_process_port", str(free_port())]
         args = [*args, "--use_cpu"]
     else:
         command += ["--cpu"]

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ENGLISH, GERMAN, ROOT
+from conftest import ENGLISH, GERMAN, ROOT, free_port
 
 from ifcl.checks import check_unsharded_parameters, deepspeed_zero_stage
 
@@ -20,10 +19,15 @@ from ifcl.checks import check_unsharded_parameters, deepspeed_zero_stage
 @pytest.mark.slow
 def test_gather_rows_makes_one_collective_and_gathers_what_three_did(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with socket.socket() as probe:  # a free port for the rendezvous (port 0 makes torchrun wait)
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+    ]
     result = subprocess.run(
         [*command, str(ROOT / "tests" / "distributed_gather.py"), str(tmp_path)],
         capture_output=True,

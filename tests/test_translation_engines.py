@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TRANSLATION_SENTENCES, SimulatedCrash, folder_state, read_pairs, tool_args
+from conftest import ROOT, TRANSLATION_SENTENCES, SimulatedCrash, folder_state, free_port, read_pairs, tool_args
 
 import ifcl.translation as prepare_fraternal
 from ifcl import ctranslate2_engine
@@ -251,6 +251,7 @@ def test_two_processes_continue_one_and_write_its_file(tiny_marian_dir, converte
             prepare_fraternal.run(tool_args(source, two, tiny_marian_dir, *engine))
     assert len(list(Path(f"{two.resolve()}.parts").glob("0*.txt"))) == 2
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    launch += ["--main_process_port", str(free_port())]
     launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     arguments = [*launch, str(ROOT / "prepare_fraternal.py"), *tool_args(source, two, tiny_marian_dir, *engine)]
     done = subprocess.run(arguments, capture_output=True, text=True)
