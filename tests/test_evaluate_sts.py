@@ -775,3 +775,21 @@ def test_another_models_results_of_any_size_are_refused_or_replaced_whole(same_n
     assert {path.name for path in folder.iterdir()} == {"notes.txt", "truncate_dim_16"}
     written = json.loads((folder / "truncate_dim_16" / "sts_results.json").read_text(encoding="utf-8"))
     assert written["model_path"] == str(model_b.resolve())
+
+
+def test_each_encoder_kind_loads_with_its_defaults_onto_the_cpu_and_embeds_alike(published_dir):
+    """The three kinds' ``from_pretrained`` called as a user would, with no device: each on the CPU (their
+    documented default), and the published folder's three readings give the same embeddings."""
+    pytest.importorskip("sentence_transformers")
+    from ifcl.sts.encoders import IFCLEncoder, SentenceTransformerEncoder
+
+    encoders = [
+        IFCLEncoder.from_pretrained(str(published_dir)),
+        SentenceTransformerEncoder.from_pretrained(str(published_dir)),
+        TransformersEncoder.from_pretrained(str(published_dir)),
+    ]
+    assert all(encoder.device.type == "cpu" for encoder in encoders)
+    sentences = ["A man is playing a guitar.", "The weather is cold."]
+    ifcl, *others = [torch.nn.functional.normalize(encoder.encode(sentences), dim=-1) for encoder in encoders]
+    for other in others:
+        torch.testing.assert_close(other, ifcl, atol=1e-5, rtol=1e-5)

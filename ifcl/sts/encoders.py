@@ -157,14 +157,14 @@ class SentenceTransformerEncoder(Encoder):
         trust_remote_code: bool = False,
         subfolder: str = "",
     ) -> SentenceTransformerEncoder:
-        """``SentenceTransformer`` of a folder or Hub id, in eval mode on ``device``; a local folder's tokenizer (in
-        ``subfolder``, its Transformer module's) is checked first, as the other kinds' are."""
+        """``SentenceTransformer`` of a folder or Hub id, in eval mode on ``device`` (None: the CPU, as the other
+        kinds); a local folder's tokenizer (in ``subfolder``, its Transformer module's) is checked first, as theirs."""
         # sentence-transformers is an optional extra (ifcl[sentence-transformers])
         from sentence_transformers import SentenceTransformer
 
         if os.path.isdir(name_or_path):
             load_tokenizer(name_or_path, subfolder, trust_remote_code)
-        model = SentenceTransformer(name_or_path, device=str(device), trust_remote_code=trust_remote_code)
+        model = SentenceTransformer(name_or_path, device=str(device or "cpu"), trust_remote_code=trust_remote_code)
         if max_length is not None:
             model.max_seq_length = max_length
         model.to(dtype=dtype).eval()
