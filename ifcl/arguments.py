@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import numbers
 from typing import Any
 
 from transformers import HfArgumentParser
@@ -30,8 +31,11 @@ class ScriptArgumentParser(HfArgumentParser):
 
 def check_within(settings: Any, name: str, interval: str, meaning: str = "") -> None:
     """``ValueError`` naming the flag (and its ``meaning``, such as "λ of Eq. 10") when ``settings.name`` is set and not
-    a finite number in ``interval``, written as in mathematics: "[0, 1]", "(0, 1)", "[1, inf)"."""
-    value = getattr(settings, name)
+    a finite number in ``interval``, written as in mathematics: "[0, 1]", "(0, 1)", "[1, inf)"; ``TypeError`` when it
+    is no number (a string or a bool given through the Python API or a config)."""
+    value, flag = getattr(settings, name), f"--{name} ({meaning})" if meaning else f"--{name}"
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+        raise TypeError(f"{flag} must be a number, got {value!r} ({type(value).__name__}).")
     low, high = (float(bound) for bound in interval[1:-1].split(","))
     if value is None or (
         math.isfinite(value)
@@ -39,7 +43,6 @@ def check_within(settings: Any, name: str, interval: str, meaning: str = "") -> 
         and (value < high if interval[-1] == ")" else value <= high)
     ):
         return
-    flag = f"--{name} ({meaning})" if meaning else f"--{name}"
     wanted = f"in {interval}" if math.isfinite(high) else f"{'>' if interval[0] == '(' else '≥'} {low:g}"
     number = "" if math.isfinite(value) else "a finite number "
     raise ValueError(f"{flag} must be {number}{wanted}, got {value}.")

@@ -452,6 +452,21 @@ def test_a_value_inside_its_interval_or_unset_passes(value, interval):
     check_within(SimpleNamespace(rate=value), "rate", interval)
 
 
+@pytest.mark.parametrize("value", ["0.5", True])
+def test_a_value_that_is_no_number_is_named_with_its_type(value):
+    with pytest.raises(
+        TypeError, match=re.escape(f"--rate must be a number, got {value!r} ({type(value).__name__}).")
+    ):
+        check_within(SimpleNamespace(rate=value), "rate", "[0, 1]")
+
+
+def test_an_objective_setting_of_the_wrong_type_is_named():
+    from ifcl.objectives.conisi import ConIsISettings
+
+    with pytest.raises(TypeError, match="--conisi_lambda"):
+        ConIsISettings(conisi_lambda="0.5")
+
+
 def test_a_choice_outside_its_choices_is_named_with_them():
     with pytest.raises(ValueError, match=re.escape("--unit must be one of word, token, got 'char'.")):
         check_choice(SimpleNamespace(unit="char"), "unit", ("word", "token"))
