@@ -29,36 +29,33 @@ class ScriptArgumentParser(HfArgumentParser):
         raise ValueError(message)
 
 
-def check_within(settings: Any, name: str, interval: str, meaning: str = "") -> None:
-    """``ValueError`` naming the flag (and its ``meaning``, such as "λ of Eq. 10") when ``settings.name`` is set and not
-    a finite number in ``interval``, written as in mathematics: "[0, 1]", "(0, 1)", "[1, inf)"; ``TypeError`` when it
-    is no number (a string or a bool given through the Python API or a config)."""
-    value, flag = getattr(settings, name), f"--{name} ({meaning})" if meaning else f"--{name}"
-    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
-        raise TypeError(f"{flag} must be a number, got {value!r} ({type(value).__name__}).")
+def check_within(settings: Any, interval: str, *names: str, meaning: str = "") -> None:
+    """``ValueError`` naming the flag (and its ``meaning``, such as "λ of Eq. 10") for the first of ``names``
+    (attributes of ``settings``) that is set and not a finite number in ``interval``, written as in mathematics:
+    "[0, 1]", "(0, 1)", "[1, inf)"; ``TypeError`` for one that is no number (text or a bool given through the Python
+    API or a config)."""
     low, high = (float(bound) for bound in interval[1:-1].split(","))
-    if value is None or (
-        math.isfinite(value)
-        and (value > low if interval[0] == "(" else value >= low)
-        and (value < high if interval[-1] == ")" else value <= high)
-    ):
-        return
-    wanted = f"in {interval}" if math.isfinite(high) else f"{'>' if interval[0] == '(' else '≥'} {low:g}"
-    number = "" if math.isfinite(value) else "a finite number "
-    raise ValueError(f"{flag} must be {number}{wanted}, got {value}.")
+    for name in names:
+        value, flag = getattr(settings, name), f"--{name} ({meaning})" if meaning else f"--{name}"
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{flag} must be a number, got {value!r} ({type(value).__name__}).")
+        if (
+            math.isfinite(value)
+            and (value > low if interval[0] == "(" else value >= low)
+            and (value < high if interval[-1] == ")" else value <= high)
+        ):
+            continue
+        wanted = f"in {interval}" if math.isfinite(high) else f"{'>' if interval[0] == '(' else '≥'} {low:g}"
+        number = "" if math.isfinite(value) else "a finite number "
+        raise ValueError(f"{flag} must be {number}{wanted}, got {value}.")
 
 
 def check_choice(settings: Any, name: str, choices: tuple[str, ...]) -> None:
     """``ValueError`` naming the flag when ``settings.name`` is not one of ``choices``."""
     if getattr(settings, name) not in choices:
         raise ValueError(f"--{name} must be one of {', '.join(choices)}, got {getattr(settings, name)!r}.")
-
-
-def check_at_least(settings: Any, minimum: int, *names: str) -> None:
-    """``ValueError`` naming the flag for the first of ``names`` (attributes of ``settings``) that is set and below
-    ``minimum``."""
-    for name in names:
-        check_within(settings, name, f"[{minimum}, inf)")
 
 
 def command_line(argv: list[str], parser: HfArgumentParser) -> tuple[list[str], str]:

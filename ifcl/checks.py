@@ -14,7 +14,7 @@ import torch
 from transformers import TrainingArguments
 from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
 
-from ifcl.arguments import check_at_least, check_within, strategy_name
+from ifcl.arguments import check_within, strategy_name
 from ifcl.checkpoints import weights_problem
 from ifcl.data import SHUFFLE_BUFFER_SIZE, local_model_path
 from ifcl.failures import listed
@@ -30,9 +30,8 @@ from modeling_ifcl import max_input_length
 def check_training_settings(training_args: TrainingArguments) -> None:
     """Sizes and rates that the Trainer would only reject late, or unclearly; loggers; sharding; ``--hub_strategy``
     other than end; a push or a resume without training (``--do_train``)."""
-    check_at_least(training_args, 1, "per_device_train_batch_size", "gradient_accumulation_steps")
-    check_at_least(training_args, 0, "dataloader_num_workers")
-    check_within(training_args, "learning_rate", "[0, inf)")
+    check_within(training_args, "[1, inf)", "per_device_train_batch_size", "gradient_accumulation_steps")
+    check_within(training_args, "[0, inf)", "dataloader_num_workers", "learning_rate")
     if training_args.do_train and training_args.max_steps == 0:
         raise ValueError(
             "--max_steps 0 trains no step: give a number of steps ≥ 1, or -1 to train --num_train_epochs."
@@ -175,8 +174,8 @@ def check_data_arguments(data_args) -> None:
         if not os.path.isfile(path):
             several = " (--streaming reads several shards through a pattern)" if glob.has_magic(path) else ""
             raise FileNotFoundError(f"--{name} {path}: no such file{several}.")
-    check_at_least(data_args, 1, "max_seq_length", "max_train_samples")
-    check_at_least(data_args, 0, "shuffle_buffer_size")
+    check_within(data_args, "[1, inf)", "max_seq_length", "max_train_samples")
+    check_within(data_args, "[0, inf)", "shuffle_buffer_size")
     if not data_args.streaming and data_args.shuffle_buffer_size != SHUFFLE_BUFFER_SIZE:
         raise ValueError(
             f"--shuffle_buffer_size {data_args.shuffle_buffer_size} without --streaming: it sizes a stream's shuffle "
@@ -221,7 +220,7 @@ def check_lora_arguments(model_args) -> None:
         if given:
             raise ValueError(f"{' and '.join(given)} given without --lora_r: set --lora_r (e.g. 16) to train LoRA.")
         return
-    check_within(model_args, "lora_r", "[0, inf)", "0: no LoRA")
+    check_within(model_args, "[0, inf)", "lora_r", meaning="0: no LoRA")
     lora = model_args.lora()
     check_lora_settings(lora["r"], lora["alpha"], lora["dropout"])
     try:

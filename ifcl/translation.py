@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, HfArgumentParser
 
 import ifcl.ctranslate2_engine as ctranslate2_engine
-from ifcl.arguments import command_line
+from ifcl.arguments import check_within, command_line
 from ifcl.ctranslate2_engine import (
     COMPUTE_TYPES,
     MADE_BY,
@@ -101,10 +101,10 @@ class PrepareFraternalArguments:
 
     def __post_init__(self) -> None:
         counts = ("batch_size", "max_batch_tokens", "batches_per_chunk", "max_length", "num_beams", "max_sentences")
-        for name in counts:
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise SettingsError(f"--{name} must be ≥ 1, got {value}.")
+        try:
+            check_within(self, "[1, inf)", *counts)
+        except ValueError as error:
+            raise SettingsError(str(error)) from None
         check_model_path("--model_name_or_path", self.model_name_or_path)
         if self.engine != "ctranslate2":
             for name in ("ct2_model_dir", "compute_type"):

@@ -444,12 +444,12 @@ def test_the_trainer_checks_the_cache_size_type_before_any_work(tiny_model, tmp_
 )
 def test_a_value_outside_its_interval_is_named_with_the_interval(value, interval, message):
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
-        check_within(SimpleNamespace(rate=value), "rate", interval)
+        check_within(SimpleNamespace(rate=value), interval, "rate")
 
 
 @pytest.mark.parametrize(("value", "interval"), [(0.0, "[0, 1]"), (1.0, "(0, 1]"), (5, "[1, inf)"), (None, "(0, 1)")])
 def test_a_value_inside_its_interval_or_unset_passes(value, interval):
-    check_within(SimpleNamespace(rate=value), "rate", interval)
+    check_within(SimpleNamespace(rate=value), interval, "rate")
 
 
 @pytest.mark.parametrize("value", ["0.5", True])
@@ -457,7 +457,7 @@ def test_a_value_that_is_no_number_is_named_with_its_type(value):
     with pytest.raises(
         TypeError, match=re.escape(f"--rate must be a number, got {value!r} ({type(value).__name__}).")
     ):
-        check_within(SimpleNamespace(rate=value), "rate", "[0, 1]")
+        check_within(SimpleNamespace(rate=value), "[0, 1]", "rate")
 
 
 def test_an_objective_setting_of_the_wrong_type_is_named():

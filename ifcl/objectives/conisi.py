@@ -99,10 +99,10 @@ class ConIsISettings:
 
     def __post_init__(self) -> None:
         check_choice(self, "conisi_strategy", STRATEGIES)
-        check_within(self, "conisi_lambda", "[0, 1]", "λ of Eq. 10")
-        check_within(self, "conisi_subword_share", "(0, 1]")
-        check_within(self, "conisi_random_token_rate", "[0, 1]")
-        check_within(self, "conisi_antonym_share", "(0, 1]")
+        check_within(self, "[0, 1]", "conisi_lambda", meaning="λ of Eq. 10")
+        check_within(self, "(0, 1]", "conisi_subword_share")
+        check_within(self, "[0, 1]", "conisi_random_token_rate")
+        check_within(self, "(0, 1]", "conisi_antonym_share")
         check_choice(self, "conisi_antonym_fallback", ANTONYM_FALLBACKS)
         if not self.conisi_wordnet_path:
             raise ValueError("--conisi_wordnet_path must name a folder (Debian's wordnet-base: /usr/share/wordnet).")

@@ -133,13 +133,13 @@ class MiCSESettings:
     )
 
     def __post_init__(self) -> None:
-        check_within(self, "micse_attention_weight", "[0, inf)", "λ of Eq. 5")
+        check_within(self, "[0, inf)", "micse_attention_weight", meaning="λ of Eq. 5")
         parse_attention_layers(self.micse_attention_layers)
-        check_within(self, "micse_heads_per_group", "[1, inf)")
-        check_within(self, "micse_num_samples", "[2, inf)", "m of Eq. 3: a correlation needs two values")
-        check_within(self, "micse_queue_size", "[0, inf)", "|Q| of Eq. 2")
-        check_within(self, "micse_momentum", "[0, 1]", "the EMA factor")
-        check_within(self, "micse_momentum_dropout", "[0, 1)")
+        check_within(self, "[1, inf)", "micse_heads_per_group")
+        check_within(self, "[2, inf)", "micse_num_samples", meaning="m of Eq. 3: a correlation needs two values")
+        check_within(self, "[0, inf)", "micse_queue_size", meaning="|Q| of Eq. 2")
+        check_within(self, "[0, 1]", "micse_momentum", meaning="the EMA factor")
+        check_within(self, "[0, 1)", "micse_momentum_dropout")
 
 
 def check_heads_per_group(num_heads: int, heads_per_group: int) -> None:

@@ -87,7 +87,7 @@ class PCLSettings:
     )
 
     def __post_init__(self) -> None:
-        check_within(self, "pcl_num_positives", "[1, inf)", "K")
+        check_within(self, "[1, inf)", "pcl_num_positives", meaning="K")
         names = self.augmentation_cycle
         if not names:
             raise ValueError("pcl_augmentations must name at least one augmentation.")
@@ -98,10 +98,10 @@ class PCLSettings:
                 f"choose from {', '.join(AUGMENTATIONS)}."
             )
         check_choice(self, "pcl_augmentation_unit", ("word", "token"))
-        check_within(self, "pcl_repetition_ratio", "(0, 1]")
-        check_within(self, "pcl_deletion_ratio", "(0, 1)")
-        check_within(self, "pcl_beta", "[0, inf)", "β of Eq. 6")
-        check_within(self, "pcl_cooperation_weight", "[0, inf)")
+        check_within(self, "(0, 1]", "pcl_repetition_ratio")
+        check_within(self, "(0, 1)", "pcl_deletion_ratio")
+        check_within(self, "[0, inf)", "pcl_beta", meaning="β of Eq. 6")
+        check_within(self, "[0, inf)", "pcl_cooperation_weight")
         if self.pcl_beta == 0.0 and self.pcl_cooperation_weight == 0.0:
             raise ValueError("pcl_beta and pcl_cooperation_weight are both 0: PCL would have no loss left.")
 

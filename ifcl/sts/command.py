@@ -22,7 +22,7 @@ import torch
 from transformers import HfArgumentParser
 
 from configuration_ifcl import POOLER_TYPES
-from ifcl.arguments import check_at_least, check_within, command_line
+from ifcl.arguments import check_within, command_line
 from ifcl.data import load_train_dataset
 from ifcl.failures import failures_of_the_run, run_command
 from ifcl.files import RUN_IN_PROGRESS_FILE, check_model_path, write_json_atomically
@@ -97,7 +97,7 @@ class ModelArguments:
             )
         check_model_path("--model_name_or_path", self.model_name_or_path)
         check_model_reachable("--model_name_or_path", self.model_name_or_path)
-        check_at_least(self, 1, "max_seq_length", "truncate_dim")
+        check_within(self, "[1, inf)", "max_seq_length", "truncate_dim")
 
 
 @dataclass
@@ -142,7 +142,7 @@ class EvaluationArguments:
     def __post_init__(self) -> None:
         if self.bf16 and self.fp16:
             raise ValueError("--bf16 and --fp16 exclude each other.")
-        check_at_least(self, 1, "batch_size")
+        check_within(self, "[1, inf)", "batch_size")
 
 
 @dataclass
@@ -165,8 +165,8 @@ class MutualInformationArguments:
     def __post_init__(self) -> None:
         if self.mutual_information is not None and not os.path.isfile(self.mutual_information):
             raise FileNotFoundError(f"--mutual_information {self.mutual_information}: no such file.")
-        check_at_least(self, 2, "mi_batch_size", "mi_task_batch_size")
-        check_within(self, "mi_temperature", "(0, inf)")
+        check_within(self, "[2, inf)", "mi_batch_size", "mi_task_batch_size")
+        check_within(self, "(0, inf)", "mi_temperature")
 
 
 def parse_arguments(argv: list[str]) -> tuple[ModelArguments, EvaluationArguments, MutualInformationArguments]:
