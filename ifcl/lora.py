@@ -12,11 +12,11 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import math
 import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -25,6 +25,8 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 from transformers.utils import cached_file
+
+from ifcl.arguments import check_within
 
 logger = logging.getLogger(__name__)
 
@@ -62,18 +64,15 @@ LORA_OPTIONS = ("use_rslora", "layers_to_transform", "layers_pattern", "exclude_
 
 def check_lora_settings(r: Any, alpha: Any, dropout: Any) -> None:
     """``TypeError`` or ``ValueError``, in one line naming the setting as ``run_ifcl.py``'s flag, for a rank that is
-    not a whole number ≥ 1, an alpha that is not a finite number > 0, or a dropout outside [0, 1)."""
+    not a whole number ≥ 1, an alpha that is not a finite number > 0 (None: 2·r), or a dropout outside [0, 1)."""
     if isinstance(r, bool) or not isinstance(r, int):
         raise TypeError(f"--lora_r must be a whole number, got {r!r}.")
-    if r < 1:
-        raise ValueError(f"--lora_r must be at least 1 to train LoRA, got {r}.")
-    if alpha is not None:
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-            raise TypeError(f"--lora_alpha must be a number, got {alpha!r}.")
-        if not math.isfinite(alpha) or alpha <= 0:
-            raise ValueError(f"--lora_alpha must be a finite number > 0, got {alpha}.")
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-        raise ValueError(f"--lora_dropout must be a number in [0, 1), got {dropout!r}.")
+    if dropout is None:
+        raise TypeError("--lora_dropout must be a number, got None.")
+    settings = SimpleNamespace(lora_r=r, lora_alpha=alpha, lora_dropout=dropout)
+    check_within(settings, "[1, inf)", "lora_r", meaning="to train LoRA")
+    check_within(settings, "(0, inf)", "lora_alpha")
+    check_within(settings, "[0, 1)", "lora_dropout")
 
 
 def unknown_target_modules(encoder: nn.Module, targets: list[str] | str) -> list[str]:

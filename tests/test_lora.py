@@ -331,7 +331,7 @@ def test_after_bf16_training_the_process_embeds_as_its_published_folder(tmp_path
     [
         (["--lora_alpha", "8"], "--lora_alpha given without --lora_r"),
         (["--lora_r", "-1"], "--lora_r (0: no LoRA) must be ≥ 0"),
-        (["--lora_r", "4", "--lora_dropout", "1"], "--lora_dropout must be a number in [0, 1)"),
+        (["--lora_r", "4", "--lora_dropout", "1"], "--lora_dropout must be in [0, 1), got 1.0."),
     ],
 )
 def test_bad_lora_flags_are_one_line_before_any_model_loads(flags, message):
