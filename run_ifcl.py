@@ -48,7 +48,7 @@ from ifcl.data import EMBEDDED_MODEL_ID, SHUFFLE_BUFFER_SIZE, load_sts_sets, loc
 from ifcl.failures import Interrupted, failures_of_the_run, run_command, write_failures_named
 from ifcl.files import read_json, write_json_atomically
 from ifcl.hub import push_output_folder, take_over_push
-from ifcl.lora import add_lora
+from ifcl.lora import DEFAULT_LORA_DROPOUT, add_lora
 from ifcl.model import TRAINING_DTYPES, StartingModel, dtype_name
 from ifcl.model_card import precision_description, write_card_and_curves
 from ifcl.objectives import OBJECTIVES, objective_class, settings_classes
@@ -102,7 +102,9 @@ class ModelArguments:
         },
     )
     lora_alpha: float | None = field(default=None, metadata={"help": "LoRA's scale alpha (alpha / r). None: 2 × r."})
-    lora_dropout: float | None = field(default=None, metadata={"help": "Dropout on the adapters' input. None: 0.05."})
+    lora_dropout: float | None = field(
+        default=None, metadata={"help": f"Dropout on the adapters' input. None: {DEFAULT_LORA_DROPOUT}."}
+    )
     lora_target_modules: list[str] | None = field(
         default=None,
         metadata={
@@ -122,7 +124,7 @@ class ModelArguments:
         return {
             "r": self.lora_r,
             "alpha": self.lora_alpha,
-            "dropout": 0.05 if self.lora_dropout is None else self.lora_dropout,
+            "dropout": DEFAULT_LORA_DROPOUT if self.lora_dropout is None else self.lora_dropout,
             "target_modules": self.lora_target_modules,
         }
 

@@ -31,6 +31,8 @@ from ifcl.arguments import check_within
 logger = logging.getLogger(__name__)
 
 PEFT_MISSING = "LoRA needs peft: pip install 'ifcl[peft]' (or pip install peft)."
+# The adapters' input dropout when none is given, in Python (add_lora) and on the command line (--lora_dropout).
+DEFAULT_LORA_DROPOUT = 0.05
 
 
 def require_peft() -> None:
@@ -102,7 +104,7 @@ def add_lora(
     model: nn.Module,
     r: int = 16,
     alpha: float | None = None,
-    dropout: float = 0.05,
+    dropout: float = DEFAULT_LORA_DROPOUT,
     target_modules: list[str] | str | None = None,
     **options: Any,
 ) -> Any:
